@@ -1,0 +1,164 @@
+import CAsyncRunLoop
+import Glibc
+
+/// The readiness a `DescriptorSource` watches for, or reports.
+public struct DescriptorEvents: OptionSet, Sendable, Hashable, CustomStringConvertible {
+  public let rawValue: UInt32
+  public init(rawValue: UInt32) { self.rawValue = rawValue }
+
+  /// Data can be read (or the peer closed: a read returns 0).
+  public static let readable = DescriptorEvents(rawValue: UInt32(EPOLLIN.rawValue))
+  /// Data can be written.
+  public static let writable = DescriptorEvents(rawValue: UInt32(EPOLLOUT.rawValue))
+  /// An error is pending on the descriptor (always reported, never needs asking for).
+  public static let error = DescriptorEvents(rawValue: UInt32(EPOLLERR.rawValue))
+  /// The peer hung up (always reported, never needs asking for).
+  public static let hangUp = DescriptorEvents(rawValue: UInt32(EPOLLHUP.rawValue))
+
+  public var description: String {
+    let names: [(DescriptorEvents, String)] = [
+      (.readable, "readable"), (.writable, "writable"), (.error, "error"), (.hangUp, "hangUp"),
+    ]
+    return "[" + names.filter { contains($0.0) }.map(\.1).joined(separator: ", ") + "]"
+  }
+}
+
+/// A readiness ("version 1", port-based) source: fires when a file descriptor becomes readable or
+/// writable (pipes, sockets, eventfd, timerfd, signalfd, ...). SPEC §3.
+///
+/// The handler runs on the loop thread, level-triggered: it fires on every pass while the
+/// descriptor stays ready, so it should read (or write) until `EAGAIN`, or remove the source.
+/// The source does not own the descriptor: close it yourself, after removing the source. A
+/// descriptor closed while registered, and its number reused by a new descriptor, never delivers
+/// events to the old registration: each registration is identified by a token, not by the number.
+public final class DescriptorSource: ModeMember, @unchecked Sendable {
+  // Safety: `descriptor`, `interest` and `order` are immutable. `lifecycle` and `handler` are
+  // only touched with `lock` held. `memberships`, `token` and `isArmed` are only touched on the
+  // thread of the loop the source is scheduled on (asserted by `RunLoopThread`).
+
+  /// The watched file descriptor.
+  public let descriptor: Int32
+  /// What the source waits for.
+  public let interest: DescriptorEvents
+  /// Among readiness sources ready in the same pass, lower orders fire first.
+  public let order: Int
+
+  private let lock = PthreadLock()
+  private var lifecycle = Lifecycle.active
+  private var handler: (@Sendable (DescriptorSource, DescriptorEvents) -> Void)?
+
+  private enum Lifecycle {
+    case active
+    case scheduled(RunLoopThread)
+    case invalid
+  }
+
+  /// Loop thread: the modes holding the source.
+  var memberships: [ModeContents] = []
+  /// Loop thread: the epoll token of the current registration (0 when not registered).
+  var token: UInt64 = 0
+  /// Loop thread: whether epoll currently reports events for it (false while the loop runs in a
+  /// mode that does not hold it; see `RunLoopThread.armDescriptors`).
+  var isArmed = false
+
+  /// Creates a readiness source.
+  /// - Parameters:
+  ///   - descriptor: The descriptor to watch; it must stay open while the source is scheduled.
+  ///   - interest: `.readable`, `.writable`, or both.
+  ///   - order: Lower orders fire first among readiness sources ready in the same pass.
+  ///   - handler: Called on the loop thread with the events that occurred.
+  public init(
+    descriptor: Int32, interest: DescriptorEvents = .readable, order: Int = 0,
+    handler: @escaping @Sendable (DescriptorSource, DescriptorEvents) -> Void
+  ) {
+    self.descriptor = descriptor
+    self.interest = interest
+    self.order = order
+    self.handler = handler
+  }
+
+  /// Removes the source from every mode of its loop (deregistering the descriptor) and releases
+  /// the handler. Any thread; idempotent.
+  public func invalidate() {
+    let (loop, released): (RunLoopThread?, Any?) = lock.withLock {
+      switch lifecycle {
+      case .active:
+        lifecycle = .invalid
+        defer { handler = nil }
+        return (nil, handler)  // never scheduled: release the handler now
+      case .scheduled(let loop):
+        lifecycle = .invalid
+        return (loop, nil)  // the loop's detach releases it
+      case .invalid:
+        return (nil, nil)
+      }
+    }
+    withExtendedLifetime(released) {}  // whatever the handler captured is freed outside the lock
+    loop?.detachEverywhere(self)
+  }
+
+  /// False once `invalidate()` was called. Any thread.
+  public var isValid: Bool {
+    lock.withLock {
+      switch lifecycle {
+      case .active, .scheduled: return true
+      case .invalid: return false
+      }
+    }
+  }
+
+  /// The epoll interest bits for this source.
+  var epollEvents: UInt32 { interest.rawValue }
+
+  /// Loop thread: records the loop; false when the source was invalidated (do not register).
+  func attach(to loop: RunLoopThread) -> Bool {
+    lock.withLock {
+      switch lifecycle {
+      case .active:
+        lifecycle = .scheduled(loop)
+        return true
+      case .scheduled(let current):
+        precondition(current === loop, "AsyncRunLoop: a DescriptorSource is scheduled on one loop at a time")
+        return true
+      case .invalid:
+        return false
+      }
+    }
+  }
+
+  /// Loop thread: the source left its loop; an invalidated source releases its handler.
+  func detach() {
+    let released: Any? = lock.withLock {
+      switch lifecycle {
+      case .active:
+        return nil
+      case .scheduled:
+        lifecycle = .active
+        return nil
+      case .invalid:
+        defer { handler = nil }
+        return handler
+      }
+    }
+    withExtendedLifetime(released) {}
+  }
+
+  /// Loop thread: delivers events to the handler (not after invalidation).
+  func fire(_ events: DescriptorEvents) {
+    let current: (@Sendable (DescriptorSource, DescriptorEvents) -> Void)? = lock.withLock {
+      switch lifecycle {
+      case .active, .scheduled: return handler
+      case .invalid: return nil
+      }
+    }
+    current?(self, events)
+  }
+
+  func insert(into contents: ModeContents) {
+    ModeContents.insertOrdered(self, into: &contents.descriptors) { $0.order }
+  }
+
+  func remove(from contents: ModeContents) {
+    contents.descriptors.removeAll { $0 === self }
+  }
+}

@@ -1,0 +1,134 @@
+import CAsyncRunLoop
+import Glibc
+
+/// The loop's kernel interface: one epoll instance watching a wake-up eventfd, one timerfd and the
+/// registered readiness descriptors.
+///
+/// Thread rules: `wake()` may be called from any thread; everything else is called only on the
+/// loop's thread (or during init/deinit, when no other thread can see the poller).
+final class EpollPoller: @unchecked Sendable {
+  // Safety: the descriptors are immutable after init (wake() only writes to `wakeDescriptor`, a
+  // thread-safe syscall); `armedTimerDeadline` and `eventBuffer` are touched only by the loop
+  // thread, which every caller of the mutating methods is (see the loop's assertions).
+
+  /// The token epoll reports for the wake-up eventfd.
+  static let wakeToken: UInt64 = 0
+  /// The token epoll reports for the timerfd.
+  static let timerToken: UInt64 = 1
+  /// The first token handed out to readiness registrations.
+  static let firstRegistrationToken: UInt64 = 2
+
+  private let epollDescriptor: Int32
+  private let wakeDescriptor: Int32
+  private let timerDescriptor: Int32
+  private static let eventCapacity: Int32 = 64
+  private let eventBuffer: UnsafeMutablePointer<epoll_event>
+  /// The absolute CLOCK_MONOTONIC time the timerfd is armed for; `nil` when disarmed.
+  private var armedTimerDeadline: Int64?
+
+  init() throws(SystemCallError) {
+    let epoll = try SystemCall.epollCreate()
+    var opened = [epoll]
+    do {
+      let wake = try SystemCall.eventDescriptor()
+      opened.append(wake)
+      let timer = try SystemCall.timerDescriptor()
+      opened.append(timer)
+      try SystemCall.epollControl(epoll, EPOLL_CTL_ADD, wake, events: UInt32(EPOLLIN.rawValue), token: Self.wakeToken)
+      try SystemCall.epollControl(epoll, EPOLL_CTL_ADD, timer, events: UInt32(EPOLLIN.rawValue), token: Self.timerToken)
+      epollDescriptor = epoll
+      wakeDescriptor = wake
+      timerDescriptor = timer
+    } catch {
+      opened.forEach(SystemCall.close)
+      throw error
+    }
+    eventBuffer = .allocate(capacity: Int(Self.eventCapacity))
+  }
+
+  deinit {
+    SystemCall.close(timerDescriptor)
+    SystemCall.close(wakeDescriptor)
+    SystemCall.close(epollDescriptor)
+    eventBuffer.deallocate()
+  }
+
+  /// Makes a sleeping `wait` return. Any thread. Callers coalesce: see `LoopInbox.wakePending`.
+  @inline(__always)
+  func wake() {
+    SystemCall.signalEventDescriptor(wakeDescriptor)
+  }
+
+  /// Arms the timerfd for an absolute monotonic deadline, or disarms it for `nil`.
+  /// Skips the syscall when the timer is already armed for exactly that time. Loop thread.
+  func setTimer(deadline: Int64?) {
+    guard deadline != armedTimerDeadline else { return }
+    armedTimerDeadline = deadline
+    // An absolute deadline in the past fires at once (no EINVAL, unlike a negative relative
+    // time); 0 would mean "disarm", so the earliest real deadline is 1 ns.
+    let value = deadline.map { max($0, 1) } ?? 0
+    do {
+      try SystemCall.armTimer(timerDescriptor, atMonotonicNanoseconds: value)
+    } catch {
+      preconditionFailure("AsyncRunLoop: \(error)")
+    }
+  }
+
+  /// Registers a readiness descriptor under `token`. Loop thread.
+  func register(descriptor: Int32, events: UInt32, token: UInt64) throws(SystemCallError) {
+    try SystemCall.epollControl(epollDescriptor, EPOLL_CTL_ADD, descriptor, events: events, token: token)
+  }
+
+  /// Changes a registration's interest set (0 silences it without removing it). Loop thread.
+  func modify(descriptor: Int32, events: UInt32, token: UInt64) throws(SystemCallError) {
+    try SystemCall.epollControl(epollDescriptor, EPOLL_CTL_MOD, descriptor, events: events, token: token)
+  }
+
+  /// Removes a registration. A descriptor that was already closed (and so already dropped by
+  /// the kernel) is not an error. Loop thread.
+  func deregister(descriptor: Int32) {
+    do {
+      try SystemCall.epollControl(epollDescriptor, EPOLL_CTL_DEL, descriptor, events: 0, token: 0)
+    } catch {
+      // EBADF: closed already; ENOENT: the kernel dropped it when it was closed. Both mean gone.
+      assert(error.errno == EBADF || error.errno == ENOENT, "AsyncRunLoop: \(error)")
+    }
+  }
+
+  /// What one `wait` saw besides readiness events.
+  struct WaitOutcome {
+    var wasWoken = false
+    var timerExpired = false
+  }
+
+  /// Waits for events (blocking when `block` is true, polling otherwise), drains the wake-up and
+  /// timer descriptors, and reports each readiness event to `handleReadiness(token, events)`.
+  /// Loop thread.
+  func wait(block: Bool, _ handleReadiness: (UInt64, UInt32) -> Void) -> WaitOutcome {
+    var outcome = WaitOutcome()
+    let count: Int
+    do {
+      count = try SystemCall.epollWait(
+        epollDescriptor, eventBuffer, capacity: Self.eventCapacity, timeout: block ? -1 : 0)
+    } catch {
+      preconditionFailure("AsyncRunLoop: \(error)")
+    }
+    for index in 0..<count {
+      let event = eventBuffer[index]
+      let token = withUnsafePointer(to: event) { carl_epoll_event_token($0) }
+      switch token {
+      case Self.wakeToken:
+        SystemCall.drainCounter(wakeDescriptor)
+        outcome.wasWoken = true
+      case Self.timerToken:
+        SystemCall.drainCounter(timerDescriptor)
+        // The kernel disarms a one-shot timerfd once it expires.
+        armedTimerDeadline = nil
+        outcome.timerExpired = true
+      default:
+        handleReadiness(token, event.events)
+      }
+    }
+    return outcome
+  }
+}

@@ -1,0 +1,154 @@
+/// A block handed to a loop with `perform`, with the modes it may run in.
+struct PerformRequest {
+  let modes: [RunLoopMode]
+  let block: @Sendable () -> Void
+}
+
+/// Everything other threads hand to a loop: a pure state machine held under the loop's inbox
+/// lock. Each event is one mutating method whose result says what the caller must do after
+/// releasing the lock (write the wake-up eventfd, run a job elsewhere, ...).
+///
+/// Wake-ups are coalesced: `wakePending` is true while the loop is awake (it will look at the
+/// inbox before sleeping) or an eventfd write is already on its way. Only the producer that flips
+/// it from false to true writes the eventfd, so a busy loop costs producers no syscall at all.
+struct LoopInbox {
+  enum Lifecycle {
+    /// Accepting work.
+    case active
+    /// `shutdown()` was called: jobs are still accepted and run (nothing is lost) while the loop
+    /// drains; the loop thread is finishing.
+    case shuttingDown
+    /// The loop thread has finished. Jobs go to the fallback executor; performs are refused.
+    case terminated
+  }
+
+  private(set) var lifecycle = Lifecycle.active
+  /// Executor jobs, oldest first.
+  var jobs: [UnownedJob] = []
+  /// Blocks from `perform`, oldest first.
+  var performs: [PerformRequest] = []
+  /// Sources signalled since the loop last looked.
+  var signalled: [InputSource] = []
+  /// Registration changes requested from other threads, applied on the loop thread in order.
+  var controls: [() -> Void] = []
+  /// `stop()` was called and no run has consumed it yet.
+  var stopRequested = false
+  /// `wakeUp()` was called since the loop last looked.
+  var wakeRequested = false
+  /// See the type's comment. Starts true: a new loop is not asleep.
+  private(set) var wakePending = true
+
+  enum WakeAction {
+    /// The loop is awake or already being woken.
+    case none
+    /// Write the eventfd (after releasing the lock).
+    case wakeLoop
+  }
+
+  /// Flips `wakePending`; only the flipper writes.
+  private mutating func requestWake() -> WakeAction {
+    if wakePending { return .none }  // awake, or a write is on its way: coalesced
+    wakePending = true
+    return .wakeLoop
+  }
+
+  enum JobAction {
+    case accepted(WakeAction)
+    /// The loop has terminated: run the job on the fallback executor.
+    case runElsewhere
+  }
+
+  /// A job arrives (executor enqueue).
+  mutating func enqueue(_ job: UnownedJob) -> JobAction {
+    switch lifecycle {
+    case .active, .shuttingDown:
+      jobs.append(job)  // shutting down: the draining loop still runs it
+      return .accepted(requestWake())
+    case .terminated:
+      return .runElsewhere  // nobody will run it here; never drop a job
+    }
+  }
+
+  /// A block arrives; nil when the loop has terminated (the block is refused).
+  mutating func perform(_ request: PerformRequest) -> WakeAction? {
+    switch lifecycle {
+    case .active, .shuttingDown:
+      performs.append(request)
+      return requestWake()
+    case .terminated:
+      return nil
+    }
+  }
+
+  /// A registration change arrives from another thread; nil once terminated.
+  mutating func control(_ change: @escaping () -> Void) -> WakeAction? {
+    switch lifecycle {
+    case .active, .shuttingDown:
+      controls.append(change)
+      return requestWake()
+    case .terminated:
+      return nil
+    }
+  }
+
+  /// A source was signalled.
+  mutating func signal(_ source: InputSource) -> WakeAction {
+    switch lifecycle {
+    case .active, .shuttingDown:
+      signalled.append(source)
+      return requestWake()
+    case .terminated:
+      return .none  // its loop is gone; the signal is meaningless
+    }
+  }
+
+  /// `stop()`: remembered until a run consumes it.
+  mutating func stop() -> WakeAction {
+    stopRequested = true
+    return requestWake()
+  }
+
+  /// `wakeUp()`: makes a sleeping loop do a pass.
+  mutating func wakeUp() -> WakeAction {
+    wakeRequested = true
+    return requestWake()
+  }
+
+  /// `shutdown()`: returns true for the first call only.
+  mutating func beginShutdown() -> (first: Bool, wake: WakeAction) {
+    switch lifecycle {
+    case .active:
+      lifecycle = .shuttingDown
+      stopRequested = true
+      return (true, requestWake())
+    case .shuttingDown, .terminated:
+      return (false, .none)  // shutdown twice: no-op
+    }
+  }
+
+  /// The draining loop found nothing left: terminate unless work arrived meanwhile.
+  mutating func terminateIfIdle() -> Bool {
+    guard jobs.isEmpty, performs.isEmpty, controls.isEmpty, signalled.isEmpty else { return false }
+    lifecycle = .terminated
+    return true
+  }
+
+  /// Whether anything is waiting for the loop (it must not sleep).
+  var hasWork: Bool {
+    !jobs.isEmpty || !performs.isEmpty || !signalled.isEmpty || !controls.isEmpty || stopRequested
+      || wakeRequested
+  }
+
+  /// The loop is about to sleep: true if it may (nothing waiting), and from then on producers
+  /// write the eventfd. False means "poll instead": work is there.
+  mutating func prepareToSleep() -> Bool {
+    if hasWork { return false }
+    wakePending = false
+    return true
+  }
+
+  /// The loop woke up (or polled): producers need not write until it sleeps again.
+  mutating func didWake() {
+    wakePending = true
+  }
+}

@@ -1,0 +1,111 @@
+/// The points of a loop pass at which observers are told (SPEC §5, §6).
+public struct LoopActivity: OptionSet, Sendable, Hashable, CustomStringConvertible {
+  public let rawValue: UInt8
+  public init(rawValue: UInt8) { self.rawValue = rawValue }
+
+  /// A run is starting (step 1).
+  public static let entry = LoopActivity(rawValue: 1 << 0)
+  /// Timers are about to be processed (step 2).
+  public static let beforeTimers = LoopActivity(rawValue: 1 << 1)
+  /// Custom sources are about to fire (step 3).
+  public static let beforeSources = LoopActivity(rawValue: 1 << 2)
+  /// The thread is about to sleep (step 6); not sent for a zero time limit.
+  public static let beforeWaiting = LoopActivity(rawValue: 1 << 3)
+  /// The thread woke (step 8).
+  public static let afterWaiting = LoopActivity(rawValue: 1 << 4)
+  /// A run is ending (step 10).
+  public static let exit = LoopActivity(rawValue: 1 << 5)
+  /// Every activity.
+  public static let all: LoopActivity = [.entry, .beforeTimers, .beforeSources, .beforeWaiting, .afterWaiting, .exit]
+
+  public var description: String {
+    let names: [(LoopActivity, String)] = [
+      (.entry, "entry"), (.beforeTimers, "beforeTimers"), (.beforeSources, "beforeSources"),
+      (.beforeWaiting, "beforeWaiting"), (.afterWaiting, "afterWaiting"), (.exit, "exit"),
+    ]
+    let present = names.filter { contains($0.0) }.map(\.1)
+    return present.count == 1 ? present[0] : "[" + present.joined(separator: ", ") + "]"
+  }
+}
+
+/// Watches a loop's activities (SPEC §5). The callout runs on the loop thread, synchronously, at
+/// each activity it asked for, while the loop runs in one of the observer's modes.
+///
+/// A repeating observer is told every pass; a one-shot observer invalidates itself after its
+/// first callout. An observer may invalidate itself (or others) from its own callout.
+public final class LoopObserver: ModeMember, @unchecked Sendable {
+  // Safety: `activities`, `repeats` and `order` are immutable. `callout` (nil once invalid) is
+  // only touched with `lock` held. `memberships` and `loop` are only touched on the thread of the
+  // loop the observer is scheduled on (asserted by `RunLoopThread`).
+
+  /// The activities the observer is told about.
+  public let activities: LoopActivity
+  /// Whether the observer stays after its first callout.
+  public let repeats: Bool
+  /// Among observers of the same activity, lower orders are told first.
+  public let order: Int
+
+  private let lock = PthreadLock()
+  private var callout: (@Sendable (LoopObserver, LoopActivity) -> Void)?
+  private var scheduledLoop: RunLoopThread?
+
+  /// Loop thread: the modes holding the observer.
+  var memberships: [ModeContents] = []
+
+  /// Creates an observer.
+  /// - Parameters:
+  ///   - activities: What to be told about.
+  ///   - repeats: false to be told once and then invalidated.
+  ///   - order: Lower orders are told first.
+  ///   - callout: Runs on the loop thread with the activity that occurred.
+  public init(
+    activities: LoopActivity, repeats: Bool = true, order: Int = 0,
+    callout: @escaping @Sendable (LoopObserver, LoopActivity) -> Void
+  ) {
+    self.activities = activities
+    self.repeats = repeats
+    self.order = order
+    self.callout = callout
+  }
+
+  /// Stops the observer: no callout starts after this returns, and the loop drops it from its
+  /// modes (at once on the loop thread, on its next pass from other threads). Any thread;
+  /// idempotent. Releases the callout.
+  public func invalidate() {
+    let (loop, released) = lock.withLock {
+      defer { callout = nil; scheduledLoop = nil }
+      return (scheduledLoop, callout)
+    }
+    withExtendedLifetime(released) {}
+    loop?.detachEverywhere(self)
+  }
+
+  /// False once invalidated. Any thread.
+  public var isValid: Bool { lock.withLock { callout != nil } }
+
+  /// Loop thread: records the loop; false when the observer is already invalid.
+  func attach(to loop: RunLoopThread) -> Bool {
+    lock.withLock {
+      guard callout != nil else { return false }
+      scheduledLoop = loop
+      return true
+    }
+  }
+
+  /// Loop thread: tells the observer; a one-shot observer invalidates itself afterwards.
+  func notify(_ activity: LoopActivity) {
+    guard let current = lock.withLock({ callout }) else { return }
+    current(self, activity)
+    if !repeats { invalidate() }
+  }
+
+  func insert(into contents: ModeContents) {
+    ModeContents.insertOrdered(self, into: &contents.observers) { $0.order }
+    contents.recomputeObservedActivities()
+  }
+
+  func remove(from contents: ModeContents) {
+    contents.observers.removeAll { $0 === self }
+    contents.recomputeObservedActivities()
+  }
+}

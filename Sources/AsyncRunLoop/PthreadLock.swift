@@ -1,0 +1,104 @@
+import Glibc
+
+/// A mutual-exclusion lock built on `pthread_mutex_t`.
+///
+/// We use pthreads rather than `Synchronization.Mutex` because ThreadSanitizer on Linux does not
+/// understand the futex-based `Mutex` and reports false races; with a pthread mutex TSan stays
+/// meaningful. Callable from any thread. Never call user code or resume a continuation while
+/// holding it.
+final class PthreadLock: @unchecked Sendable {
+  // Safety: `mutex` is only touched through pthread_mutex_* calls, which are thread-safe; the
+  // pointer itself is immutable after init.
+  private let mutex: UnsafeMutablePointer<pthread_mutex_t>
+
+  init() {
+    mutex = .allocate(capacity: 1)
+    var attributes = pthread_mutexattr_t()
+    pthread_mutexattr_init(&attributes)
+    pthread_mutexattr_settype(&attributes, Int32(PTHREAD_MUTEX_ERRORCHECK))
+    let rc = pthread_mutex_init(mutex, &attributes)
+    precondition(rc == 0, "pthread_mutex_init failed: \(rc)")
+    pthread_mutexattr_destroy(&attributes)
+  }
+
+  deinit {
+    pthread_mutex_destroy(mutex)
+    mutex.deallocate()
+  }
+
+  @inline(__always)
+  func lock() {
+    let rc = pthread_mutex_lock(mutex)
+    assert(rc == 0, "pthread_mutex_lock failed: \(rc)")
+  }
+
+  @inline(__always)
+  func unlock() {
+    let rc = pthread_mutex_unlock(mutex)
+    assert(rc == 0, "pthread_mutex_unlock failed: \(rc)")
+  }
+
+  /// Runs `body` with the lock held.
+  @inline(__always)
+  func withLock<T, E: Error>(_ body: () throws(E) -> T) throws(E) -> T {
+    lock()
+    defer { unlock() }
+    return try body()
+  }
+
+  /// Blocks on `condition` until signalled; the lock must be held by the caller.
+  func wait(on condition: UnsafeMutablePointer<pthread_cond_t>) {
+    let rc = pthread_cond_wait(condition, mutex)
+    precondition(rc == 0, "pthread_cond_wait failed: \(rc)")
+  }
+}
+
+/// A value protected by a `PthreadLock`. Callable from any thread.
+final class LockedValue<Value>: @unchecked Sendable {
+  // Safety: `value` is only read or written inside `lock.withLock`.
+  private let lock = PthreadLock()
+  private var value: Value
+
+  init(_ value: Value) { self.value = value }
+
+  /// Runs `body` with exclusive access to the value.
+  @inline(__always)
+  func withLock<T, E: Error>(_ body: (inout Value) throws(E) -> T) throws(E) -> T {
+    lock.lock()
+    defer { lock.unlock() }
+    return try body(&value)
+  }
+}
+
+/// A one-shot gate that threads can block on until it is opened. Callable from any thread.
+///
+/// Used by the blocking "wait until done" calls. Opening it twice is harmless.
+final class BlockingGate: @unchecked Sendable {
+  // Safety: `isOpen` is only touched with `lock` held; `condition` only through pthread_cond_*.
+  private let lock = PthreadLock()
+  private let condition: UnsafeMutablePointer<pthread_cond_t>
+  private var isOpen = false
+
+  init() {
+    condition = .allocate(capacity: 1)
+    pthread_cond_init(condition, nil)
+  }
+
+  deinit {
+    pthread_cond_destroy(condition)
+    condition.deallocate()
+  }
+
+  /// Opens the gate and releases every waiter.
+  func open() {
+    lock.withLock { isOpen = true }
+    pthread_cond_broadcast(condition)
+  }
+
+  /// Blocks the calling thread until the gate is open.
+  func wait() {
+    lock.lock()
+    while !isOpen { lock.wait(on: condition) }
+    lock.unlock()
+  }
+}

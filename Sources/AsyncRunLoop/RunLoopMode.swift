@@ -1,0 +1,43 @@
+/// The name of a run-loop mode: a named set of sources, timers and observers (SPEC §2).
+///
+/// Running a loop names one mode; only that mode's members are watched and only its observers
+/// are told. `.common` is not a mode to run but a *set* of modes: adding an item to `.common`
+/// adds it to every mode in the set, including modes added to the set later
+/// (`RunLoopThread.addModeToCommonModes(_:)`). `.default` is in the common set from the start.
+public struct RunLoopMode: Hashable, Sendable, RawRepresentable, ExpressibleByStringLiteral,
+  CustomStringConvertible
+{
+  public let rawValue: String
+
+  public init(rawValue: String) { self.rawValue = rawValue }
+  public init(_ name: String) { self.rawValue = name }
+  public init(stringLiteral name: String) { self.rawValue = name }
+
+  /// The mode a loop runs in unless told otherwise.
+  public static let `default` = RunLoopMode("default")
+  /// The common-modes pseudo-mode (a set of modes, never run itself).
+  public static let common = RunLoopMode("common")
+
+  public var description: String { rawValue }
+}
+
+/// Why a call to `RunLoopThread.run` returned (SPEC §2, §6).
+public enum RunLoopRunResult: Sendable, Equatable, CustomStringConvertible {
+  /// The mode held nothing to watch (no sources, no timers), or the loop is shutting down.
+  case finished
+  /// `stop()` was called.
+  case stopped
+  /// The run's time limit passed.
+  case timedOut
+  /// The run was asked to return after one input source fired, and one did.
+  case handledSource
+
+  public var description: String {
+    switch self {
+    case .finished: return "finished"
+    case .stopped: return "stopped"
+    case .timedOut: return "timedOut"
+    case .handledSource: return "handledSource"
+    }
+  }
+}

@@ -1,0 +1,91 @@
+import Dispatch
+
+/// Each loop is a `SerialExecutor` and a `TaskExecutor`: jobs run on the loop's thread, in the
+/// order they were enqueued, interleaved with its sources and timers (at most `jobsPerPass` per
+/// pass). Jobs run in every mode, so actors on the loop keep working during a nested modal run.
+extension RunLoopThread: SerialExecutor, TaskExecutor {
+  /// Enqueues a job. Any thread. From another thread it costs at most one (coalesced) eventfd
+  /// write; from the loop's own thread none.
+  ///
+  /// A job is never dropped: after the loop has terminated (shut down and drained, or its thread
+  /// exited) the job runs on a process-wide fallback serial queue instead, still isolated to this
+  /// executor (so an actor's calls keep running one at a time, and `checkIsolated` accepts them),
+  /// and a warning is printed once per loop.
+  public func enqueue(_ job: consuming ExecutorJob) {
+    let unowned = UnownedJob(job)
+    switch inboxLock.withLock({ inbox.enqueue(unowned) }) {
+    case .accepted(let wake):
+      perform(wake)
+    case .runElsewhere:
+      runOnFallback(unowned)
+    }
+  }
+
+  public func asUnownedSerialExecutor() -> UnownedSerialExecutor {
+    UnownedSerialExecutor(ordinary: self)
+  }
+
+  public func asUnownedTaskExecutor() -> UnownedTaskExecutor {
+    UnownedTaskExecutor(ordinary: self)
+  }
+
+  /// Traps with a message naming the loop unless the caller runs on this loop (its thread, or
+  /// the fallback queue running this terminated loop's late jobs).
+  public func checkIsolated() {
+    precondition(
+      isIsolatingCurrentContext() == true,
+      "AsyncRunLoop: expected to run on loop '\(name)', but running on another thread")
+  }
+
+  /// True on this loop's thread (or the fallback running this loop's late jobs), false elsewhere;
+  /// never nil, so `assumeIsolated` gets a definite answer.
+  public func isIsolatingCurrentContext() -> Bool? {
+    isOnLoopThread || FallbackExecution.isRunning(for: self)
+  }
+
+  private func runOnFallback(_ job: UnownedJob) {
+    FallbackExecution.run(job, for: self)
+  }
+}
+
+/// Runs jobs that reach a loop after it terminated, so that no awaiting task hangs and no job is
+/// dropped. One serial queue for the process: a terminated loop's actors keep their one-at-a-time
+/// guarantee.
+enum FallbackExecution {
+  private static let queue: DispatchQueue = {
+    let queue = DispatchQueue(label: "AsyncRunLoop.fallback")
+    queue.setSpecific(key: onQueueKey, value: true)
+    return queue
+  }()
+  private static let onQueueKey = DispatchSpecificKey<Bool>()
+  private static let state = LockedValue(FallbackState())
+
+  private struct FallbackState {
+    var warned = Set<ObjectIdentifier>()
+    /// The loop whose job the fallback queue is running now.
+    var running: ObjectIdentifier?
+  }
+
+  static func run(_ job: UnownedJob, for loop: RunLoopThread) {
+    let firstWarning = state.withLock { $0.warned.insert(ObjectIdentifier(loop)).inserted }
+    if firstWarning {
+      print("AsyncRunLoop: loop '\(loop.name)' has shut down; its late jobs run on a fallback queue")
+    }
+    let serial = loop.asUnownedSerialExecutor()
+    let task = loop.asUnownedTaskExecutor()
+    let identifier = ObjectIdentifier(loop)
+    queue.async {
+      state.withLock { $0.running = identifier }
+      job.runSynchronously(isolatedTo: serial, taskExecutor: task)
+      state.withLock { $0.running = nil }
+      withExtendedLifetime(loop) {}
+    }
+  }
+
+  static func isRunning(for loop: RunLoopThread) -> Bool {
+    // Only meaningful on the fallback queue itself; elsewhere `running` belongs to another thread.
+    guard loop.isShutDown else { return false }
+    let identifier = ObjectIdentifier(loop)
+    return DispatchQueue.getSpecific(key: onQueueKey) == true && state.withLock { $0.running == identifier }
+  }
+}

@@ -1,0 +1,287 @@
+/// Running the loop: one pass is a list of phases, one small method each, numbered as in SPEC §6
+/// and the DocC article "One pass of the loop".
+extension RunLoopThread {
+  /// Runs the loop in `mode` until it is stopped, its time limit passes, it has nothing to
+  /// watch, or (when asked) one input source fired. Loop thread only; runs may nest (a handler may
+  /// run the loop again, usually in another mode; the outer run resumes afterwards).
+  /// - Parameters:
+  ///   - mode: The mode to run in (not `.common`).
+  ///   - deadline: When to return `.timedOut`; `.distantFuture` runs without a limit, a deadline
+  ///     already passed makes one pass that does not sleep (no `beforeWaiting`).
+  ///   - returnAfterSourceHandled: Return `.handledSource` after the first pass in which an input
+  ///     source (custom or readiness) fired. Timers never end a run.
+  /// - Returns: Why the run ended.
+  @discardableResult
+  public func run(
+    mode: RunLoopMode = .default, until deadline: LoopClock.Instant = .distantFuture,
+    returnAfterSourceHandled: Bool = false
+  ) -> RunLoopRunResult {
+    preconditionOnLoopThread()
+    applyControls()
+    let contents = modeTable.contents(for: mode)
+    if isFinished(contents) { return .finished }  // no entry/exit told
+    runDepth += 1
+    defer { runDepth -= 1 }
+    notifyObservers(contents, .entry)  // 1
+    let result = runPasses(contents, deadline: deadline.nanoseconds, returnAfterSourceHandled: returnAfterSourceHandled)
+    notifyObservers(contents, .exit)  // 10
+    return result
+  }
+
+  /// Runs the loop for at most `duration`. Loop thread only. See `run(mode:until:returnAfterSourceHandled:)`.
+  @discardableResult
+  public func run(
+    mode: RunLoopMode = .default, for duration: Duration, returnAfterSourceHandled: Bool = false
+  ) -> RunLoopRunResult {
+    run(mode: mode, until: .now.advanced(by: duration), returnAfterSourceHandled: returnAfterSourceHandled)
+  }
+
+  /// Passes 2–9 until a pass ends the run.
+  private func runPasses(_ contents: ModeContents, deadline: Int64, returnAfterSourceHandled: Bool) -> RunLoopRunResult {
+    // A stop requested while the loop was not running ends this run at once (after entry).
+    if consumeStop() { return .stopped }
+    while true {
+      applyControls()
+      armDescriptors(for: contents)
+      notifyObservers(contents, .beforeTimers)  // 2
+      notifyObservers(contents, .beforeSources)  // 3
+      runPerforms(in: contents.mode)
+      runJobs()
+      var handledSource = fireSignalledSources(in: contents)  // 4
+      runPerforms(in: contents.mode)
+      let now = LoopClock.monotonicNanoseconds()
+      let mustPoll = handledSource && returnAfterSourceHandled || deadline <= now || hasLocalWork
+      armTimerfd(contents, runDeadline: deadline)
+      // 5–8: wait for readiness, timers, wake-ups or the limit; poll when work is waiting.
+      handledSource = waitAndHandleReadiness(contents, mayBlock: !mustPoll) || handledSource
+      fireDueTimers(in: contents)  // 9
+      runPerforms(in: contents.mode)
+      // End of pass: CF's order — handled a source, timed out, stopped, finished.
+      if returnAfterSourceHandled && handledSource { return .handledSource }
+      if deadline <= LoopClock.monotonicNanoseconds() { return .timedOut }
+      if consumeStop() { return .stopped }
+      if isFinished(contents) { return .finished }
+    }
+  }
+
+  /// Whether the loop has work of its own that must not wait for an event (jobs left over from a
+  /// capped pass, deferred performs that can run in this mode are handled by `runPerforms`).
+  private var hasLocalWork: Bool { localJobIndex < localJobs.count }
+
+  /// SPEC §1: nothing to watch in the mode, and no jobs or blocks waiting (CF counts pending
+  /// blocks too). A loop that serves as an executor (`keepsAlive`) never finishes.
+  private func isFinished(_ contents: ModeContents) -> Bool {
+    guard contents.hasNothingToWatch, !keepsAlive, !hasLocalWork, localPerforms.isEmpty else { return false }
+    return inboxLock.withLock { inbox.jobs.isEmpty && inbox.performs.isEmpty && inbox.controls.isEmpty }
+  }
+
+  /// Consumes a pending `stop()`.
+  private func consumeStop() -> Bool {
+    inboxLock.withLock {
+      guard inbox.stopRequested else { return false }
+      inbox.stopRequested = false
+      return true
+    }
+  }
+
+  /// Applies registration changes that other threads sent (`onLoopThread`).
+  func applyControls() {
+    let controls: [() -> Void] = inboxLock.withLock {
+      guard !inbox.controls.isEmpty else { return [] }
+      defer { inbox.controls.removeAll() }
+      return inbox.controls
+    }
+    for change in controls { change() }
+  }
+
+  /// Tells the mode's observers about `activity`, in order. Cheap when nobody asked for it.
+  @inline(__always)
+  func notifyObservers(_ contents: ModeContents, _ activity: LoopActivity) {
+    guard contents.observedActivities.contains(activity) else { return }
+    for observer in contents.observers where observer.activities.contains(activity) {
+      observer.notify(activity)
+    }
+  }
+
+  /// Runs the performed blocks that may run in `mode`, oldest first; keeps the others.
+  /// (Performed blocks are not input sources: they never end a run as "handled a source".)
+  private func runPerforms(in mode: RunLoopMode) {
+    let arrived: [PerformRequest] = inboxLock.withLock {
+      guard !inbox.performs.isEmpty else { return [] }
+      defer { inbox.performs.removeAll() }
+      return inbox.performs
+    }
+    if localPerforms.isEmpty && arrived.isEmpty { return }
+    let pending = localPerforms + arrived
+    localPerforms.removeAll()
+    let inCommon = modeTable.commonModes.contains(mode)
+    for request in pending {
+      if request.modes.contains(mode) || (inCommon && request.modes.contains(.common)) {
+        request.block()
+      } else {
+        localPerforms.append(request)
+      }
+    }
+  }
+
+  /// Runs executor jobs: those taken earlier first, then a new batch from the inbox; at most
+  /// `jobsPerPass`, so timers and sources get their turn (a job that re-enqueues itself runs once
+  /// per pass).
+  func runJobs() {
+    if localJobIndex >= localJobs.count {
+      localJobs.removeAll(keepingCapacity: true)
+      localJobIndex = 0
+      inboxLock.withLock {
+        if !inbox.jobs.isEmpty { swap(&inbox.jobs, &localJobs) }
+      }
+      if localJobs.isEmpty { return }
+    }
+    let end = min(localJobs.count, localJobIndex + Self.jobsPerPass)
+    let serial = asUnownedSerialExecutor()
+    let task = asUnownedTaskExecutor()
+    while localJobIndex < end {
+      let job = localJobs[localJobIndex]
+      localJobIndex += 1
+      job.runSynchronously(isolatedTo: serial, taskExecutor: task)
+    }
+  }
+
+  /// Step 4: fires every signalled custom source that is in this mode, lower orders first.
+  /// Returns whether any fired.
+  private func fireSignalledSources(in contents: ModeContents) -> Bool {
+    inboxLock.withLock {
+      if !inbox.signalled.isEmpty { swap(&inbox.signalled, &spareSignalled) }
+    }
+    if spareSignalled.isEmpty && deferredSignalled.isEmpty { return false }
+    var ready: [InputSource] = []
+    var stillDeferred: [InputSource] = []
+    for source in deferredSignalled + spareSignalled {
+      if source.memberships.contains(where: { $0 === contents }) {
+        if !ready.contains(where: { $0 === source }) { ready.append(source) }
+      } else if !source.memberships.isEmpty, source.isSignalled,
+        !stillDeferred.contains(where: { $0 === source })
+      {
+        stillDeferred.append(source)  // scheduled in other modes: fires when one of them runs
+      }
+    }
+    spareSignalled.removeAll(keepingCapacity: true)
+    deferredSignalled = stillDeferred
+    if ready.count > 1 { ready.sort { $0.order < $1.order } }
+    var fired = false
+    for source in ready {
+      guard let perform = source.consumeSignal() else { continue }
+      perform(source)
+      fired = true
+    }
+    return fired
+  }
+
+  /// Arms the timerfd for the earlier of the mode's next timer (delayed by at most its
+  /// tolerance, never past the next timer's date) and the run's deadline.
+  private func armTimerfd(_ contents: ModeContents, runDeadline: Int64) {
+    var wake = runDeadline == Int64.max ? nil : runDeadline as Int64?
+    dropStaleTimerEntries(contents)
+    if let first = contents.timers.first {
+      var timerWake = first.deadline.addingSaturating(first.payload.timer.toleranceNanoseconds)
+      if let next = contents.timers.deadlineAfterFirst { timerWake = min(timerWake, max(next, first.deadline)) }
+      wake = min(wake ?? Int64.max, timerWake)
+    }
+    poller.setTimer(deadline: wake)
+  }
+
+  /// Steps 5–8. Polls (no sleep, no beforeWaiting/afterWaiting) when `mayBlock` is false or work
+  /// arrived; otherwise tells observers, sleeps, and tells them it woke. Delivers readiness
+  /// events. Returns whether a readiness source fired.
+  private func waitAndHandleReadiness(_ contents: ModeContents, mayBlock: Bool) -> Bool {
+    let sleeps = mayBlock && inboxLock.withLock { inbox.prepareToSleep() }
+    if sleeps { notifyObservers(contents, .beforeWaiting) }  // 6
+    var fired = false
+    let outcome = poller.wait(block: sleeps) { token, events in  // 7
+      fired = handleReadiness(token: token, events: events, contents: contents) || fired
+    }
+    _ = outcome
+    inboxLock.withLock {
+      inbox.didWake()
+      inbox.wakeRequested = false  // this pass is the one the wake-up asked for
+    }
+    if sleeps { notifyObservers(contents, .afterWaiting) }  // 8
+    return fired
+  }
+
+  /// Delivers one readiness event; silences a registration that is not in the running mode.
+  private func handleReadiness(token: UInt64, events: UInt32, contents: ModeContents) -> Bool {
+    guard let source = descriptorsByToken[token] else { return false }  // stale: removed already
+    guard source.memberships.contains(where: { $0 === contents }) else {
+      setArmed(source, false)  // level-triggered: would fire forever in a mode that ignores it
+      return false
+    }
+    source.fire(DescriptorEvents(rawValue: events))
+    return true
+  }
+
+  /// Step 9: fires the mode's due timers in (date, scheduling) order. Due timers are collected
+  /// first, then fired, so a timer scheduled by a callout waits for the next pass.
+  private func fireDueTimers(in contents: ModeContents) {
+    guard !contents.timers.isEmpty else { return }
+    let now = LoopClock.monotonicNanoseconds()
+    dueTimers.removeAll(keepingCapacity: true)
+    while let first = contents.timers.first, first.deadline <= now {
+      contents.timers.popFirst()
+      let timer = first.payload.timer
+      guard first.payload.generation == timer.generation else { continue }  // stale entry
+      dueTimers.append((timer, first.deadline, timer.generation))
+    }
+    for (timer, fireDate, generation) in dueTimers {
+      guard timer.generation == generation else { continue }  // moved or removed by a callout
+      timer.fire()
+      guard timer.generation == generation else { continue }  // the callout moved or removed it
+      if timer.advanceAfterFire(firedAt: fireDate, now: LoopClock.monotonicNanoseconds()) {
+        pushTimerEntries(timer)
+      } else {
+        timer.invalidate()
+      }
+    }
+    dueTimers.removeAll(keepingCapacity: true)
+  }
+
+  /// Drops stale entries from the top of the mode's timer heap; compacts it when stale entries
+  /// outnumber live ones.
+  private func dropStaleTimerEntries(_ contents: ModeContents) {
+    contents.timers.dropStaleHead { $0.payload.generation == $0.payload.timer.generation }
+    if contents.timers.count > 64 && contents.timers.count > 2 * contents.timerIdentifiers.count {
+      contents.timers.compact { $0.payload.generation == $0.payload.timer.generation }
+    }
+  }
+
+  /// Loop thread: makes a timer's heap entries match its fire date and modes (bumps its
+  /// generation so older entries go stale, then pushes one entry per mode).
+  func pushTimerEntries(_ timer: LoopTimer) {
+    timer.generation &+= 1
+    guard !timer.memberships.isEmpty else { return }
+    let date = timer.fireDateNanoseconds
+    for contents in timer.memberships {
+      timerSequence &+= 1
+      contents.timers.push(
+        deadline: date, sequence: timerSequence, payload: TimerHeapPayload(timer: timer, generation: timer.generation))
+    }
+  }
+
+  /// Arms the readiness registrations of `contents`' mode after a mode switch (lazy: the loop
+  /// silences registrations of other modes only when they report events).
+  private func armDescriptors(for contents: ModeContents) {
+    guard armedMode != contents.mode else { return }
+    armedMode = contents.mode
+    for source in contents.descriptors where !source.isArmed { setArmed(source, true) }
+  }
+
+  func setArmed(_ source: DescriptorSource, _ armed: Bool) {
+    guard source.token != 0, source.isArmed != armed else { return }
+    do {
+      try poller.modify(descriptor: source.descriptor, events: armed ? source.epollEvents : 0, token: source.token)
+      source.isArmed = armed
+    } catch {
+      // The descriptor was closed behind our back: it can never fire again. Drop it.
+      source.isArmed = false
+    }
+  }
+}

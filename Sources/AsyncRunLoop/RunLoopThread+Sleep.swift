@@ -1,0 +1,99 @@
+/// Suspending tasks on the loop's timers.
+extension RunLoopThread {
+  /// A clock whose `sleep` waits on this loop's timers (timerfd precision, woken on this loop).
+  /// Any thread.
+  public var clock: LoopClock { LoopClock(loop: self) }
+
+  /// The process-wide loop that serves `LoopClock()` sleeps made off any loop thread.
+  static let sharedTimerLoop: RunLoopThread = {
+    do {
+      return try RunLoopThread(name: "AsyncRunLoop.timers")
+    } catch {
+      preconditionFailure("AsyncRunLoop: cannot start the shared timer loop: \(error)")
+    }
+  }()
+
+  /// Suspends the calling task until `deadline` on a one-shot timer of this loop (in its common
+  /// modes). Any task. Never returns early.
+  /// - Throws: `CancellationError` when the task is cancelled, or the loop shuts down, before
+  ///   the deadline.
+  func sleep(until deadline: LoopClock.Instant, tolerance: Duration?) async throws {
+    let waiter = SleepWaiter()
+    try await withTaskCancellationHandler {
+      try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+        let timer = LoopTimer(
+          fireAt: deadline, tolerance: tolerance ?? .zero,
+          handler: { _ in waiter.finish(.success(())) },
+          onInvalidate: { waiter.finish(.failure(CancellationError())) })
+        guard waiter.start(continuation, timer: timer) else { return }  // cancelled already
+        add(timer, to: .common)
+        if isShutDown { timer.invalidate() }
+      }
+    } onCancel: {
+      waiter.cancel()
+    }
+  }
+}
+
+/// The once-only meeting point of a sleeping task, its timer and cancellation: a pure state
+/// machine under a lock; the continuation is resumed after the lock is released.
+final class SleepWaiter: @unchecked Sendable {
+  // Safety: `state` is only touched with `lock` held.
+  private let lock = PthreadLock()
+  private var state = State.idle
+
+  private enum State {
+    /// Not started yet.
+    case idle
+    /// Cancelled before it started.
+    case cancelledEarly
+    case waiting(CheckedContinuation<Void, any Error>, LoopTimer)
+    case finished
+  }
+
+  /// Returns false (having resumed the continuation with CancellationError) if already cancelled.
+  func start(_ continuation: CheckedContinuation<Void, any Error>, timer: LoopTimer) -> Bool {
+    let proceed: Bool = lock.withLock {
+      switch state {
+      case .idle:
+        state = .waiting(continuation, timer)
+        return true
+      case .cancelledEarly, .waiting, .finished:
+        state = .finished
+        return false
+      }
+    }
+    if !proceed { continuation.resume(throwing: CancellationError()) }
+    return proceed
+  }
+
+  /// Timer fired, or was invalidated: resume once.
+  func finish(_ result: Result<Void, any Error>) {
+    let continuation: CheckedContinuation<Void, any Error>? = lock.withLock {
+      switch state {
+      case .waiting(let continuation, _):
+        state = .finished
+        return continuation
+      case .idle, .cancelledEarly, .finished:
+        return nil
+      }
+    }
+    continuation?.resume(with: result)
+  }
+
+  /// The task was cancelled: invalidate the timer (which resumes with CancellationError).
+  func cancel() {
+    let timer: LoopTimer? = lock.withLock {
+      switch state {
+      case .idle:
+        state = .cancelledEarly
+        return nil
+      case .waiting(_, let timer):
+        return timer
+      case .cancelledEarly, .finished:
+        return nil
+      }
+    }
+    timer?.invalidate()
+  }
+}

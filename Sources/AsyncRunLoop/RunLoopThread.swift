@@ -1,0 +1,353 @@
+import CAsyncRunLoop
+import Glibc
+
+/// Errors from loop operations that cannot be completed.
+public enum RunLoopError: Error, Equatable, CustomStringConvertible {
+  /// The loop has shut down (or its thread exited): it runs nothing any more.
+  case shutDown(loop: String)
+  /// A blocking call would wait forever: e.g. waiting on a loop that no thread is running.
+  case wouldDeadlock(String)
+
+  public var description: String {
+    switch self {
+    case .shutDown(let name): return "AsyncRunLoop: loop '\(name)' has shut down"
+    case .wouldDeadlock(let what): return "AsyncRunLoop: \(what)"
+    }
+  }
+}
+
+/// A run loop: one thread's event loop in the CFRunLoop model (see SPEC.md and the DocC article
+/// "One pass of the loop"), and a Swift `SerialExecutor`/`TaskExecutor` for that thread.
+///
+/// Get one with `RunLoopThread(name:)` (a new thread that runs the loop until `shutdown()`),
+/// `RunLoopThread.current` (the calling thread's loop, created on first use, run by that thread
+/// with `run(...)`), or `RunLoopThread.main` (the process's main thread).
+///
+/// Thread rules, for every method: "any thread" means it is safe from any thread, including the
+/// loop's own; "loop thread" means only the loop's own thread may call it (checked with a
+/// precondition). Every callback (source routines, timer and observer callouts, performed blocks,
+/// executor jobs) runs on the loop's thread.
+public final class RunLoopThread: @unchecked Sendable {
+  // Safety: `name`, `poller`, `ownsThread`, `isMainLoop`, `inboxLock` and `threadLock` are
+  // immutable references. `inbox` is only touched with `inboxLock` held; `threadState` only with
+  // `threadLock` held. Every other stored property below the "loop thread only" mark is touched
+  // only on the loop's thread: the public entry points that use them call
+  // `preconditionOnLoopThread()` (or forward to the loop thread through `inbox.controls`).
+
+  /// The loop's name (also its thread's name, truncated to 15 bytes by the kernel).
+  public let name: String
+  let poller: EpollPoller
+  /// True for loops created with `init(name:)`: they run on a thread of their own until shutdown.
+  let ownsThread: Bool
+  let isMainLoop: Bool
+
+  let inboxLock = PthreadLock()
+  var inbox = LoopInbox()
+
+  let threadLock = PthreadLock()
+  var threadState = ThreadState.notStarted
+  let terminatedGate = BlockingGate()
+
+  enum ThreadState {
+    case notStarted
+    case running(pthread_t)
+    /// `shutdownAndWait()` will join the thread.
+    case joinerRegistered(pthread_t)
+    /// The thread detached itself (nobody was waiting to join it).
+    case detached
+  }
+
+  // MARK: Loop thread only
+
+  let modeTable = ModeTable()
+  /// Jobs taken from the inbox and not yet run (oldest first, from `localJobIndex`).
+  var localJobs: [UnownedJob] = []
+  var localJobIndex = 0
+  /// A spare array swapped with the inbox's, so taking jobs allocates nothing.
+  var spareJobs: [UnownedJob] = []
+  /// Performed blocks waiting for a mode they may run in.
+  var localPerforms: [PerformRequest] = []
+  /// Signalled sources not in the mode being run.
+  var deferredSignalled: [InputSource] = []
+  var spareSignalled: [InputSource] = []
+  /// Readiness registrations by epoll token, and the live token for each descriptor number.
+  var descriptorsByToken: [UInt64: DescriptorSource] = [:]
+  var tokenByDescriptor: [Int32: UInt64] = [:]
+  var nextToken = EpollPoller.firstRegistrationToken
+  /// Sequence numbers for timer-heap entries (equal deadlines fire in scheduling order).
+  var timerSequence: UInt64 = 0
+  /// The mode whose descriptors are armed in epoll.
+  var armedMode: RunLoopMode?
+  /// How deep `run` calls are nested on this loop.
+  var runDepth = 0
+  /// Whether the loop stays alive with nothing to watch (it serves as an executor).
+  var keepsAlive: Bool
+  /// Reused buffer for due timers.
+  var dueTimers: [(LoopTimer, Int64, UInt64)] = []
+
+  /// The most executor jobs one pass runs before it looks at timers and sources again.
+  static let jobsPerPass = 1024
+
+  /// Creates a loop on a new thread named `name`, which runs it (in the default mode) until
+  /// `shutdown()`. Any thread.
+  /// - Parameters:
+  ///   - name: The loop's and thread's name.
+  ///   - cpu: If given, the thread is pinned to this CPU.
+  /// - Throws: `SystemCallError` if the kernel refuses a descriptor or the thread.
+  public convenience init(name: String, cpu: Int? = nil) throws(SystemCallError) {
+    try self.init(name: name, ownsThread: true, isMainLoop: false)
+    try startThread(cpu: cpu)
+  }
+
+  init(name: String, ownsThread: Bool, isMainLoop: Bool) throws(SystemCallError) {
+    self.name = name
+    self.ownsThread = ownsThread
+    self.isMainLoop = isMainLoop
+    self.keepsAlive = ownsThread
+    self.poller = try EpollPoller()
+    localJobs.reserveCapacity(256)
+    spareJobs.reserveCapacity(256)
+  }
+
+  // MARK: Thread identity
+
+  /// The loop whose thread is calling, if it has one, without creating one. Any thread.
+  public static var currentIfExists: RunLoopThread? {
+    if let pointer = carl_current_loop() {
+      return Unmanaged<RunLoopThread>.fromOpaque(pointer).takeUnretainedValue()
+    }
+    if carl_is_main_thread() != 0, let main = mainIfCreated { return main.bindMainThread() }
+    return nil
+  }
+
+  /// The calling thread's loop, created on first use (on the main thread: `RunLoopThread.main`).
+  /// Any thread. The loop lives as long as its thread; only that thread may run it.
+  public static var current: RunLoopThread {
+    if let existing = currentIfExists { return existing }
+    if carl_is_main_thread() != 0 { return main }
+    return makeCurrentLoop()
+  }
+
+  /// True when the caller is on this loop's thread. Any thread. Not fooled by thread-id reuse:
+  /// the check reads a thread-local slot, which a new thread starts empty.
+  @inline(__always)
+  public var isOnLoopThread: Bool {
+    if carl_current_loop() == Unmanaged.passUnretained(self).toOpaque() { return true }
+    return isMainLoop && carl_is_main_thread() != 0 && bindMainThread() === self
+  }
+
+  /// Traps with a clear message unless called on the loop's thread.
+  @inline(__always)
+  func preconditionOnLoopThread(_ function: StaticString = #function) {
+    precondition(
+      isOnLoopThread,
+      "AsyncRunLoop: \(function) must be called on the thread of loop '\(name)'")
+  }
+
+  private static func makeCurrentLoop() -> RunLoopThread {
+    let loop: RunLoopThread
+    do {
+      loop = try RunLoopThread(name: "current-\(carl_gettid())", ownsThread: false, isMainLoop: false)
+    } catch {
+      preconditionFailure("AsyncRunLoop: cannot create the current thread's loop: \(error)")
+    }
+    let retained = Unmanaged.passRetained(loop).toOpaque()
+    carl_set_current_loop(retained)
+    // When the thread exits, the loop terminates (late jobs go to the fallback) and is released.
+    _ = carl_set_thread_exit_release(retained) { pointer in
+      guard let pointer else { return }
+      let loop = Unmanaged<RunLoopThread>.fromOpaque(pointer).takeRetainedValue()
+      loop.threadDidExit()
+    }
+    return loop
+  }
+
+  // MARK: Owned thread
+
+  private func startThread(cpu: Int?) throws(SystemCallError) {
+    let started = BlockingGate()
+    let context = Unmanaged.passRetained(ThreadStart(loop: self, cpu: cpu, started: started)).toOpaque()
+    var thread = pthread_t()
+    let rc = pthread_create(
+      &thread, nil,
+      { raw in
+        let start = Unmanaged<ThreadStart>.fromOpaque(raw!).takeRetainedValue()
+        start.loop.threadMain(cpu: start.cpu, started: start.started)
+        return nil
+      }, context)
+    guard rc == 0 else {
+      Unmanaged<ThreadStart>.fromOpaque(context).release()
+      throw SystemCallError(call: "pthread_create", errno: rc)
+    }
+    threadLock.withLock { threadState = .running(thread) }
+    started.wait()  // the loop is current on its thread before init returns
+  }
+
+  private func threadMain(cpu: Int?, started: BlockingGate) {
+    // The kernel keeps at most 15 bytes of a thread's name.
+    _ = carl_set_thread_name(String(decoding: name.utf8.prefix(15), as: UTF8.self))
+    if let cpu { _ = carl_pin_current_thread(Int32(cpu)) }
+    carl_set_current_loop(Unmanaged.passUnretained(self).toOpaque())
+    started.open()
+    while true {
+      _ = run(mode: .default)
+      if inboxLock.withLock({ inbox.lifecycle != .active }) { break }
+    }
+    drainForShutdown()
+    carl_set_current_loop(nil)
+    let detachSelf: Bool = threadLock.withLock {
+      switch threadState {
+      case .running:
+        threadState = .detached
+        return true
+      case .notStarted, .joinerRegistered, .detached:
+        return false
+      }
+    }
+    if detachSelf { pthread_detach(pthread_self()) }
+    terminatedGate.open()
+  }
+
+  /// A non-owned loop's thread exited: nothing will run the loop any more.
+  private func threadDidExit() {
+    _ = inboxLock.withLock { inbox.beginShutdown() }
+    drainForShutdown()
+    terminatedGate.open()
+  }
+
+  // MARK: Cross-thread requests
+
+  /// Runs `action` after releasing the inbox lock.
+  @inline(__always)
+  func perform(_ action: LoopInbox.WakeAction) {
+    switch action {
+    case .none: break
+    case .wakeLoop: poller.wake()
+    }
+  }
+
+  /// Stops the innermost run of the loop (it returns `.stopped`). A stop that arrives while the
+  /// loop is not running is remembered and ends the next run at once. Any thread.
+  /// An owned loop's thread starts a new run after a stop; use `shutdown()` to end it.
+  public func stop() {
+    perform(inboxLock.withLock { inbox.stop() })
+  }
+
+  /// Wakes the loop if it sleeps, so it makes a pass. Any thread.
+  public func wakeUp() {
+    perform(inboxLock.withLock { inbox.wakeUp() })
+  }
+
+  /// Shuts the loop down, without waiting. Any thread; calling it again is a no-op.
+  ///
+  /// The loop stops its run, then drains: every executor job and performed block already
+  /// accepted (and any that arrive while it drains) runs exactly once, every source, timer and
+  /// observer is invalidated (sources' cancel routines run, timers' and sequences' consumers end,
+  /// closures are released), and the thread exits, closing its descriptors when the loop is
+  /// released. Jobs enqueued after that run on a fallback thread (see `enqueue`); `perform`
+  /// refuses new blocks.
+  public func shutdown() {
+    let (first, wake) = inboxLock.withLock { inbox.beginShutdown() }
+    perform(wake)
+    if first && !ownsThread && !isMainLoop && !isOnLoopThread {
+      // Nobody may be running a non-owned loop: let its next run (or its thread's exit) drain.
+    }
+  }
+
+  /// Shuts the loop down and waits until its thread has finished. Any thread except the loop's
+  /// own (there it cannot wait for itself and only starts the shutdown).
+  public func shutdownAndWait() {
+    shutdown()
+    guard ownsThread, !isOnLoopThread else { return }
+    let join: pthread_t? = threadLock.withLock {
+      switch threadState {
+      case .running(let thread):
+        threadState = .joinerRegistered(thread)
+        return thread
+      case .notStarted, .joinerRegistered, .detached:
+        return nil
+      }
+    }
+    if let join {
+      pthread_join(join, nil)
+    } else {
+      terminatedGate.wait()
+    }
+  }
+
+  /// True once `shutdown()` was called (or a non-owned loop's thread exited). Any thread.
+  public var isShutDown: Bool { inboxLock.withLock { inbox.lifecycle != .active } }
+
+  /// Runs `block` on the loop thread during a pass in one of `modes` (`.common` by default),
+  /// waking the loop to do so. Any thread. Blocks run in the order they were performed.
+  /// - Returns: false when the loop has shut down and the block was refused (not run).
+  @discardableResult
+  public func perform(inModes modes: [RunLoopMode] = [.common], _ block: @escaping @Sendable () -> Void) -> Bool {
+    guard let wake = inboxLock.withLock({ inbox.perform(PerformRequest(modes: modes, block: block)) }) else {
+      return false
+    }
+    perform(wake)
+    return true
+  }
+
+  /// Runs `block` on the loop thread and waits for it to finish, returning its result.
+  /// On the loop's own thread it runs inline at once (no deadlock). Any thread.
+  /// - Throws: `RunLoopError.shutDown` if the loop has shut down (or shuts down before running
+  ///   it); `RunLoopError.wouldDeadlock` for a non-owned loop that is not being run. Rethrows
+  ///   what `block` throws.
+  public func performAndWait<T: Sendable>(
+    inModes modes: [RunLoopMode] = [.common], _ block: @escaping @Sendable () throws -> T
+  ) throws -> T {
+    if isOnLoopThread { return try block() }
+    let box = ResultBox<T>()
+    let gate = BlockingGate()
+    let accepted = perform(inModes: modes) {
+      box.set(Result { try block() })
+      gate.open()
+    }
+    guard accepted else { throw RunLoopError.shutDown(loop: name) }
+    gate.wait()
+    guard let result = box.take() else { throw RunLoopError.shutDown(loop: name) }
+    return try result.get()
+  }
+
+  /// Sends a registration change to the loop thread: at once when called there, otherwise on
+  /// the loop's next pass. Returns false when the loop has terminated.
+  @discardableResult
+  func onLoopThread(_ change: @escaping () -> Void) -> Bool {
+    if isOnLoopThread {
+      change()
+      return true
+    }
+    guard let wake = inboxLock.withLock({ inbox.control(change) }) else { return false }
+    perform(wake)
+    return true
+  }
+
+  /// A source was signalled: queue it and wake the loop. Any thread.
+  func enqueueSignalled(_ source: InputSource) {
+    perform(inboxLock.withLock { inbox.signal(source) })
+  }
+}
+
+/// What a new owned thread needs to start.
+private final class ThreadStart: @unchecked Sendable {
+  // Safety: immutable after init; handed from the creating thread to the new thread once.
+  let loop: RunLoopThread
+  let cpu: Int?
+  let started: BlockingGate
+  init(loop: RunLoopThread, cpu: Int?, started: BlockingGate) {
+    self.loop = loop
+    self.cpu = cpu
+    self.started = started
+  }
+}
+
+/// A result handed from the loop thread to a blocked waiter.
+final class ResultBox<T: Sendable>: @unchecked Sendable {
+  // Safety: `value` is only touched with `lock` held.
+  private let lock = PthreadLock()
+  private var value: Result<T, any Error>?
+  func set(_ result: Result<T, any Error>) { lock.withLock { value = result } }
+  func take() -> Result<T, any Error>? { lock.withLock { value } }
+}

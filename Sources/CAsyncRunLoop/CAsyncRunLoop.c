@@ -1,0 +1,31 @@
+#define _GNU_SOURCE
+#include "CAsyncRunLoop.h"
+
+_Thread_local void *carl_current_loop_slot = NULL;
+
+static pthread_key_t carl_exit_key;
+static pthread_once_t carl_exit_key_once = PTHREAD_ONCE_INIT;
+static void (*carl_exit_destructor)(void *) = NULL;
+
+static void carl_run_exit_destructor(void *value) {
+  if (carl_exit_destructor != NULL && value != NULL) {
+    carl_exit_destructor(value);
+  }
+}
+
+static void carl_make_exit_key(void) { pthread_key_create(&carl_exit_key, carl_run_exit_destructor); }
+
+int carl_set_thread_exit_release(void *value, void (*destructor)(void *)) {
+  pthread_once(&carl_exit_key_once, carl_make_exit_key);
+  carl_exit_destructor = destructor;
+  return pthread_setspecific(carl_exit_key, value);
+}
+
+int carl_pin_current_thread(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+}
+
+int carl_set_thread_name(const char *name) { return pthread_setname_np(pthread_self(), name); }

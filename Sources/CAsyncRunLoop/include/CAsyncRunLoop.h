@@ -1,0 +1,68 @@
+// System interfaces for AsyncRunLoop that Glibc's Swift module does not expose.
+// Keep this header small: declarations and trivial inline accessors only.
+#ifndef C_ASYNC_RUN_LOOP_H
+#define C_ASYNC_RUN_LOOP_H
+
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/signalfd.h>
+#include <sys/syscall.h>
+#include <sys/timerfd.h>
+#include <time.h>
+#include <unistd.h>
+
+// MARK: - Thread-local "current loop" slot
+
+/// The loop whose thread this is (an unretained pointer), or NULL.
+/// A thread-local variable dies with its thread, so a new thread that reuses an old thread's
+/// id starts with NULL: the "am I on this loop" check cannot be fooled by thread-id reuse.
+extern _Thread_local void *_Nullable carl_current_loop_slot;
+
+static inline void *_Nullable carl_current_loop(void) { return carl_current_loop_slot; }
+static inline void carl_set_current_loop(void *_Nullable loop) { carl_current_loop_slot = loop; }
+
+/// Registers `destructor` to run with the retained value of the per-thread "owned current loop"
+/// when a thread that created its loop lazily exits. Returns 0 on success.
+int carl_set_thread_exit_release(void *_Nonnull value, void (*_Nonnull destructor)(void *_Nullable));
+
+// MARK: - Small syscall helpers
+
+/// The kernel thread id of the calling thread.
+static inline int32_t carl_gettid(void) { return (int32_t)syscall(SYS_gettid); }
+
+/// True when the calling thread is the process's main thread (its tid equals the pid).
+static inline int carl_is_main_thread(void) { return carl_gettid() == (int32_t)getpid(); }
+
+/// Names the calling thread (at most 15 bytes are kept); returns 0 or an errno value.
+int carl_set_thread_name(const char *_Nonnull name);
+
+/// Pins the calling thread to one CPU; returns 0 or an errno value.
+int carl_pin_current_thread(int cpu);
+
+/// `errno` for Swift.
+static inline int carl_errno(void) { return errno; }
+
+/// The data word of an epoll event (a union in C).
+static inline uint64_t carl_epoll_event_token(const struct epoll_event *_Nonnull event) {
+  return event->data.u64;
+}
+static inline struct epoll_event carl_epoll_event_make(uint32_t events, uint64_t token) {
+  struct epoll_event e;
+  e.events = events;
+  e.data.u64 = token;
+  return e;
+}
+
+// MARK: - libdispatch main-queue hooks (exported by libdispatch on Linux for CoreFoundation)
+
+/// The main queue's wake-up handle: an eventfd on Linux, readable when the main queue has work.
+extern int _dispatch_get_main_queue_handle_4CF(void);
+/// Drains the main queue; must be called on the main thread.
+extern void _dispatch_main_queue_callback_4CF(void *_Nullable msg);
+
+#endif

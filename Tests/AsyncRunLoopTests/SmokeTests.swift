@@ -1,0 +1,66 @@
+import Testing
+import Glibc
+@testable import AsyncRunLoop
+
+actor Counter: PinnedToLoopActor {
+  nonisolated let loop: RunLoopThread
+  var count = 0
+  init(loop: RunLoopThread) { self.loop = loop }
+  func increment() -> Int {
+    loop.checkIsolated()
+    count += 1
+    return count
+  }
+}
+
+protocol PinnedToLoopActor: Actor {
+  nonisolated var loop: RunLoopThread { get }
+}
+extension PinnedToLoopActor {
+  nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
+}
+
+@Test func loopStarts() throws {
+  let loop = try RunLoopThread(name: "smoke")
+  let value = try loop.performAndWait { 42 }
+  #expect(value == 42)
+  loop.shutdownAndWait()
+}
+
+@Test func timerAndCommands() throws {
+  let loop = try RunLoopThread(name: "smoke2")
+  let received = LockedValue<[Int]>([])
+  let gate = BlockingGate()
+  let source = CommandSource<Int> { value in
+    received.withLock { $0.append(value) }
+    if value == 999 { gate.open() }
+  }
+  loop.add(source.source)
+  for i in 0..<1000 { source.post(i) }
+  gate.wait()
+  #expect(received.withLock { $0 } == Array(0..<1000))
+  let timerGate = BlockingGate()
+  let start = LoopClock.Instant.now
+  loop.add(LoopTimer(after: .milliseconds(20)) { _ in timerGate.open() })
+  timerGate.wait()
+  #expect(start.duration(to: .now) >= .milliseconds(20))
+  loop.shutdownAndWait()
+}
+
+@Test func actorCalls() async throws {
+  let loop = try RunLoopThread(name: "smoke3")
+  let counter = Counter(loop: loop)
+  for _ in 0..<1000 { _ = await counter.increment() }
+  #expect(await counter.increment() == 1001)
+  try await loop.clock.sleep(for: .milliseconds(5))
+  loop.shutdownAndWait()
+}
+
+@Test func currentLoopRunsWithTimeout() throws {
+  let loop = RunLoopThread.current
+  #expect(loop.run(mode: .default, for: .milliseconds(10)) == .finished)
+  let fired = LockedValue(0)
+  loop.add(LoopTimer(after: .milliseconds(5), repeatingEvery: .milliseconds(5)) { _ in fired.withLock { $0 += 1 } })
+  #expect(loop.run(mode: .default, for: .milliseconds(52)) == .timedOut)
+  #expect(fired.withLock { $0 } >= 8)
+}
