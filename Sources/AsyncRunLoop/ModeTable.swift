@@ -38,7 +38,9 @@ final class ModeContents {
   }
 
   /// Inserts `element` after every element whose order is not greater (a stable sort by order).
-  static func insertOrdered<Element: AnyObject>(_ element: Element, into array: inout [Element], order: (Element) -> Int) {
+  static func insertOrdered<Element: AnyObject>(
+    _ element: Element, into array: inout [Element], order: (Element) -> Int
+  ) {
     let key = order(element)
     let index = array.lastIndex { order($0) <= key }.map { $0 + 1 } ?? 0
     array.insert(element, at: index)

@@ -37,7 +37,8 @@ extension RunLoopThread {
   }
 
   /// Passes 2–9 until a pass ends the run.
-  private func runPasses(_ contents: ModeContents, deadline: Int64, returnAfterSourceHandled: Bool) -> RunLoopRunResult {
+  private func runPasses(_ contents: ModeContents, deadline: Int64, returnAfterSourceHandled: Bool) -> RunLoopRunResult
+  {
     // A stop requested while the loop was not running ends this run at once (after entry).
     if consumeStop() { return .stopped }
     while true {

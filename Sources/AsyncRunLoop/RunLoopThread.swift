@@ -82,6 +82,8 @@ public final class RunLoopThread: @unchecked Sendable {
   var runDepth = 0
   /// Whether the loop stays alive with nothing to watch (it serves as an executor).
   var keepsAlive: Bool
+  /// Jobs scheduled through `SchedulingExecutor` (Task.sleep under the loop's preference).
+  let scheduledJobCounter = LockedValue(0)
   /// Reused buffer for due timers.
   var dueTimers: [(LoopTimer, Int64, UInt64)] = []
 

@@ -1,5 +1,6 @@
-import Testing
 import Glibc
+import Testing
+
 @testable import AsyncRunLoop
 
 actor Counter: PinnedToLoopActor {
@@ -63,4 +64,14 @@ extension PinnedToLoopActor {
   loop.add(LoopTimer(after: .milliseconds(5), repeatingEvery: .milliseconds(5)) { _ in fired.withLock { $0 += 1 } })
   #expect(loop.run(mode: .default, for: .milliseconds(52)) == .timedOut)
   #expect(fired.withLock { $0 } >= 8)
+}
+
+@Test func taskSleepUsesLoop() async throws {
+  let loop = try RunLoopThread(name: "smoke4")
+  await withTaskExecutorPreference(loop) {
+    try? await Task.sleep(for: .milliseconds(3))
+    #expect(loop.isOnLoopThread)
+  }
+  #expect(loop.scheduledJobCount == 1)
+  loop.shutdownAndWait()
 }

@@ -1,0 +1,19 @@
+/// An actor that lives on a loop thread: conform, store the loop, and every isolated method runs
+/// on that loop's thread, next to its sources and timers.
+///
+/// ```swift
+/// actor Database: LoopActor {
+///   nonisolated let loop: RunLoopThread
+///   init(loop: RunLoopThread) { self.loop = loop }
+///   func query() { /* runs on loop's thread */ }
+/// }
+/// ```
+public protocol LoopActor: Actor {
+  /// The loop whose thread runs this actor. Must not change over the actor's life.
+  nonisolated var loop: RunLoopThread { get }
+}
+
+extension LoopActor {
+  /// The loop's executor.
+  public nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
+}

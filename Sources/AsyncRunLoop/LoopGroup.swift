@@ -1,0 +1,46 @@
+import Glibc
+import Synchronization
+
+/// A fixed group of loop threads, for spreading actors or connections across cores.
+///
+/// `next()` hands out the loops round-robin. Shut the group down with `shutdownAndWait()`.
+/// All methods may be called from any thread.
+public final class LoopGroup: Sendable {
+  /// The group's loops, in creation order.
+  public let loops: [RunLoopThread]
+  /// Round-robin cursor. Relaxed is enough: it only spreads load, it orders nothing.
+  private let cursor = Atomic<UInt>(0)
+
+  /// Creates `count` loops named "`name`-0", "`name`-1", ….
+  /// - Parameters:
+  ///   - count: How many loops (at least 1).
+  ///   - name: The prefix of the loops' names.
+  ///   - pinToCPUs: Pin loop *i* to CPU *i* modulo the number of online CPUs.
+  /// - Throws: `SystemCallError` if a loop cannot be created (the ones created are shut down).
+  public init(count: Int, name: String = "loop", pinToCPUs: Bool = false) throws(SystemCallError) {
+    precondition(count >= 1, "AsyncRunLoop: a LoopGroup needs at least one loop")
+    let cpus = max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
+    var created: [RunLoopThread] = []
+    do {
+      for index in 0..<count {
+        created.append(try RunLoopThread(name: "\(name)-\(index)", cpu: pinToCPUs ? index % cpus : nil))
+      }
+    } catch {
+      created.forEach { $0.shutdownAndWait() }
+      throw error
+    }
+    loops = created
+  }
+
+  /// The next loop, round-robin.
+  public func next() -> RunLoopThread {
+    let index = cursor.wrappingAdd(1, ordering: .relaxed).oldValue
+    return loops[Int(index % UInt(loops.count))]
+  }
+
+  /// Shuts every loop down and waits for their threads to finish.
+  public func shutdownAndWait() {
+    loops.forEach { $0.shutdown() }
+    loops.forEach { $0.shutdownAndWait() }
+  }
+}

@@ -1,0 +1,66 @@
+@_spi(ExperimentalScheduling) import _Concurrency
+
+/// `Task.sleep` under `withTaskExecutorPreference(loop)` asks the executor to run the sleeping
+/// job later: the loop does so on its own timer heap (timerfd precision), not on the global
+/// executor's timers.
+@_spi(ExperimentalScheduling) extension RunLoopThread: SchedulingExecutor {
+  public func enqueue<C: Clock>(
+    _ job: consuming ExecutorJob, after delay: C.Duration, tolerance: C.Duration?, clock: C
+  ) {
+    let unowned = UnownedJob(job)
+    schedule(unowned, in: Self.duration(delay), tolerance: tolerance.flatMap(Self.duration))
+  }
+
+  public func enqueue<C: Clock>(
+    _ job: consuming ExecutorJob, at instant: C.Instant, tolerance: C.Duration?, clock: C
+  ) {
+    let unowned = UnownedJob(job)
+    let delay = clock.now.duration(to: instant)
+    schedule(unowned, in: Self.duration(delay), tolerance: tolerance.flatMap(Self.duration))
+  }
+
+  /// Runs `job` on the loop after `delay` (a delay already over fires on the next pass). A job is
+  /// never dropped: if the timer is invalidated first (the loop shuts down), the job is enqueued
+  /// at once instead.
+  private func schedule(_ job: UnownedJob, in delay: Duration?, tolerance: Duration?) {
+    scheduledJobCounter.withLock { $0 += 1 }
+    let once = JobOnce(job)
+    let timer = LoopTimer(
+      fireAt: .now.advanced(by: delay ?? .zero), tolerance: tolerance ?? .zero,
+      handler: { [unowned self] _ in
+        if let job = once.take() {
+          job.runSynchronously(isolatedTo: asUnownedSerialExecutor(), taskExecutor: asUnownedTaskExecutor())
+        }
+      },
+      onInvalidate: { [unowned self] in
+        if let job = once.take() { enqueue(job) }
+      })
+    add(timer, to: .common)
+    if isShutDown { timer.invalidate() }
+  }
+
+  /// A clock's duration as a `Duration`, when it is one (every standard clock's is).
+  private static func duration<D: DurationProtocol>(_ value: D) -> Duration? {
+    value as? Duration
+  }
+}
+
+/// Hands a job out exactly once (timer fire or invalidation, whichever comes first).
+final class JobOnce: @unchecked Sendable {
+  // Safety: `job` is only touched with `lock` held.
+  private let lock = PthreadLock()
+  private var job: UnownedJob?
+  init(_ job: UnownedJob) { self.job = job }
+  func take() -> UnownedJob? {
+    lock.withLock {
+      defer { job = nil }
+      return job
+    }
+  }
+}
+
+extension RunLoopThread {
+  /// How many jobs were scheduled through `SchedulingExecutor` (each `Task.sleep` under this
+  /// loop's task-executor preference is one). Any thread; for tests and instrumentation.
+  public var scheduledJobCount: Int { scheduledJobCounter.withLock { $0 } }
+}
