@@ -1,0 +1,71 @@
+import Glibc
+import Testing
+
+@testable import AsyncRunLoop
+
+/// Blocks until `condition` is true, polling every millisecond; records a test failure (instead
+/// of hanging) after `timeout`. Use for real-thread tests; never to assert on timing.
+@discardableResult
+func waitUntil(
+  timeout: Duration = .seconds(20), _ what: String = "condition",
+  sourceLocation: SourceLocation = #_sourceLocation, _ condition: () -> Bool
+) -> Bool {
+  let deadline = ContinuousClock.now.advanced(by: timeout)
+  while !condition() {
+    if ContinuousClock.now >= deadline {
+      Issue.record("timed out after \(timeout) waiting for \(what)", sourceLocation: sourceLocation)
+      return false
+    }
+    usleep(1000)
+  }
+  return true
+}
+
+/// Runs `body` and fails the test (rather than hanging it) if it does not finish within `timeout`.
+/// The body keeps running in the background on a hang; the test records the failure.
+func withWatchdog<T: Sendable>(
+  timeout: Duration = .seconds(30), _ what: String = "operation",
+  sourceLocation: SourceLocation = #_sourceLocation,
+  _ body: @escaping @Sendable () async throws -> T
+) async throws -> T? {
+  try await withThrowingTaskGroup(of: T?.self) { group in
+    group.addTask { try await body() }
+    group.addTask {
+      try? await Task.sleep(for: timeout)
+      return nil
+    }
+    defer { group.cancelAll() }
+    let first = try await group.next()!
+    if first == nil { Issue.record("watchdog: \(what) hung for \(timeout)", sourceLocation: sourceLocation) }
+    return first
+  }
+}
+
+/// A thread-safe box for test bookkeeping.
+typealias Locked<Value> = LockedValue<Value>
+
+/// The number of open file descriptors of this process.
+func openDescriptorCount() -> Int {
+  guard let directory = opendir("/proc/self/fd") else { return -1 }
+  defer { closedir(directory) }
+  var count = 0
+  while readdir(directory) != nil { count += 1 }
+  return count - 3  // ".", "..", and the directory's own descriptor
+}
+
+/// The number of threads in this process.
+func threadCount() -> Int {
+  guard let directory = opendir("/proc/self/task") else { return -1 }
+  defer { closedir(directory) }
+  var count = 0
+  while readdir(directory) != nil { count += 1 }
+  return count - 2
+}
+
+/// How many times stress loops repeat: 1 by default; `ASYNC_RUN_LOOP_STRESS=N` multiplies.
+var stressFactor: Int {
+  guard let raw = getenv("ASYNC_RUN_LOOP_STRESS"), let value = Int(String(cString: raw)), value > 0 else {
+    return 1
+  }
+  return value
+}
