@@ -33,8 +33,9 @@ public struct LoopClock: Clock, Sendable {
     public static let distantFuture = Instant(nanoseconds: Int64.max)
   }
 
-  /// The loop whose timers `sleep` uses; `nil` uses the loop of the calling thread if it has one,
-  /// otherwise a process-wide timer loop.
+  /// The loop whose timers `sleep` uses; `nil` uses the calling thread's loop if it is a loop
+  /// thread created with `RunLoopThread(name:)` (always running), otherwise a process-wide timer
+  /// loop.
   let loop: RunLoopThread?
 
   /// A clock whose `sleep` is served by the shared timer loop (or the caller's own loop).
@@ -50,7 +51,8 @@ public struct LoopClock: Clock, Sendable {
   /// Suspends the calling task until `deadline`, on a loop timer; never wakes early.
   /// - Throws: `CancellationError` if the task is cancelled while sleeping.
   public func sleep(until deadline: Instant, tolerance: Duration? = nil) async throws {
-    let loop = self.loop ?? RunLoopThread.currentIfExists ?? RunLoopThread.sharedTimerLoop
+    let current = RunLoopThread.currentIfExists.flatMap { $0.ownsThread ? $0 : nil }
+    let loop = self.loop ?? current ?? RunLoopThread.sharedTimerLoop
     try await loop.sleep(until: deadline, tolerance: tolerance)
   }
 

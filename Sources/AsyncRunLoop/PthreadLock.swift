@@ -15,7 +15,10 @@ final class PthreadLock: @unchecked Sendable {
     mutex = .allocate(capacity: 1)
     var attributes = pthread_mutexattr_t()
     pthread_mutexattr_init(&attributes)
-    pthread_mutexattr_settype(&attributes, Int32(PTHREAD_MUTEX_ERRORCHECK))
+    #if DEBUG
+      // Debug builds turn a re-entrant lock (a deadlock) into an assertion failure.
+      pthread_mutexattr_settype(&attributes, Int32(PTHREAD_MUTEX_ERRORCHECK))
+    #endif
     let rc = pthread_mutex_init(mutex, &attributes)
     precondition(rc == 0, "pthread_mutex_init failed: \(rc)")
     pthread_mutexattr_destroy(&attributes)

@@ -16,14 +16,26 @@ extension RunLoopThread {
     mode: RunLoopMode = .default, until deadline: LoopClock.Instant = .distantFuture,
     returnAfterSourceHandled: Bool = false
   ) -> RunLoopRunResult {
-    preconditionOnLoopThread()
+    runLoop(mode: mode, until: deadline, returnAfterSourceHandled: returnAfterSourceHandled, servingExecutor: false)
+  }
+
+  /// `run`, plus `servingExecutor`: the owned thread's own top-level run, which stays alive with
+  /// nothing to watch because jobs can still arrive (SPEC §1). Loop thread.
+  func runLoop(
+    mode: RunLoopMode, until deadline: LoopClock.Instant, returnAfterSourceHandled: Bool, servingExecutor: Bool
+  ) -> RunLoopRunResult {
+    preconditionOnLoopThread("run(mode:until:returnAfterSourceHandled:)")
+    precondition(mode != .common, "AsyncRunLoop: .common is a set of modes; run one of its modes instead")
     applyControls()
     let contents = modeTable.contents(for: mode)
-    if isFinished(contents) { return .finished }  // no entry/exit told
+    let keepsAlive = servingExecutor
+    if isFinished(contents, keepsAlive: keepsAlive) { return .finished }  // no entry/exit told
     runDepth += 1
     defer { runDepth -= 1 }
     notifyObservers(contents, .entry)  // 1
-    let result = runPasses(contents, deadline: deadline.nanoseconds, returnAfterSourceHandled: returnAfterSourceHandled)
+    let result = runPasses(
+      contents, deadline: deadline.nanoseconds, returnAfterSourceHandled: returnAfterSourceHandled,
+      keepsAlive: keepsAlive)
     notifyObservers(contents, .exit)  // 10
     return result
   }
@@ -37,8 +49,9 @@ extension RunLoopThread {
   }
 
   /// Passes 2–9 until a pass ends the run.
-  private func runPasses(_ contents: ModeContents, deadline: Int64, returnAfterSourceHandled: Bool) -> RunLoopRunResult
-  {
+  private func runPasses(
+    _ contents: ModeContents, deadline: Int64, returnAfterSourceHandled: Bool, keepsAlive: Bool
+  ) -> RunLoopRunResult {
     // A stop requested while the loop was not running ends this run at once (after entry).
     if consumeStop() { return .stopped }
     while true {
@@ -50,6 +63,7 @@ extension RunLoopThread {
       runJobs()
       var handledSource = fireSignalledSources(in: contents)  // 4
       runPerforms(in: contents.mode)
+      runJobs()  // tasks the sources just resumed run now, not a pass later
       let now = LoopClock.monotonicNanoseconds()
       let mustPoll = handledSource && returnAfterSourceHandled || deadline <= now || hasLocalWork
       armTimerfd(contents, runDeadline: deadline)
@@ -57,11 +71,12 @@ extension RunLoopThread {
       handledSource = waitAndHandleReadiness(contents, mayBlock: !mustPoll) || handledSource
       fireDueTimers(in: contents)  // 9
       runPerforms(in: contents.mode)
+      runJobs()
       // End of pass: CF's order — handled a source, timed out, stopped, finished.
       if returnAfterSourceHandled && handledSource { return .handledSource }
       if deadline <= LoopClock.monotonicNanoseconds() { return .timedOut }
       if consumeStop() { return .stopped }
-      if isFinished(contents) { return .finished }
+      if isFinished(contents, keepsAlive: keepsAlive) { return .finished }
     }
   }
 
@@ -71,14 +86,15 @@ extension RunLoopThread {
 
   /// SPEC §1: nothing to watch in the mode, and no jobs or blocks waiting (CF counts pending
   /// blocks too). A loop that serves as an executor (`keepsAlive`) never finishes.
-  private func isFinished(_ contents: ModeContents) -> Bool {
+  private func isFinished(_ contents: ModeContents, keepsAlive: Bool) -> Bool {
     guard contents.hasNothingToWatch, !keepsAlive, !hasLocalWork, localPerforms.isEmpty else { return false }
     return inboxLock.withLock { inbox.jobs.isEmpty && inbox.performs.isEmpty && inbox.controls.isEmpty }
   }
 
-  /// Consumes a pending `stop()`.
+  /// Consumes a pending `stop()`. During shutdown every run, at every nesting level, stops.
   private func consumeStop() -> Bool {
     inboxLock.withLock {
+      if inbox.lifecycle != .active { return true }
       guard inbox.stopRequested else { return false }
       inbox.stopRequested = false
       return true
@@ -126,8 +142,8 @@ extension RunLoopThread {
   }
 
   /// Runs executor jobs: those taken earlier first, then a new batch from the inbox; at most
-  /// `jobsPerPass`, so timers and sources get their turn (a job that re-enqueues itself runs once
-  /// per pass).
+  /// `jobsPerPass` per call, so timers and sources get their turn (a job that re-enqueues itself
+  /// runs at most once per call: it lands in the inbox, not in the batch being run).
   func runJobs() {
     if localJobIndex >= localJobs.count {
       localJobs.removeAll(keepingCapacity: true)

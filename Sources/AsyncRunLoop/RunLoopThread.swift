@@ -80,8 +80,6 @@ public final class RunLoopThread: @unchecked Sendable {
   var armedMode: RunLoopMode?
   /// How deep `run` calls are nested on this loop.
   var runDepth = 0
-  /// Whether the loop stays alive with nothing to watch (it serves as an executor).
-  var keepsAlive: Bool
   /// Jobs scheduled through `SchedulingExecutor` (Task.sleep under the loop's preference).
   let scheduledJobCounter = LockedValue(0)
   /// Reused buffer for due timers.
@@ -105,7 +103,6 @@ public final class RunLoopThread: @unchecked Sendable {
     self.name = name
     self.ownsThread = ownsThread
     self.isMainLoop = isMainLoop
-    self.keepsAlive = ownsThread
     self.poller = try EpollPoller()
     localJobs.reserveCapacity(256)
     spareJobs.reserveCapacity(256)
@@ -192,7 +189,7 @@ public final class RunLoopThread: @unchecked Sendable {
     carl_set_current_loop(Unmanaged.passUnretained(self).toOpaque())
     started.open()
     while true {
-      _ = run(mode: .default)
+      _ = runLoop(mode: .default, until: .distantFuture, returnAfterSourceHandled: false, servingExecutor: true)
       if inboxLock.withLock({ inbox.lifecycle != .active }) { break }
     }
     drainForShutdown()
