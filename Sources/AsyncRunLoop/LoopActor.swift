@@ -17,3 +17,16 @@ extension LoopActor {
   /// The loop's executor.
   public nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
 }
+
+extension RunLoopThread {
+  /// A loop on a new thread named `name`, for places that cannot handle an error (a global
+  /// actor's stored loop, a `static let`). Traps with the system error if the kernel refuses a
+  /// descriptor or a thread — use `init(name:)` where you can handle it. Any thread.
+  public static func named(_ name: String, cpu: Int? = nil) -> RunLoopThread {
+    do {
+      return try RunLoopThread(name: name, cpu: cpu)
+    } catch {
+      preconditionFailure("AsyncRunLoop: cannot start loop '\(name)': \(error)")
+    }
+  }
+}
