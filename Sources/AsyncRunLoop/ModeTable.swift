@@ -58,9 +58,11 @@ final class ModeTable {
   private(set) var contentsByMode: [RunLoopMode: ModeContents] = [:]
   /// The modes in the common set; `.default` is always one of them.
   private(set) var commonModes: Set<RunLoopMode> = [.default]
-  /// Members added to `.common`, in the order they were added, so that a mode joining the
-  /// common set later receives them too.
-  private var commonMembers: [any ModeMember] = []
+  /// Members added to `.common`, keyed by identity, with the order they were added in, so that a
+  /// mode joining the common set later receives them too (in that order). A dictionary, because
+  /// removal happens for every one-shot timer and must not scan.
+  private var commonMembers: [ObjectIdentifier: (order: UInt64, member: any ModeMember)] = [:]
+  private var commonOrder: UInt64 = 0
 
   /// The contents of `mode`, created on first use. `mode` must not be `.common`.
   func contents(for mode: RunLoopMode) -> ModeContents {
@@ -79,7 +81,11 @@ final class ModeTable {
   func add(_ member: any ModeMember, to mode: RunLoopMode) -> Bool {
     let wasDetached = member.memberships.isEmpty
     if mode == .common {
-      if !commonMembers.contains(where: { $0 === member }) { commonMembers.append(member) }
+      let key = ObjectIdentifier(member)
+      if commonMembers[key] == nil {
+        commonOrder &+= 1
+        commonMembers[key] = (commonOrder, member)
+      }
       for commonMode in commonModes { insert(member, into: contents(for: commonMode)) }
     } else {
       insert(member, into: contents(for: mode))
@@ -94,7 +100,7 @@ final class ModeTable {
   func remove(_ member: any ModeMember, from mode: RunLoopMode) -> Bool {
     let wasAttached = !member.memberships.isEmpty
     if mode == .common {
-      commonMembers.removeAll { $0 === member }
+      commonMembers[ObjectIdentifier(member)] = nil
       for commonMode in commonModes {
         if let contents = contentsByMode[commonMode] { extract(member, from: contents) }
       }
@@ -109,7 +115,7 @@ final class ModeTable {
   @discardableResult
   func removeEverywhere(_ member: any ModeMember) -> Bool {
     let wasAttached = !member.memberships.isEmpty
-    commonMembers.removeAll { $0 === member }
+    if !commonMembers.isEmpty { commonMembers[ObjectIdentifier(member)] = nil }
     for contents in member.memberships { member.remove(from: contents) }
     member.memberships.removeAll()
     return wasAttached
@@ -123,7 +129,8 @@ final class ModeTable {
     guard mode != .common, commonModes.insert(mode).inserted else { return [] }
     let contents = contents(for: mode)
     var joined: [any ModeMember] = []
-    for member in commonMembers where !member.memberships.contains(where: { $0 === contents }) {
+    let ordered = commonMembers.values.sorted { $0.order < $1.order }.map(\.member)
+    for member in ordered where !member.memberships.contains(where: { $0 === contents }) {
       insert(member, into: contents)
       joined.append(member)
     }

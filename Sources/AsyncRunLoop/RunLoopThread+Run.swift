@@ -164,32 +164,34 @@ extension RunLoopThread {
   }
 
   /// Step 4: fires every signalled custom source that is in this mode, lower orders first.
-  /// Returns whether any fired.
+  /// Sources signalled while scheduled only in other modes wait in `deferredSignalled`.
+  /// Returns whether any fired. Allocates nothing in the steady state (buffers are reused).
   private func fireSignalledSources(in contents: ModeContents) -> Bool {
     inboxLock.withLock {
       if !inbox.signalled.isEmpty { swap(&inbox.signalled, &spareSignalled) }
     }
     if spareSignalled.isEmpty && deferredSignalled.isEmpty { return false }
-    var ready: [InputSource] = []
-    var stillDeferred: [InputSource] = []
-    for source in deferredSignalled + spareSignalled {
+    readySources.removeAll(keepingCapacity: true)
+    if !deferredSignalled.isEmpty {
+      spareSignalled.append(contentsOf: deferredSignalled)
+      deferredSignalled.removeAll(keepingCapacity: true)
+    }
+    for source in spareSignalled {
       if source.memberships.contains(where: { $0 === contents }) {
-        if !ready.contains(where: { $0 === source }) { ready.append(source) }
-      } else if !source.memberships.isEmpty, source.isSignalled,
-        !stillDeferred.contains(where: { $0 === source })
-      {
-        stillDeferred.append(source)  // scheduled in other modes: fires when one of them runs
+        if !readySources.contains(where: { $0 === source }) { readySources.append(source) }
+      } else if !source.memberships.isEmpty, !deferredSignalled.contains(where: { $0 === source }) {
+        deferredSignalled.append(source)  // scheduled in other modes: fires when one of them runs
       }
     }
     spareSignalled.removeAll(keepingCapacity: true)
-    deferredSignalled = stillDeferred
-    if ready.count > 1 { ready.sort { $0.order < $1.order } }
+    if readySources.count > 1 { readySources.sort { $0.order < $1.order } }
     var fired = false
-    for source in ready {
+    for source in readySources {
       guard let perform = source.consumeSignal() else { continue }
       perform(source)
       fired = true
     }
+    readySources.removeAll(keepingCapacity: true)
     return fired
   }
 

@@ -70,6 +70,8 @@ public final class RunLoopThread: @unchecked Sendable {
   /// Signalled sources not in the mode being run.
   var deferredSignalled: [InputSource] = []
   var spareSignalled: [InputSource] = []
+  /// Reused buffer: the sources that fire in this pass.
+  var readySources: [InputSource] = []
   /// Readiness registrations by epoll token, and the live token for each descriptor number.
   var descriptorsByToken: [UInt64: DescriptorSource] = [:]
   var tokenByDescriptor: [Int32: UInt64] = [:]
