@@ -4,6 +4,9 @@ import Glibc
 /// thread: on the loop thread the change happens at once; from other threads it is handed to the
 /// loop, which applies it at the start of its next pass (before it checks whether the mode has
 /// anything to watch), and woken to do so.
+///
+/// Adding anything to a loop that has terminated (shut down and drained) invalidates it at once,
+/// so that whoever waits on it (a sleeping task, an async sequence) ends instead of hanging.
 extension RunLoopThread {
   // MARK: Custom input sources
 
@@ -11,7 +14,7 @@ extension RunLoopThread {
   /// this loop its `schedule` routine runs on the loop thread. Adding it twice is a no-op; an
   /// invalidated source is ignored. Any thread.
   public func add(_ source: InputSource, to mode: RunLoopMode = .default) {
-    onLoopThread { [self] in
+    let accepted = onLoopThread { [self] in
       guard source.memberships.isEmpty else {
         modeTable.add(source, to: mode)
         return
@@ -25,6 +28,7 @@ extension RunLoopThread {
         schedule?(source, self, mode == .common ? .default : mode)
       }
     }
+    if !accepted { source.invalidate() }
   }
 
   /// Removes `source` from `mode`; when that was its last mode here, its `cancel` routine runs on
@@ -40,12 +44,13 @@ extension RunLoopThread {
   /// Schedules `timer` in `mode` (every common mode for `.common`). Adding it twice is a no-op;
   /// an invalidated timer is ignored. Any thread.
   public func add(_ timer: LoopTimer, to mode: RunLoopMode = .default) {
-    onLoopThread { [self] in
+    let accepted = onLoopThread { [self] in
       guard timer.attach(to: self) else { return }
       let before = timer.memberships.count
       modeTable.add(timer, to: mode)
       if timer.memberships.count != before { pushTimerEntries(timer) }
     }
+    if !accepted { timer.invalidate() }
   }
 
   /// Removes `timer` from `mode`; it stays valid and can be added again. Any thread.
@@ -65,10 +70,11 @@ extension RunLoopThread {
 
   /// Adds `observer` to `mode` (every common mode for `.common`). Any thread.
   public func add(_ observer: LoopObserver, to mode: RunLoopMode = .default) {
-    onLoopThread { [self] in
+    let accepted = onLoopThread { [self] in
       guard observer.attach(to: self) else { return }
       modeTable.add(observer, to: mode)
     }
+    if !accepted { observer.invalidate() }
   }
 
   /// Removes `observer` from `mode`. Any thread.
@@ -96,7 +102,7 @@ extension RunLoopThread {
     if isOnLoopThread {
       try attachAndRegister(source, to: mode)
     } else {
-      onLoopThread { [self] in
+      let accepted = onLoopThread { [self] in
         do {
           try attachAndRegister(source, to: mode)
         } catch {
@@ -105,6 +111,7 @@ extension RunLoopThread {
           source.invalidate()
         }
       }
+      if !accepted { source.invalidate() }
     }
   }
 
