@@ -32,7 +32,7 @@ public struct DescriptorEvents: OptionSet, Sendable, Hashable, CustomStringConve
 /// descriptor closed while registered, and its number reused by a new descriptor, never delivers
 /// events to the old registration: each registration is identified by a token, not by the number.
 public final class DescriptorSource: ModeMember, @unchecked Sendable {
-  // Safety: `descriptor`, `interest` and `order` are immutable. `lifecycle` and `handler` are
+  // Safety: `descriptor`, `interest` and `order` are immutable. `lifecycle`, `handler` and `onInvalidate` are
   // only touched with `lock` held. `memberships`, `token` and `isArmed` are only touched on the
   // thread of the loop the source is scheduled on (asserted by `RunLoopThread`).
 
@@ -46,6 +46,9 @@ public final class DescriptorSource: ModeMember, @unchecked Sendable {
   private let lock = PthreadLock()
   private var lifecycle = Lifecycle.active
   private var handler: (@Sendable (DescriptorSource, DescriptorEvents) -> Void)?
+  /// Internal: called once, on the invalidating thread after the lock is released, when the
+  /// source is invalidated (async sequences use it to end their consumer).
+  private var onInvalidate: (@Sendable () -> Void)?
 
   private enum Lifecycle {
     case active
@@ -67,33 +70,44 @@ public final class DescriptorSource: ModeMember, @unchecked Sendable {
   ///   - interest: `.readable`, `.writable`, or both.
   ///   - order: Lower orders fire first among readiness sources ready in the same pass.
   ///   - handler: Called on the loop thread with the events that occurred.
-  public init(
+  public convenience init(
     descriptor: Int32, interest: DescriptorEvents = .readable, order: Int = 0,
     handler: @escaping @Sendable (DescriptorSource, DescriptorEvents) -> Void
+  ) {
+    self.init(descriptor: descriptor, interest: interest, order: order, handler: handler, onInvalidate: nil)
+  }
+
+  init(
+    descriptor: Int32, interest: DescriptorEvents, order: Int,
+    handler: @escaping @Sendable (DescriptorSource, DescriptorEvents) -> Void,
+    onInvalidate: (@Sendable () -> Void)?
   ) {
     self.descriptor = descriptor
     self.interest = interest
     self.order = order
     self.handler = handler
+    self.onInvalidate = onInvalidate
   }
 
   /// Removes the source from every mode of its loop (deregistering the descriptor) and releases
   /// the handler. Any thread; idempotent.
   public func invalidate() {
-    let (loop, released): (RunLoopThread?, Any?) = lock.withLock {
+    let (loop, released, invalidated): (RunLoopThread?, Any?, (@Sendable () -> Void)?) = lock.withLock {
+      defer { onInvalidate = nil }
       switch lifecycle {
       case .active:
         lifecycle = .invalid
         defer { handler = nil }
-        return (nil, handler)  // never scheduled: release the handler now
+        return (nil, handler, onInvalidate)  // never scheduled: release the handler now
       case .scheduled(let loop):
         lifecycle = .invalid
-        return (loop, nil)  // the loop's detach releases it
+        return (loop, nil, onInvalidate)  // the loop's detach releases it
       case .invalid:
-        return (nil, nil)
+        return (nil, nil, nil)
       }
     }
     withExtendedLifetime(released) {}  // whatever the handler captured is freed outside the lock
+    invalidated?()
     loop?.detachEverywhere(self)
   }
 

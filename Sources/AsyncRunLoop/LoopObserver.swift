@@ -34,7 +34,7 @@ public struct LoopActivity: OptionSet, Sendable, Hashable, CustomStringConvertib
 /// A repeating observer is told every pass; a one-shot observer invalidates itself after its
 /// first callout. An observer may invalidate itself (or others) from its own callout.
 public final class LoopObserver: ModeMember, @unchecked Sendable {
-  // Safety: `activities`, `repeats` and `order` are immutable. `callout` (nil once invalid) is
+  // Safety: `activities`, `repeats` and `order` are immutable. `callout` (nil once invalid) and `onInvalidate` are
   // only touched with `lock` held. `memberships` and `loop` are only touched on the thread of the
   // loop the observer is scheduled on (asserted by `RunLoopThread`).
 
@@ -48,6 +48,9 @@ public final class LoopObserver: ModeMember, @unchecked Sendable {
   private let lock = PthreadLock()
   private var callout: (@Sendable (LoopObserver, LoopActivity) -> Void)?
   private var scheduledLoop: RunLoopThread?
+  /// Internal: called once, on the invalidating thread after the lock is released, when the
+  /// observer is invalidated (async sequences use it to end their consumer).
+  private var onInvalidate: (@Sendable () -> Void)?
 
   /// Loop thread: the modes holding the observer.
   var memberships: [ModeContents] = []
@@ -58,25 +61,34 @@ public final class LoopObserver: ModeMember, @unchecked Sendable {
   ///   - repeats: false to be told once and then invalidated.
   ///   - order: Lower orders are told first.
   ///   - callout: Runs on the loop thread with the activity that occurred.
-  public init(
+  public convenience init(
     activities: LoopActivity, repeats: Bool = true, order: Int = 0,
     callout: @escaping @Sendable (LoopObserver, LoopActivity) -> Void
+  ) {
+    self.init(activities: activities, repeats: repeats, order: order, callout: callout, onInvalidate: nil)
+  }
+
+  init(
+    activities: LoopActivity, repeats: Bool, order: Int,
+    callout: @escaping @Sendable (LoopObserver, LoopActivity) -> Void, onInvalidate: (@Sendable () -> Void)?
   ) {
     self.activities = activities
     self.repeats = repeats
     self.order = order
     self.callout = callout
+    self.onInvalidate = onInvalidate
   }
 
   /// Stops the observer: no callout starts after this returns, and the loop drops it from its
   /// modes (at once on the loop thread, on its next pass from other threads). Any thread;
   /// idempotent. Releases the callout.
   public func invalidate() {
-    let (loop, released) = lock.withLock {
-      defer { callout = nil; scheduledLoop = nil }
-      return (scheduledLoop, callout)
+    let (loop, released, invalidated) = lock.withLock {
+      defer { callout = nil; scheduledLoop = nil; onInvalidate = nil }
+      return (scheduledLoop, callout, onInvalidate)
     }
     withExtendedLifetime(released) {}
+    invalidated?()
     loop?.detachEverywhere(self)
   }
 
