@@ -1,0 +1,303 @@
+import AsyncRunLoop
+import Dispatch
+import Synchronization
+
+// actor-rtt, task-actor-rtt, hop-allocations: calls between actors pinned to executors.
+
+/// The answering actor of actor-rtt, pinned to a loop.
+actor LoopPonger: LoopActor {
+  nonisolated let loop: RunLoopThread
+  private var calls = 0
+
+  init(loop: RunLoopThread) { self.loop = loop }
+
+  func pong() -> Int {
+    calls &+= 1
+    return calls
+  }
+}
+
+/// The calling actor of actor-rtt, pinned to another loop. It measures on its own thread.
+actor LoopPinger: LoopActor {
+  nonisolated let loop: RunLoopThread
+  private var total = 0
+
+  init(loop: RunLoopThread) { self.loop = loop }
+
+  /// `count` round trips to `ponger`, in microseconds.
+  func ping(_ ponger: LoopPonger, count: Int) async -> [Double] {
+    var samples: [Double] = []
+    samples.reserveCapacity(count)
+    for _ in 0..<count {
+      let start = monotonicNanoseconds()
+      total &+= await ponger.pong()
+      samples.append(microseconds(from: start, to: monotonicNanoseconds()))
+    }
+    return samples
+  }
+
+  /// `count` round trips inside an mtrace window (see `AllocationTrace`).
+  func traceAllocations(_ ponger: LoopPonger, count: Int) async {
+    AllocationTrace.start()
+    for _ in 0..<count { total &+= await ponger.pong() }
+    AllocationTrace.stop()
+  }
+}
+
+/// The `dispatch-queue-executor` peer: a `SerialExecutor` doing
+/// `queue.async { job.runSynchronously(on:) }` on a serial dispatch queue.
+final class DispatchQueueExecutor: SerialExecutor {
+  let queue: DispatchQueue
+
+  init(label: String) { queue = DispatchQueue(label: label) }
+
+  func enqueue(_ job: consuming ExecutorJob) {
+    let unowned = UnownedJob(job)
+    let executor = asUnownedSerialExecutor()
+    queue.async { unowned.runSynchronously(on: executor) }
+  }
+
+  func asUnownedSerialExecutor() -> UnownedSerialExecutor { UnownedSerialExecutor(ordinary: self) }
+}
+
+/// The same two actors on dispatch-queue executors.
+actor QueuePonger {
+  private nonisolated let executor: DispatchQueueExecutor
+  nonisolated var unownedExecutor: UnownedSerialExecutor { executor.asUnownedSerialExecutor() }
+  private var calls = 0
+
+  init(executor: DispatchQueueExecutor) { self.executor = executor }
+
+  func pong() -> Int {
+    calls &+= 1
+    return calls
+  }
+}
+
+actor QueuePinger {
+  private nonisolated let executor: DispatchQueueExecutor
+  nonisolated var unownedExecutor: UnownedSerialExecutor { executor.asUnownedSerialExecutor() }
+  private var total = 0
+
+  init(executor: DispatchQueueExecutor) { self.executor = executor }
+
+  func ping(_ ponger: QueuePonger, count: Int) async -> [Double] {
+    var samples: [Double] = []
+    samples.reserveCapacity(count)
+    for _ in 0..<count {
+      let start = monotonicNanoseconds()
+      total &+= await ponger.pong()
+      samples.append(microseconds(from: start, to: monotonicNanoseconds()))
+    }
+    return samples
+  }
+}
+
+/// actor-rtt / asyncrunloop: `LoopPinger` on loop A (client CPU) awaits `LoopPonger` on loop B
+/// (server CPU).
+final class AsyncRunLoopActorRTT: LatencySession {
+  private let loopA: RunLoopThread
+  private let loopB: RunLoopThread
+  private let pinger: LoopPinger
+  private let ponger: LoopPonger
+
+  init(pin: PinPlan) {
+    loopA = try! RunLoopThread(name: "actor-a", cpu: pin.clientCPU)
+    loopB = try! RunLoopThread(name: "actor-b", cpu: pin.serverCPU)
+    pinger = LoopPinger(loop: loopA)
+    ponger = LoopPonger(loop: loopB)
+  }
+
+  func measure(_ count: Int) -> [Double] {
+    let (pinger, ponger) = (self.pinger, self.ponger)
+    return blockingAwait { await pinger.ping(ponger, count: count) }
+  }
+
+  /// `count` round trips with allocation tracing on (in the hop-allocations child process).
+  func traceAllocations(_ count: Int) {
+    let (pinger, ponger) = (self.pinger, self.ponger)
+    blockingAwait { await pinger.traceAllocations(ponger, count: count) }
+  }
+
+  func close() {
+    loopA.shutdownAndWait()
+    loopB.shutdownAndWait()
+  }
+}
+
+/// actor-rtt / floor-epoll: two threads that each sleep in epoll_wait on their own eventfd; the
+/// measuring thread (client CPU) is A, a server thread (server CPU) is B; B touches a counter.
+final class FloorEpollPingPong: LatencySession {
+  private let toServer = EventDoorbell(nonBlocking: true)
+  private let toClient = EventDoorbell(nonBlocking: true)
+  private let clientEpoll: EpollWaiter
+  private let stop = StopFlag()
+  private let server: PlainThread
+
+  init(pin: PinPlan) {
+    clientEpoll = EpollWaiter(watching: toClient.descriptor)
+    let serverEpoll = EpollWaiter(watching: toServer.descriptor)
+    server = PlainThread(name: "floor-epoll-b", cpu: pin.serverCPU) { [toServer, toClient, stop] in
+      var calls = 0
+      while true {
+        serverEpoll.wait()
+        toServer.drain()
+        if stop.isSet { break }
+        calls &+= 1
+        toClient.ring()
+      }
+      serverEpoll.close()
+      withExtendedLifetime(calls) {}
+    }
+  }
+
+  func measure(_ count: Int) -> [Double] {
+    sampleRoundTrips(count) {
+      toServer.ring()
+      clientEpoll.wait()
+      toClient.drain()
+    }
+  }
+
+  func close() {
+    stop.set()
+    toServer.ring()
+    server.join()
+    clientEpoll.close()
+    toServer.close()
+    toClient.close()
+  }
+}
+
+/// actor-rtt / dispatch-queue-executor: the same actors on two dispatch-queue executors.
+final class DispatchActorRTT: LatencySession {
+  private let pinger = QueuePinger(executor: DispatchQueueExecutor(label: "actor-a"))
+  private let ponger = QueuePonger(executor: DispatchQueueExecutor(label: "actor-b"))
+
+  func measure(_ count: Int) -> [Double] {
+    let (pinger, ponger) = (self.pinger, self.ponger)
+    return blockingAwait { await pinger.ping(ponger, count: count) }
+  }
+
+  func close() {}
+}
+
+/// task-actor-rtt / asyncrunloop: a task on the default (global) executor awaits a method of an
+/// actor pinned to a loop; each sample is the hop there and back.
+final class AsyncRunLoopTaskActorRTT: LatencySession {
+  private let loop: RunLoopThread
+  private let ponger: LoopPonger
+
+  init(pin: PinPlan) {
+    loop = try! RunLoopThread(name: "task-actor", cpu: pin.serverCPU)
+    ponger = LoopPonger(loop: loop)
+  }
+
+  func measure(_ count: Int) -> [Double] {
+    let ponger = self.ponger
+    return blockingAwait {
+      var samples: [Double] = []
+      samples.reserveCapacity(count)
+      var total = 0
+      for _ in 0..<count {
+        let start = monotonicNanoseconds()
+        total &+= await ponger.pong()
+        samples.append(microseconds(from: start, to: monotonicNanoseconds()))
+      }
+      return withExtendedLifetime(total) { samples }
+    }
+  }
+
+  func close() { loop.shutdownAndWait() }
+}
+
+/// task-actor-rtt / dispatch-queue-executor.
+final class DispatchTaskActorRTT: LatencySession {
+  private let ponger = QueuePonger(executor: DispatchQueueExecutor(label: "task-actor"))
+
+  func measure(_ count: Int) -> [Double] {
+    let ponger = self.ponger
+    return blockingAwait {
+      var samples: [Double] = []
+      samples.reserveCapacity(count)
+      var total = 0
+      for _ in 0..<count {
+        let start = monotonicNanoseconds()
+        total &+= await ponger.pong()
+        samples.append(microseconds(from: start, to: monotonicNanoseconds()))
+      }
+      return withExtendedLifetime(total) { samples }
+    }
+  }
+
+  func close() {}
+}
+
+/// hop-allocations: heap allocations per actor-rtt round trip, counted by glibc's mtrace in a
+/// child process (see `AllocationTrace`). NaN (reported as a failure) if tracing is impossible.
+final class HopAllocations: FigureSession {
+  private let pin: String
+  private let count: Int
+
+  init(pin: String, count: Int) {
+    self.pin = pin
+    self.count = count
+  }
+
+  func measure() -> Figure {
+    switch AllocationTrace.allocationsPerRoundTrip(count: count, pin: pin) {
+    case .success(let perRoundTrip):
+      return Figure(value: perRoundTrip)
+    case .failure(let error):
+      progress("hop-allocations: \(error.reason)")
+      return Figure(value: .nan)
+    }
+  }
+
+  func close() {}
+}
+
+enum ActorScenarios {
+  static func actorRTT(_ context: BenchmarkContext) -> ScenarioResult {
+    let pin = context.pin
+    return runLatencyScenario(
+      "actor-rtt", floor: "floor-epoll",
+      notes: [
+        "an actor on executor A awaits a method of an actor on executor B (both touch state); µs per round trip",
+        "dispatch-queue-executor runs on libdispatch worker threads (not pinnable)",
+      ],
+      peers: [
+        PeerSpec(name: "asyncrunloop", open: { AsyncRunLoopActorRTT(pin: pin) }),
+        PeerSpec(name: "floor-epoll", open: { FloorEpollPingPong(pin: pin) }),
+        PeerSpec(name: "dispatch-queue-executor", open: { DispatchActorRTT() }),
+      ],
+      samples: context.mode.latencySamples, warmUp: context.mode.latencyWarmUp,
+      repetitions: context.mode.repetitions)
+  }
+
+  static func taskActorRTT(_ context: BenchmarkContext) -> ScenarioResult {
+    let pin = context.pin
+    return runLatencyScenario(
+      "task-actor-rtt", floor: nil,
+      notes: ["a task on the default executor awaits a method of a pinned actor; µs per round trip"],
+      peers: [
+        PeerSpec(name: "asyncrunloop", open: { AsyncRunLoopTaskActorRTT(pin: pin) }),
+        PeerSpec(name: "dispatch-queue-executor", open: { DispatchTaskActorRTT() }),
+      ],
+      samples: context.mode.latencySamples, warmUp: context.mode.latencyWarmUp,
+      repetitions: context.mode.repetitions)
+  }
+
+  static func hopAllocations(_ context: BenchmarkContext) -> ScenarioResult {
+    let pin = context.pin.name
+    let count = context.mode == .smoke ? 1_000 : 10_000
+    return runFigureScenario(
+      "hop-allocations", unit: "count",
+      notes: [
+        "heap allocations (malloc/calloc/realloc/memalign, every thread; glibc mtrace in a child process)"
+          + " per actor-rtt round trip"
+      ],
+      peers: [PeerSpec(name: "asyncrunloop", open: { HopAllocations(pin: pin, count: count) })],
+      warmUp: false, repetitions: context.mode.repetitions)
+  }
+}

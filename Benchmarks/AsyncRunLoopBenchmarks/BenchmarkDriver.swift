@@ -1,0 +1,39 @@
+import Glibc
+
+/// Runs the selected scenarios on the calling (background) thread and writes the reports.
+enum BenchmarkDriver {
+  /// Returns the process exit code.
+  static func run(options: Options, mainDriver: MainThreadDriver) -> Int32 {
+    let pin = PinPlan(options.pin, cpus: onlineCPUs)
+    let context = BenchmarkContext(options: options, pin: pin, mainDriver: mainDriver)
+    // The measuring thread is the client side of the round-trip scenarios.
+    pinCurrentThread(pin.clientCPU)
+    print(
+      "AsyncRunLoopBenchmarks — mode \(options.mode.rawValue), pin \(pin.name), \(onlineCPUs) CPUs, "
+        + "\(options.mode.repetitions) interleaved repetitions; latency in µs, medians over repetitions")
+    let started = monotonicNanoseconds()
+    let results = Scenario.runSelected(context)
+    let seconds = Double(monotonicNanoseconds() - started) / 1e9
+    print(TargetReport.render(results))
+    print("total time: \(String(format1: seconds)) s")
+    if let path = options.jsonPath {
+      let json = JSONReport.render(results, mode: options.mode, pin: pin.name, cpus: onlineCPUs)
+      guard writeFile(path, json) else { return 1 }
+      progress("wrote \(path)")
+    }
+    if let path = options.plotPath {
+      guard writeFile(path, CDFPlot.render(results, mode: options.mode, pin: pin.name)) else { return 1 }
+      progress("wrote \(path)")
+    }
+    return 0
+  }
+
+  private static func writeFile(_ path: String, _ contents: String) -> Bool {
+    guard let file = fopen(path, "w") else {
+      writeStandardError("AsyncRunLoopBenchmarks: cannot write \(path): \(String(cString: strerror(errno)))\n")
+      return false
+    }
+    defer { fclose(file) }
+    return fputs(contents, file) >= 0
+  }
+}

@@ -1,0 +1,140 @@
+import Glibc
+
+/// How long to measure: sample counts and repetitions per mode.
+enum RunMode: String, Sendable {
+  /// CI only: proves every scenario runs; tiny samples, numbers are not meaningful.
+  case smoke
+  /// Under a minute on two cores.
+  case quick
+  /// The default: under five minutes.
+  case full
+
+  /// Interleaved repetitions (A B A B …); results are medians over them.
+  var repetitions: Int {
+    switch self {
+    case .smoke: return 2
+    case .quick: return 3
+    case .full: return 7
+    }
+  }
+
+  /// Round trips per repetition of a latency peer.
+  var latencySamples: Int {
+    switch self {
+    case .smoke: return 200
+    case .quick: return 4_000
+    case .full: return 15_000
+    }
+  }
+
+  /// Round trips of warm-up per latency peer (before the first repetition).
+  var latencyWarmUp: Int {
+    switch self {
+    case .smoke: return 50
+    case .quick: return 1_000
+    case .full: return 3_000
+    }
+  }
+
+  /// Timer fires per repetition of a lateness peer (1 ms apart).
+  var timerFires: Int {
+    switch self {
+    case .smoke: return 20
+    case .quick: return 300
+    case .full: return 1_000
+    }
+  }
+
+  /// Elements per repetition of a throughput peer.
+  var streamElements: Int {
+    switch self {
+    case .smoke: return 20_000
+    case .quick: return 1_000_000
+    case .full: return 3_000_000
+    }
+  }
+
+  /// The idle-cpu observation window.
+  var idleWindowNanoseconds: Int64 {
+    switch self {
+    case .smoke: return 200_000_000
+    case .quick, .full: return 2_000_000_000
+    }
+  }
+
+  /// Repetitions of the single-figure scenarios (idle-cpu, timers-100k, loops-1000).
+  var figureRepetitions: Int {
+    switch self {
+    case .smoke: return 1
+    case .quick: return 1
+    case .full: return 3
+    }
+  }
+
+  /// Timers in timers-100k and loops in loops-1000 (smoke mode shrinks them).
+  var timerCount: Int { self == .smoke ? 10_000 : 100_000 }
+  var loopCount: Int { self == .smoke ? 100 : 1_000 }
+}
+
+/// Command-line options.
+struct Options: Sendable {
+  var mode = RunMode.full
+  var pin = "none"
+  var jsonPath: String?
+  var plotPath: String?
+  var only: Set<String>?
+
+  static let usage = """
+    usage: AsyncRunLoopBenchmarks [--quick | --smoke] [--pin none|same|split] [--json PATH]
+                                  [--plot PATH.svg] [--only scenario[,scenario]]
+      --quick   under 60 s on 2 cores        (default: full mode, under 5 minutes)
+      --smoke   a few seconds, tiny samples: proves every scenario runs (CI)
+      --pin     none: no pinning; same: both sides on CPU 0; split: client on CPU 0, server on CPU 1
+      --json    write the results as JSON
+      --plot    write a latency CDF per scenario as SVG
+      --only    run only these scenarios
+    scenarios: \(Scenario.allNames.joined(separator: ", "))
+    """
+
+  /// Parses `arguments` (without the program name); exits with the usage on a bad option.
+  static func parse(_ arguments: [String]) -> Options {
+    var options = Options()
+    var index = 0
+    func value(_ flag: String) -> String {
+      index += 1
+      guard index < arguments.count else { fail("\(flag) needs a value") }
+      return arguments[index]
+    }
+    while index < arguments.count {
+      let argument = arguments[index]
+      switch argument {
+      case "--quick": options.mode = .quick
+      case "--smoke": options.mode = .smoke
+      case "--full": options.mode = .full
+      case "--pin":
+        options.pin = value(argument)
+        guard ["none", "same", "split"].contains(options.pin) else { fail("--pin takes none, same or split") }
+      case "--json": options.jsonPath = value(argument)
+      case "--plot": options.plotPath = value(argument)
+      case "--only":
+        let names = value(argument).split(separator: ",").map(String.init)
+        for name in names where !Scenario.allNames.contains(name) { fail("unknown scenario '\(name)'") }
+        options.only = Set(names)
+      case "--help", "-h":
+        print(usage)
+        exit(0)
+      default:
+        fail("unknown option '\(argument)'")
+      }
+      index += 1
+    }
+    return options
+  }
+
+  private static func fail(_ message: String) -> Never {
+    writeStandardError("AsyncRunLoopBenchmarks: \(message)\n\(usage)\n")
+    exit(2)
+  }
+
+  func includes(_ scenario: String) -> Bool { only?.contains(scenario) ?? true }
+}

@@ -1,0 +1,51 @@
+import Glibc
+
+/// What every scenario gets.
+struct BenchmarkContext: Sendable {
+  let options: Options
+  let pin: PinPlan
+  let mainDriver: MainThreadDriver
+  var mode: RunMode { options.mode }
+}
+
+/// The scenarios, in the order they run.
+enum Scenario {
+  typealias Runner = @Sendable (BenchmarkContext) -> ScenarioResult
+
+  /// Run by default (and by `--only`).
+  static let standard: [(name: String, run: Runner)] = [
+    ("wake-rtt", WakeScenarios.wakeRTT),
+    ("actor-rtt", ActorScenarios.actorRTT),
+    ("task-actor-rtt", ActorScenarios.taskActorRTT),
+    ("stream-rtt", StreamScenarios.streamRTT),
+    ("stream-throughput", StreamScenarios.streamThroughput),
+    ("timer-1ms-lateness", TimerScenarios.timerLateness),
+    ("main-rtt", MainScenarios.mainRTT),
+    ("idle-cpu", ResourceScenarios.idleCPU),
+    ("timers-100k", ResourceScenarios.timers100k),
+    ("loops-1000", ResourceScenarios.loops1000),
+    ("hop-allocations", ActorScenarios.hopAllocations),
+  ]
+
+  /// Run only when named with `--only`.
+  static let extra: [(name: String, run: Runner)] = [
+    ("foundation-wake-routes", WakeScenarios.foundationRoutes)
+  ]
+
+  static var allNames: [String] { (standard + extra).map(\.name) }
+
+  /// Runs the selected scenarios in order, printing each table as it completes.
+  static func runSelected(_ context: BenchmarkContext) -> [ScenarioResult] {
+    let selected =
+      context.options.only == nil
+      ? standard : (standard + extra).filter { context.options.includes($0.name) }
+    var results: [ScenarioResult] = []
+    for scenario in selected {
+      let result = scenario.run(context)
+      results.append(result)
+      print(TableFormatter.render(result))
+      fflush(nil)
+    }
+    return results
+  }
+}

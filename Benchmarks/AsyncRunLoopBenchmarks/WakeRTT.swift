@@ -1,0 +1,242 @@
+import AsyncRunLoop
+import CoreFoundation
+import Dispatch
+import Foundation
+import Synchronization
+
+// wake-rtt: the measuring thread (pinned to the client CPU) wakes a sleeping server, the server
+// replies; one sample is one round trip. The client side is the same in every peer: it signals
+// the server its own way, then blocks in read() on a reply eventfd, which every server rings.
+
+/// Takes `count` round trips of `roundTrip`, in microseconds.
+@inline(__always)
+func sampleRoundTrips(_ count: Int, _ roundTrip: () -> Void) -> [Double] {
+  var samples: [Double] = []
+  samples.reserveCapacity(count)
+  for _ in 0..<count {
+    let start = monotonicNanoseconds()
+    roundTrip()
+    samples.append(microseconds(from: start, to: monotonicNanoseconds()))
+  }
+  return samples
+}
+
+/// A stop flag shared with a server thread.
+final class StopFlag: Sendable {
+  private let flag = Atomic<Bool>(false)
+  /// Release/acquire: the server must see everything written before the stop.
+  func set() { flag.store(true, ordering: .releasing) }
+  var isSet: Bool { flag.load(ordering: .acquiring) }
+}
+
+/// floor-eventfd: the server thread blocks in read() on its request eventfd and writes the reply.
+final class FloorEventfdWake: LatencySession {
+  private let request = EventDoorbell()
+  private let reply = EventDoorbell()
+  private let stop = StopFlag()
+  private let server: PlainThread
+
+  init(pin: PinPlan) {
+    server = PlainThread(name: "floor-eventfd", cpu: pin.serverCPU) { [request, reply, stop] in
+      while true {
+        request.wait()
+        if stop.isSet { return }
+        reply.ring()
+      }
+    }
+  }
+
+  func measure(_ count: Int) -> [Double] {
+    sampleRoundTrips(count) {
+      request.ring()
+      reply.wait()
+    }
+  }
+
+  func close() {
+    stop.set()
+    request.ring()
+    server.join()
+    request.close()
+    reply.close()
+  }
+}
+
+/// floor-epoll: the server thread sleeps in epoll_wait on its request eventfd (as a run loop
+/// does), reads it, and writes the reply.
+final class FloorEpollWake: LatencySession {
+  private let request = EventDoorbell(nonBlocking: true)
+  private let reply = EventDoorbell()
+  private let stop = StopFlag()
+  private let server: PlainThread
+
+  init(pin: PinPlan) {
+    let epoll = EpollWaiter(watching: request.descriptor)
+    server = PlainThread(name: "floor-epoll", cpu: pin.serverCPU) { [request, reply, stop] in
+      while true {
+        epoll.wait()
+        request.drain()
+        if stop.isSet { break }
+        reply.ring()
+      }
+      epoll.close()
+    }
+  }
+
+  func measure(_ count: Int) -> [Double] {
+    sampleRoundTrips(count) {
+      request.ring()
+      reply.wait()
+    }
+  }
+
+  func close() {
+    stop.set()
+    request.ring()
+    server.join()
+    request.close()
+    reply.close()
+  }
+}
+
+/// asyncrunloop: a `CommandSource` on a `RunLoopThread` (sleeping in epoll_wait); `post` is
+/// "append + signal + wake"; the handler rings the reply.
+final class AsyncRunLoopWake: LatencySession {
+  private let reply = EventDoorbell()
+  private let loop: RunLoopThread
+  private let source: CommandSource<UInt32>
+
+  init(pin: PinPlan) {
+    loop = try! RunLoopThread(name: "wake-server", cpu: pin.serverCPU)
+    source = CommandSource { [reply] _ in reply.ring() }
+    loop.add(source.source, to: .default)
+  }
+
+  func measure(_ count: Int) -> [Double] {
+    sampleRoundTrips(count) {
+      source.post(1)
+      reply.wait()
+    }
+  }
+
+  func close() {
+    source.source.invalidate()
+    loop.shutdownAndWait()
+    reply.close()
+  }
+}
+
+/// The public ways to make a Foundation RunLoop thread run something, for `foundation-wake-routes`.
+enum FoundationWakeRoute: String, CaseIterable {
+  /// `RunLoop.perform(_:)` (CFRunLoopPerformBlock, which does not wake) + `CFRunLoopWakeUp`.
+  case performAndWakeUp = "perform+CFRunLoopWakeUp"
+  /// A CFRunLoopSource version 0 (custom source): `CFRunLoopSourceSignal` + `CFRunLoopWakeUp`.
+  case customSource = "cfsource0-signal+wakeup"
+  /// A one-shot `Timer` due now, added from the client thread (`RunLoop.add(_:forMode:)` re-arms
+  /// the loop's timerfd, which wakes it). Foundation API only.
+  case timerDueNow = "timer-due-now"
+}
+
+/// foundation-runloop: a pthread running Foundation's RunLoop, woken by `route`.
+/// The default route is the fastest public one measured by `foundation-wake-routes` on the
+/// development machine (2 vCPU x86_64 VM, Swift 6.3.1): `cfsource0-signal+wakeup` and
+/// `perform+CFRunLoopWakeUp` are within noise of each other (the custom source was slightly
+/// faster and is the closest analogue of `CommandSource`); `timer-due-now` is ~2x slower.
+final class FoundationRunLoopWake: LatencySession {
+  private let reply = EventDoorbell()
+  private let route: FoundationWakeRoute
+  private let server: FoundationLoopThread
+  private let source: CFCustomSource
+
+  init(pin: PinPlan, route: FoundationWakeRoute = .customSource) {
+    self.route = route
+    let source = CFCustomSource(ringing: reply)
+    self.source = source
+    server = FoundationLoopThread(name: "foundation-wake", cpu: pin.serverCPU) { _ in
+      CFRunLoopAddSource(CFRunLoopGetCurrent(), source.source, kCFRunLoopDefaultMode)
+    }
+  }
+
+  func measure(_ count: Int) -> [Double] {
+    let runLoop = server.runLoop!
+    let cfRunLoop = server.cfRunLoop!
+    let reply = self.reply
+    switch route {
+    case .performAndWakeUp:
+      return sampleRoundTrips(count) {
+        runLoop.perform { reply.ring() }
+        CFRunLoopWakeUp(cfRunLoop)
+        reply.wait()
+      }
+    case .customSource:
+      let source = self.source.source
+      return sampleRoundTrips(count) {
+        CFRunLoopSourceSignal(source)
+        CFRunLoopWakeUp(cfRunLoop)
+        reply.wait()
+      }
+    case .timerDueNow:
+      return sampleRoundTrips(count) {
+        runLoop.add(Timer(timeInterval: 0, repeats: false) { _ in reply.ring() }, forMode: .default)
+        reply.wait()
+      }
+    }
+  }
+
+  func close() {
+    server.shutdown()
+    source.invalidate()
+    reply.close()
+  }
+}
+
+/// dispatch-queue: `queue.async { reply }` on a serial queue (a libdispatch worker thread, which
+/// cannot be pinned).
+final class DispatchQueueWake: LatencySession {
+  private let reply = EventDoorbell()
+  private let queue = DispatchQueue(label: "wake-server")
+
+  func measure(_ count: Int) -> [Double] {
+    let reply = self.reply
+    return sampleRoundTrips(count) {
+      queue.async { reply.ring() }
+      reply.wait()
+    }
+  }
+
+  func close() { reply.close() }
+}
+
+enum WakeScenarios {
+  static func wakeRTT(_ context: BenchmarkContext) -> ScenarioResult {
+    let pin = context.pin
+    return runLatencyScenario(
+      "wake-rtt", floor: "floor-epoll",
+      notes: [
+        "client thread signals a sleeping server, server rings the client's reply eventfd; µs per round trip",
+        "foundation-runloop: CFRunLoopSource v0 signal + CFRunLoopWakeUp (fastest public route measured)",
+      ],
+      peers: [
+        PeerSpec(name: "asyncrunloop", open: { AsyncRunLoopWake(pin: pin) }),
+        PeerSpec(name: "floor-eventfd", open: { FloorEventfdWake(pin: pin) }),
+        PeerSpec(name: "floor-epoll", open: { FloorEpollWake(pin: pin) }),
+        PeerSpec(name: "foundation-runloop", open: { FoundationRunLoopWake(pin: pin) }),
+        PeerSpec(name: "dispatch-queue", open: { DispatchQueueWake() }),
+      ],
+      samples: context.mode.latencySamples, warmUp: context.mode.latencyWarmUp,
+      repetitions: context.mode.repetitions)
+  }
+
+  /// Not in the default set: compares the public ways to wake a Foundation RunLoop thread.
+  static func foundationRoutes(_ context: BenchmarkContext) -> ScenarioResult {
+    let pin = context.pin
+    return runLatencyScenario(
+      "foundation-wake-routes", floor: nil,
+      notes: ["how to wake a Foundation RunLoop thread fastest; picks the foundation-runloop route"],
+      peers: FoundationWakeRoute.allCases.map { route in
+        PeerSpec(name: route.rawValue, open: { FoundationRunLoopWake(pin: pin, route: route) })
+      },
+      samples: context.mode.latencySamples, warmUp: context.mode.latencyWarmUp,
+      repetitions: context.mode.repetitions)
+  }
+}
