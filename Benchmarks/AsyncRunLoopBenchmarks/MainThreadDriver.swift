@@ -61,7 +61,7 @@ final class MainThreadDriver: Sendable {
   func end() {
     stopRequested.store(true, ordering: .releasing)
     switch current.withLock({ $0 }) {
-    case .asyncRunLoop: RunLoopThread.main.stop()
+    case .asyncRunLoop: stopMainLoop()
     case .foundation: CFRunLoopStop(CFRunLoopGetMain())
     case nil: return
     }
@@ -75,16 +75,13 @@ final class MainThreadDriver: Sendable {
     requestArrived.signal()
   }
 
+  /// `runMainLoop()` until `end()` calls `stopMainLoop()`.
   private func runAsyncRunLoopMain() {
-    let loop = RunLoopThread.main
-    // Something to watch, so that a run never returns "finished" at once and spins.
-    let keepAlive = LoopTimer(after: .seconds(86_400)) { _ in }
-    loop.add(keepAlive, to: .default)
+    _ = RunLoopThread.main  // created before `begin` returns, so `stopMainLoop()` finds it
     started.signal()
     while !stopRequested.load(ordering: .acquiring) {
-      loop.run(mode: .default, for: .seconds(1))
+      runMainLoop()
     }
-    keepAlive.invalidate()
     ended.signal()
   }
 

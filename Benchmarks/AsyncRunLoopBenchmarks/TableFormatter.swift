@@ -59,13 +59,13 @@ enum TableFormatter {
     let ratioTitle = result.floor.map { "p50/\($0)" } ?? ""
     if result.unit == "us" {
       lines.append(
-        "   " + padRight("peer", 30) + ["p50", "p90", "p99", "max", "n"].map { padLeft($0, 10) }.joined()
+        "   " + padRight("peer", 40) + ["p50", "p90", "p99", "max", "n"].map { padLeft($0, 10) }.joined()
           + "  " + ratioTitle)
     } else {
-      lines.append("   " + padRight("peer", 30) + padLeft("value", 16) + "  " + ratioTitle)
+      lines.append("   " + padRight("peer", 40) + padLeft("value", 16) + "  " + ratioTitle)
     }
     for peer in result.peers {
-      var line = "   " + padRight(peer.name, 30)
+      var line = "   " + padRight(peer.name, 40)
       switch peer.outcome {
       case .unavailable(let reason):
         line += reason

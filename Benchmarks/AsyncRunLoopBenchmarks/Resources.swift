@@ -1,0 +1,206 @@
+import AsyncRunLoop
+import CAsyncRunLoop
+import Dispatch
+import Foundation
+
+// idle-cpu, timers-100k, loops-1000: what a loop costs when it does nothing, per timer, and to
+// create and destroy.
+
+/// idle-cpu: a loop with ten far-future timers (one of them repeating) sleeps for the window;
+/// the value is the CPU time its thread used meanwhile (its POSIX thread CPU clock), the extra
+/// `wakeups` the context switches it made (/proc/self/task/<tid>/status).
+final class IdleLoopCPU: FigureSession {
+  private let loop: RunLoopThread
+  private let cpuClock: clockid_t
+  private let threadID: Int32
+  private let window: Int64
+  private let timers: [LoopTimer]
+
+  init(pin: PinPlan, window: Int64) {
+    self.window = window
+    loop = try! RunLoopThread(name: "idle", cpu: pin.serverCPU)
+    (cpuClock, threadID) = try! loop.performAndWait { (currentThreadCPUClock(), carl_gettid()) }
+    timers =
+      (1...9).map { hours in LoopTimer(after: .seconds(3600 * hours)) { _ in } }
+      + [LoopTimer(after: .seconds(7200), repeatingEvery: .seconds(7200)) { _ in }]
+    for timer in timers { loop.add(timer, to: .default) }
+  }
+
+  func measure() -> Figure {
+    sleepNanoseconds(50_000_000)  // let the loop apply the additions and go to sleep
+    let switchesBefore = contextSwitches()
+    let before = threadCPUNanoseconds(cpuClock)
+    sleepNanoseconds(window)
+    let used = threadCPUNanoseconds(cpuClock) - before
+    let switches = contextSwitches() - switchesBefore
+    return Figure(value: Double(used), extras: [("wakeups", Double(switches))])
+  }
+
+  /// Voluntary + involuntary context switches of the loop thread so far.
+  private func contextSwitches() -> Int {
+    guard let status = try? String(contentsOfFile: "/proc/self/task/\(threadID)/status", encoding: .utf8) else {
+      return 0
+    }
+    var total = 0
+    for line in status.split(separator: "\n") where line.contains("ctxt_switches:") {
+      total += Int(line.split(separator: ":").last!.trimmingCharacters(in: .whitespaces)) ?? 0
+    }
+    return total
+  }
+
+  func close() {
+    for timer in timers { timer.invalidate() }
+    loop.shutdownAndWait()
+  }
+}
+
+/// Counts fired timers on the loop thread and notes when the last one fired.
+private final class FireCounter: @unchecked Sendable {
+  // Safety: `fired`, `started`, `scheduled` and `finished` are only touched on the loop thread
+  // (the scheduling block and the timer handlers); the measuring thread reads them after `done`.
+  var fired = 0
+  var started: Int64 = 0
+  var scheduled: Int64 = 0
+  var finished: Int64 = 0
+  let target: Int
+  let done = DispatchSemaphore(value: 0)
+  init(target: Int) { self.target = target }
+}
+
+/// timers-100k: on the loop thread, schedule `count` one-shot timers due now + i ns (so all are
+/// due by the time scheduling ends) and fire them all; the value is the total time from the first
+/// schedule to the last fire, per timer. Extras: `schedule_ns` and `fire_ns`, the two halves.
+final class ManyTimers: FigureSession {
+  private let loop: RunLoopThread
+  private let count: Int
+
+  init(pin: PinPlan, count: Int) {
+    self.count = count
+    loop = try! RunLoopThread(name: "timers", cpu: pin.serverCPU)
+  }
+
+  func measure() -> Figure {
+    let counter = FireCounter(target: count)
+    let count = self.count
+    let loop = self.loop
+    loop.perform {
+      let start = monotonicNanoseconds()
+      counter.started = start
+      for index in 0..<count {
+        let timer = LoopTimer(fireAt: LoopClock.Instant(nanoseconds: start + Int64(index))) { _ in
+          counter.fired += 1
+          if counter.fired == counter.target {
+            counter.finished = monotonicNanoseconds()
+            counter.done.signal()
+          }
+        }
+        loop.add(timer, to: .default)
+      }
+      counter.scheduled = monotonicNanoseconds()
+    }
+    counter.done.wait()
+    let perTimer = Double(count)
+    return Figure(
+      value: Double(counter.finished - counter.started) / perTimer,
+      extras: [
+        ("schedule_ns", Double(counter.scheduled - counter.started) / perTimer),
+        ("fire_ns", Double(counter.finished - counter.scheduled) / perTimer),
+      ])
+  }
+
+  func close() { loop.shutdownAndWait() }
+}
+
+/// loops-1000: create `count` loops (owned threads, each with its epoll, eventfd and timerfd) in
+/// batches of 100 and shut each batch down (`shutdownAndWait`); the value is the total time in
+/// ms. Extras: descriptors and threads left over afterwards (/proc/self/fd, and the threads in
+/// /proc/self/task named after these loops).
+final class ManyLoops: FigureSession {
+  private let count: Int
+  private let batch = 100
+  private let cpu: Int?
+
+  init(pin: PinPlan, count: Int) {
+    self.count = count
+    cpu = pin.serverCPU
+  }
+
+  func measure() -> Figure {
+    let descriptorsBefore = openDescriptorCount()
+    let start = monotonicNanoseconds()
+    var created = 0
+    while created < count {
+      let size = min(batch, count - created)
+      let loops = (0..<size).map { index in try! RunLoopThread(name: "manyloops-\(created + index)", cpu: cpu) }
+      for loop in loops { loop.shutdown() }
+      for loop in loops { loop.shutdownAndWait() }
+      created += size
+    }
+    let elapsed = monotonicNanoseconds() - start
+    // A loop thread that finished its drain before `shutdownAndWait` registered to join it
+    // detaches itself, and `shutdownAndWait` then returns when the drain is done, while the
+    // kernel thread may still be exiting: count those separately ("lingering"), then give them up
+    // to a second to go before calling anything left a leak.
+    let lingering = threadsNamed(prefix: "manyloops-")
+    var leakedThreads = lingering
+    var leakedDescriptors = openDescriptorCount() - descriptorsBefore
+    var waited = 0
+    while (leakedThreads > 0 || leakedDescriptors > 0) && waited < 1_000 {
+      sleepNanoseconds(10_000_000)
+      waited += 10
+      leakedThreads = threadsNamed(prefix: "manyloops-")
+      leakedDescriptors = openDescriptorCount() - descriptorsBefore
+    }
+    return Figure(
+      value: Double(elapsed) / 1e6,
+      extras: [
+        ("leaked_fds", Double(leakedDescriptors)), ("leaked_threads", Double(leakedThreads)),
+        ("lingering_threads_at_return", Double(lingering)),
+      ])
+  }
+
+  /// Threads of this process whose name starts with `prefix`.
+  private func threadsNamed(prefix: String) -> Int {
+    guard let tasks = try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task") else { return -1 }
+    return tasks.filter { tid in
+      let name = (try? String(contentsOfFile: "/proc/self/task/\(tid)/comm", encoding: .utf8)) ?? ""
+      return name.hasPrefix(prefix)
+    }.count
+  }
+
+  func close() {}
+}
+
+enum ResourceScenarios {
+  static func idleCPU(_ context: BenchmarkContext) -> ScenarioResult {
+    let pin = context.pin
+    let window = context.mode.idleWindowNanoseconds
+    return runFigureScenario(
+      "idle-cpu", unit: "ns",
+      notes: [
+        "CPU time of an idle loop thread (ten far-future timers) over \(window / 1_000_000) ms; wakeups = its context switches"
+      ],
+      peers: [PeerSpec(name: "asyncrunloop", open: { IdleLoopCPU(pin: pin, window: window) })],
+      warmUp: false, repetitions: context.mode.figureRepetitions)
+  }
+
+  static func timers100k(_ context: BenchmarkContext) -> ScenarioResult {
+    let pin = context.pin
+    let count = context.mode.timerCount
+    return runFigureScenario(
+      "timers-100k", unit: "ns",
+      notes: ["schedule and fire \(count) one-shot timers on the loop thread; ns per timer (schedule + fire)"],
+      peers: [PeerSpec(name: "asyncrunloop", open: { ManyTimers(pin: pin, count: count) })],
+      warmUp: true, repetitions: context.mode.figureRepetitions)
+  }
+
+  static func loops1000(_ context: BenchmarkContext) -> ScenarioResult {
+    let pin = context.pin
+    let count = context.mode.loopCount
+    return runFigureScenario(
+      "loops-1000", unit: "ms",
+      notes: ["create and shut down \(count) loops (batches of 100); total ms, and what was left over"],
+      peers: [PeerSpec(name: "asyncrunloop", open: { ManyLoops(pin: pin, count: count) })],
+      warmUp: false, repetitions: context.mode.figureRepetitions)
+  }
+}

@@ -1,0 +1,174 @@
+import AsyncRunLoop
+import Dispatch
+
+// stream-rtt and stream-throughput: elements handed from a plain thread to a `for await`
+// consumer running on a loop thread (a task whose executor preference is the loop). The same
+// shape for every peer: only the sequence differs.
+
+/// stream-rtt / asyncrunloop: the measuring thread posts into a `SourceSequence` (a custom source
+/// on the loop: post = buffer + signal + wake); the consumer rings the reply eventfd.
+final class SourceSequenceRTT: LatencySession {
+  private let reply = EventDoorbell()
+  private let loop: RunLoopThread
+  private let sequence: SourceSequence<UInt32>
+  private let consumer: Task<Void, Never>
+
+  init(pin: PinPlan) {
+    loop = try! RunLoopThread(name: "stream-server", cpu: pin.serverCPU)
+    let sequence = loop.sourceSequence(of: UInt32.self)
+    self.sequence = sequence
+    consumer = Task(executorPreference: loop) { [reply] in
+      for await _ in sequence { reply.ring() }
+    }
+  }
+
+  func measure(_ count: Int) -> [Double] {
+    sampleRoundTrips(count) {
+      _ = sequence.post(1)
+      reply.wait()
+    }
+  }
+
+  func close() {
+    sequence.invalidate()
+    let consumer = self.consumer
+    blockingAwait { await consumer.value }
+    loop.shutdownAndWait()
+    reply.close()
+  }
+}
+
+/// stream-rtt / asyncstream: the same through `AsyncStream` (unbounded); the measuring thread
+/// calls `continuation.yield`.
+final class AsyncStreamRTT: LatencySession {
+  private let reply = EventDoorbell()
+  private let loop: RunLoopThread
+  private let continuation: AsyncStream<UInt32>.Continuation
+  private let consumer: Task<Void, Never>
+
+  init(pin: PinPlan) {
+    loop = try! RunLoopThread(name: "asyncstream", cpu: pin.serverCPU)
+    let (stream, continuation) = AsyncStream.makeStream(of: UInt32.self)
+    self.continuation = continuation
+    consumer = Task(executorPreference: loop) { [reply] in
+      for await _ in stream { reply.ring() }
+    }
+  }
+
+  func measure(_ count: Int) -> [Double] {
+    sampleRoundTrips(count) {
+      continuation.yield(1)
+      reply.wait()
+    }
+  }
+
+  func close() {
+    continuation.finish()
+    let consumer = self.consumer
+    blockingAwait { await consumer.value }
+    loop.shutdownAndWait()
+    reply.close()
+  }
+}
+
+/// stream-throughput / asyncrunloop: the measuring thread (client CPU) posts `count` elements as
+/// fast as it can into a fresh `SourceSequence`; the consumer (on the loop, server CPU) counts
+/// them; elements per second from the first post to the last element consumed.
+final class SourceSequenceThroughput: FigureSession {
+  private let loop: RunLoopThread
+  private let count: Int
+
+  init(pin: PinPlan, count: Int) {
+    self.count = count
+    loop = try! RunLoopThread(name: "stream-tput", cpu: pin.serverCPU)
+  }
+
+  func measure() -> Figure {
+    let sequence = loop.sourceSequence(of: Int.self)
+    let finished = Handoff<Int64>()
+    let count = self.count
+    let consumer = Task(executorPreference: loop) {
+      var received = 0
+      for await _ in sequence {
+        received += 1
+        if received == count { break }
+      }
+      finished.put(monotonicNanoseconds())
+    }
+    let start = monotonicNanoseconds()
+    for index in 0..<count { _ = sequence.post(index) }
+    let end = finished.take()
+    blockingAwait { await consumer.value }
+    return Figure(value: Double(count) / (Double(end - start) / 1e9))
+  }
+
+  func close() { loop.shutdownAndWait() }
+}
+
+/// stream-throughput / asyncstream: the same through `AsyncStream` (unbounded buffer).
+final class AsyncStreamThroughput: FigureSession {
+  private let loop: RunLoopThread
+  private let count: Int
+
+  init(pin: PinPlan, count: Int) {
+    self.count = count
+    loop = try! RunLoopThread(name: "asyncstream-tp", cpu: pin.serverCPU)
+  }
+
+  func measure() -> Figure {
+    let (stream, continuation) = AsyncStream.makeStream(of: Int.self)
+    let finished = Handoff<Int64>()
+    let count = self.count
+    let consumer = Task(executorPreference: loop) {
+      var received = 0
+      for await _ in stream {
+        received += 1
+        if received == count { break }
+      }
+      finished.put(monotonicNanoseconds())
+    }
+    let start = monotonicNanoseconds()
+    for index in 0..<count { continuation.yield(index) }
+    let end = finished.take()
+    continuation.finish()
+    blockingAwait { await consumer.value }
+    return Figure(value: Double(count) / (Double(end - start) / 1e9))
+  }
+
+  func close() { loop.shutdownAndWait() }
+}
+
+enum StreamScenarios {
+  static func streamRTT(_ context: BenchmarkContext) -> ScenarioResult {
+    let pin = context.pin
+    return runLatencyScenario(
+      "stream-rtt", floor: "floor-epoll",
+      notes: [
+        "client thread hands an element to a `for await` consumer in a task on a loop thread; the consumer "
+          + "rings the client's reply eventfd; µs per round trip (floor-epoll: the wake-rtt floor)"
+      ],
+      peers: [
+        PeerSpec(name: "asyncrunloop", open: { SourceSequenceRTT(pin: pin) }),
+        PeerSpec(name: "asyncstream", open: { AsyncStreamRTT(pin: pin) }),
+        PeerSpec(name: "floor-epoll", open: { FloorEpollWake(pin: pin) }),
+      ],
+      samples: context.mode.latencySamples, warmUp: context.mode.latencyWarmUp,
+      repetitions: context.mode.repetitions)
+  }
+
+  static func streamThroughput(_ context: BenchmarkContext) -> ScenarioResult {
+    let pin = context.pin
+    let count = context.mode.streamElements
+    return runFigureScenario(
+      "stream-throughput", unit: "ops/s", floor: nil,
+      notes: [
+        "one producer thread posts \(count) Ints as fast as it can; one `for await` consumer on a loop; "
+          + "elements/s, first post to last element consumed"
+      ],
+      peers: [
+        PeerSpec(name: "asyncrunloop", open: { SourceSequenceThroughput(pin: pin, count: count) }),
+        PeerSpec(name: "asyncstream", open: { AsyncStreamThroughput(pin: pin, count: count) }),
+      ],
+      warmUp: true, repetitions: context.mode.repetitions)
+  }
+}
