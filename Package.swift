@@ -27,9 +27,25 @@ let package = Package(
       path: "Benchmarks/AsyncRunLoopBenchmarks",
       swiftSettings: strictSettings
     ),
+    // The delegate-wrapper idiom (SPEC §8): delegate callouts always on the main thread.
+    .executableTarget(
+      name: "MainThreadDelegateExample",
+      dependencies: ["AsyncRunLoop"],
+      path: "Examples/MainThreadDelegate",
+      swiftSettings: strictSettings
+    ),
+    // A process whose main thread runs the main loop; MainLoopProcessTests launch it per scenario
+    // (Swift Testing runs tests, and exit-test bodies, on pool threads, never the main thread).
+    .executableTarget(
+      name: "MainLoopFixture",
+      dependencies: ["AsyncRunLoop", "CAsyncRunLoop"],
+      path: "Tests/MainLoopFixture",
+      swiftSettings: strictSettings
+    ),
     .testTarget(
       name: "AsyncRunLoopTests",
-      dependencies: ["AsyncRunLoop", "CAsyncRunLoop"],
+      // The executables are dependencies so that `swift test` builds them next to the test binary.
+      dependencies: ["AsyncRunLoop", "CAsyncRunLoop", "MainLoopFixture", "MainThreadDelegateExample"],
       swiftSettings: strictSettings
     ),
   ]

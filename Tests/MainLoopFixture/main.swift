@@ -1,0 +1,23 @@
+import AsyncRunLoop
+import Glibc
+
+// A process whose main thread runs the main loop. Usage: MainLoopFixture <scenario>.
+// This is a synchronous top-level program (no `await` here), the way an application starts the
+// main loop: set up, then `runMainLoop()` on the main thread.
+
+startWatchdog()
+let scenario = CommandLine.arguments.dropFirst().first ?? ""
+switch scenario {
+case "threads": threadsScenario()
+case "inline": inlineScenario()
+case "order": orderScenario()
+case "values": valuesScenario()
+case "not-running": notRunningScenario()
+case "nested-stop": nestedStopScenario()
+case "nested-run-main-loop": nestedRunMainLoopScenario()
+case "shutdown": shutdownScenario()
+case "raw-run": rawRunScenario()
+default: fail("unknown scenario '\(scenario)'")
+}
+say("\(scenario) ok")
+exit(0)
