@@ -45,12 +45,18 @@ enum CDFPlot {
     let plotTop = y + margin.top
     let plotWidth = panelWidth - margin.left - margin.right
     let plotHeight = panelHeight - margin.top - margin.bottom
-    // Log-scale x range over every curve, clamped to at least 0.1 µs, widened to decades.
-    let positive = curves.flatMap { [$0.samples.first!, $0.samples.last!] }.map { max($0, 0.1) }
-    let low = floor(log10(positive.min() ?? 1))
-    let high = max(low + 1, ceil(log10(positive.max() ?? 10)))
+    // Log-scale x range from the lowest 0.1th to the highest 99.9th percentile of the curves
+    // (at least 0.1 µs), widened to decades; rarer outliers are drawn at the edges.
+    func quantile(_ sorted: [Double], _ fraction: Double) -> Double {
+      sorted[min(sorted.count - 1, Int(Double(sorted.count) * fraction))]
+    }
+    let lows = curves.map { max(quantile($0.samples, 0.001), 0.1) }
+    let highs = curves.map { max(quantile($0.samples, 0.999), 0.1) }
+    let low = floor(log10(lows.min() ?? 1))
+    let high = max(low + 1, ceil(log10(highs.max() ?? 10)))
     func px(_ value: Double) -> Double {
-      plotLeft + (log10(max(value, 0.1)) - low) / (high - low) * plotWidth
+      let position = (log10(max(value, 0.1)) - low) / (high - low)
+      return plotLeft + min(1, max(0, position)) * plotWidth
     }
     func py(_ fraction: Double) -> Double { plotTop + (1 - fraction) * plotHeight }
     var parts = [
@@ -89,7 +95,7 @@ enum CDFPlot {
     }
     parts.append(
       "<text x=\"\(fmt(plotLeft + plotWidth / 2))\" y=\"\(fmt(plotTop + plotHeight + 32))\" "
-        + "text-anchor=\"middle\">µs (log scale)</text>")
+        + "text-anchor=\"middle\">µs (log scale; p0.1–p99.9 shown, outliers at the edges)</text>")
     for (index, curve) in curves.enumerated() {
       let color = palette[index % palette.count]
       var points: [String] = []
