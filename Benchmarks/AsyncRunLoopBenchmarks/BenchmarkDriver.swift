@@ -8,16 +8,25 @@ enum BenchmarkDriver {
     let context = BenchmarkContext(options: options, pin: pin, mainDriver: mainDriver)
     // The measuring thread is the client side of the round-trip scenarios.
     pinCurrentThread(pin.clientCPU)
+    let loadBefore = loadAverage()
     print(
       "AsyncRunLoopBenchmarks — mode \(options.mode.rawValue), pin \(pin.name), \(onlineCPUs) CPUs, "
         + "\(options.mode.repetitions) interleaved repetitions; latency in µs, medians over repetitions")
+    print("load average (1 min) at start: \(loadBefore.map { formatFixed($0, decimals: 2) } ?? "?")")
+    if let loadBefore, loadBefore > 0.5 * Double(onlineCPUs) {
+      print("warning: other processes are using the CPUs; latency figures will be noisy")
+    }
     let started = monotonicNanoseconds()
     let results = Scenario.runSelected(context)
     let seconds = Double(monotonicNanoseconds() - started) / 1e9
+    let loadAfter = loadAverage()
     print(TargetReport.render(results))
-    print("total time: \(String(format1: seconds)) s")
+    print(
+      "total time: \(String(format1: seconds)) s; load average (1 min) at the end: "
+        + "\(loadAfter.map { formatFixed($0, decimals: 2) } ?? "?")")
     if let path = options.jsonPath {
-      let json = JSONReport.render(results, mode: options.mode, pin: pin.name, cpus: onlineCPUs)
+      let json = JSONReport.render(
+        results, mode: options.mode, pin: pin.name, cpus: onlineCPUs, load: (loadBefore, loadAfter))
       guard writeFile(path, json) else { return 1 }
       progress("wrote \(path)")
     }

@@ -4,7 +4,11 @@
 /// `{"unit":"ops/s|ns|ms|count","value":…}` plus its extras (`leaked_fds`, `leaked_threads`, …).
 /// Peers that are not available are left out.
 enum JSONReport {
-  static func render(_ results: [ScenarioResult], mode: RunMode, pin: String, cpus: Int) -> String {
+  /// `load` (the 1-minute load average at start and end) is added as `"load_avg_1m"`, so a noisy
+  /// run can be recognised.
+  static func render(
+    _ results: [ScenarioResult], mode: RunMode, pin: String, cpus: Int, load: (Double?, Double?)
+  ) -> String {
     var scenarios: [String] = []
     for result in results {
       var peers: [String] = []
@@ -27,7 +31,8 @@ enum JSONReport {
       scenarios.append("    \(quoted(result.name)):{\(peers.joined(separator: ","))}")
     }
     return """
-      {"schema":1,"mode":\(quoted(mode.rawValue)),"pin":\(quoted(pin)),"cpus":\(cpus),"scenarios":{
+      {"schema":1,"mode":\(quoted(mode.rawValue)),"pin":\(quoted(pin)),"cpus":\(cpus),\
+      "load_avg_1m":{"start":\(number(load.0 ?? .nan)),"end":\(number(load.1 ?? .nan))},"scenarios":{
       \(scenarios.joined(separator: ",\n"))
       }}
 

@@ -33,7 +33,9 @@ final class MainThreadDriver: Sendable {
   private let current = Mutex<MainThreadOwner?>(nil)
 
   /// Main thread only: serves requests until an exit request, then exits the process.
-  func serve() -> Never {
+  /// - Parameter cpu: Pins the main thread (the answering side of main-rtt) to this CPU.
+  func serve(pinnedTo cpu: Int?) -> Never {
+    pinCurrentThread(cpu)
     while true {
       requestArrived.wait()
       switch requests.withLock({ $0.removeFirst() }) {

@@ -45,14 +45,20 @@ enum RunMode: String, Sendable {
     }
   }
 
-  /// Elements per repetition of a throughput peer.
-  var streamElements: Int {
+  /// Elements of a throughput peer's warm-up run, which calibrates the later runs.
+  var streamCalibrationElements: Int { self == .smoke ? 20_000 : 200_000 }
+
+  /// How long each measured throughput run should take.
+  var streamTargetSeconds: Double {
     switch self {
-    case .smoke: return 20_000
-    case .quick: return 1_000_000
-    case .full: return 3_000_000
+    case .smoke: return 0.02
+    case .quick: return 0.25
+    case .full: return 0.6
     }
   }
+
+  /// The most elements a throughput run posts.
+  var streamMaximumElements: Int { self == .smoke ? 50_000 : 10_000_000 }
 
   /// The idle-cpu observation window.
   var idleWindowNanoseconds: Int64 {

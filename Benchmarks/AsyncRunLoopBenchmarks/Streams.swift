@@ -76,17 +76,17 @@ final class AsyncStreamRTT: LatencySession {
 /// them; elements per second from the first post to the last element consumed.
 final class SourceSequenceThroughput: FigureSession {
   private let loop: RunLoopThread
-  private let count: Int
+  private var budget: ThroughputBudget
 
-  init(pin: PinPlan, count: Int) {
-    self.count = count
+  init(pin: PinPlan, budget: ThroughputBudget) {
+    self.budget = budget
     loop = try! RunLoopThread(name: "stream-tput", cpu: pin.serverCPU)
   }
 
   func measure() -> Figure {
     let sequence = loop.sourceSequence(of: Int.self)
     let finished = Handoff<Int64>()
-    let count = self.count
+    let count = budget.count
     let consumer = Task(executorPreference: loop) {
       var received = 0
       for await _ in sequence {
@@ -99,7 +99,9 @@ final class SourceSequenceThroughput: FigureSession {
     for index in 0..<count { _ = sequence.post(index) }
     let end = finished.take()
     blockingAwait { await consumer.value }
-    return Figure(value: Double(count) / (Double(end - start) / 1e9))
+    let rate = Double(count) / (Double(end - start) / 1e9)
+    budget.record(rate: rate)
+    return Figure(value: rate, extras: [("elements", Double(count))])
   }
 
   func close() { loop.shutdownAndWait() }
@@ -108,17 +110,17 @@ final class SourceSequenceThroughput: FigureSession {
 /// stream-throughput / asyncstream: the same through `AsyncStream` (unbounded buffer).
 final class AsyncStreamThroughput: FigureSession {
   private let loop: RunLoopThread
-  private let count: Int
+  private var budget: ThroughputBudget
 
-  init(pin: PinPlan, count: Int) {
-    self.count = count
+  init(pin: PinPlan, budget: ThroughputBudget) {
+    self.budget = budget
     loop = try! RunLoopThread(name: "asyncstream-tp", cpu: pin.serverCPU)
   }
 
   func measure() -> Figure {
     let (stream, continuation) = AsyncStream.makeStream(of: Int.self)
     let finished = Handoff<Int64>()
-    let count = self.count
+    let count = budget.count
     let consumer = Task(executorPreference: loop) {
       var received = 0
       for await _ in stream {
@@ -132,10 +134,31 @@ final class AsyncStreamThroughput: FigureSession {
     let end = finished.take()
     continuation.finish()
     blockingAwait { await consumer.value }
-    return Figure(value: Double(count) / (Double(end - start) / 1e9))
+    let rate = Double(count) / (Double(end - start) / 1e9)
+    budget.record(rate: rate)
+    return Figure(value: rate, extras: [("elements", Double(count))])
   }
 
   func close() { loop.shutdownAndWait() }
+}
+
+/// How many elements a throughput run posts: the first run (the warm-up) uses a calibration
+/// count; later runs post as many as the measured rate delivers in the mode's target duration
+/// (capped), so a slow peer does not take minutes and a fast one is not measured over too few.
+struct ThroughputBudget {
+  private(set) var count: Int
+  private let targetSeconds: Double
+  private let maximum: Int
+
+  init(mode: RunMode) {
+    count = mode.streamCalibrationElements
+    targetSeconds = mode.streamTargetSeconds
+    maximum = mode.streamMaximumElements
+  }
+
+  mutating func record(rate: Double) {
+    count = max(10_000, min(maximum, Int(rate * targetSeconds)))
+  }
 }
 
 enum StreamScenarios {
@@ -158,16 +181,18 @@ enum StreamScenarios {
 
   static func streamThroughput(_ context: BenchmarkContext) -> ScenarioResult {
     let pin = context.pin
-    let count = context.mode.streamElements
+    let budget = ThroughputBudget(mode: context.mode)
     return runFigureScenario(
       "stream-throughput", unit: "ops/s", floor: nil,
       notes: [
-        "one producer thread posts \(count) Ints as fast as it can; one `for await` consumer on a loop; "
-          + "elements/s, first post to last element consumed"
+        "one producer thread posts Ints as fast as it can; one `for await` consumer in a task on a loop;"
+          + " elements/s from the first post to the last element consumed",
+        "each run posts what the peer's warm-up rate delivers in \(context.mode.streamTargetSeconds) s"
+          + " (at most \(context.mode.streamMaximumElements)); elements = the largest run",
       ],
       peers: [
-        PeerSpec(name: "asyncrunloop", open: { SourceSequenceThroughput(pin: pin, count: count) }),
-        PeerSpec(name: "asyncstream", open: { AsyncStreamThroughput(pin: pin, count: count) }),
+        PeerSpec(name: "asyncrunloop", open: { SourceSequenceThroughput(pin: pin, budget: budget) }),
+        PeerSpec(name: "asyncstream", open: { AsyncStreamThroughput(pin: pin, budget: budget) }),
       ],
       warmUp: true, repetitions: context.mode.repetitions)
   }

@@ -201,6 +201,24 @@ func countEntries(_ path: String) -> Int {
   return count
 }
 
+/// The 1-minute load average (/proc/loadavg), or nil.
+func loadAverage() -> Double? {
+  guard let file = fopen("/proc/loadavg", "r") else { return nil }
+  defer { fclose(file) }
+  var value = 0.0
+  return fscanf_double(file, &value) ? value : nil
+}
+
+/// Reads one floating-point number from `file` (fscanf is variadic, so not callable from Swift).
+private func fscanf_double(_ file: UnsafeMutablePointer<FILE>, _ value: inout Double) -> Bool {
+  var buffer = [CChar](repeating: 0, count: 64)
+  guard fgets(&buffer, Int32(buffer.count), file) != nil else { return false }
+  let text = String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+  guard let first = text.split(separator: " ").first, let parsed = Double(first) else { return false }
+  value = parsed
+  return true
+}
+
 /// Open descriptors of this process (the directory handle itself is not counted).
 func openDescriptorCount() -> Int { countEntries("/proc/self/fd") - 1 }
 

@@ -14,10 +14,11 @@ if arguments.first == AllocationTrace.childFlag {
   _ = PlainThread(name: "bench-child", cpu: nil) {
     mainDriver.exitProcess(AllocationTrace.runChild(arguments: arguments))
   }
+  mainDriver.serve(pinnedTo: nil)
 } else {
   let options = Options.parse(arguments)
   _ = PlainThread(name: "bench-driver", cpu: nil) {
     mainDriver.exitProcess(BenchmarkDriver.run(options: options, mainDriver: mainDriver))
   }
+  mainDriver.serve(pinnedTo: PinPlan(options.pin, cpus: onlineCPUs).serverCPU)
 }
-mainDriver.serve()
