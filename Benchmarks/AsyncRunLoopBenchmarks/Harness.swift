@@ -179,7 +179,10 @@ func runFigureScenario(
   for (_, session) in sessions { session.close() }
   let results = peers.enumerated().map { index, spec in
     guard spec.open != nil else { return PeerResult(name: spec.name, outcome: .unavailable(spec.unavailableReason)) }
-    var combined = Figure(value: median(figures[index].map(\.value)))
+    if figures[index].allSatisfy({ $0.value.isNaN }) {
+      return PeerResult(name: spec.name, outcome: .unavailable("not measured (the reason is on stderr)"))
+    }
+    var combined = Figure(value: median(figures[index].map(\.value).filter { !$0.isNaN }))
     for (key, _) in figures[index].first?.extras ?? [] {
       let worst = figures[index].compactMap { $0.extras.first { $0.0 == key }?.1 }.max() ?? .nan
       combined.extras.append((key, worst))

@@ -22,7 +22,7 @@ enum RunMode: String, Sendable {
   var latencySamples: Int {
     switch self {
     case .smoke: return 200
-    case .quick: return 4_000
+    case .quick: return 6_000
     case .full: return 15_000
     }
   }
@@ -40,7 +40,7 @@ enum RunMode: String, Sendable {
   var timerFires: Int {
     switch self {
     case .smoke: return 20
-    case .quick: return 300
+    case .quick: return 500
     case .full: return 1_000
     }
   }

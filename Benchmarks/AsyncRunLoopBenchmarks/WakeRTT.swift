@@ -138,10 +138,14 @@ enum FoundationWakeRoute: String, CaseIterable {
 }
 
 /// foundation-runloop: a pthread running Foundation's RunLoop, woken by `route`.
-/// The default route is the fastest public one measured by `foundation-wake-routes` on the
-/// development machine (2 vCPU x86_64 VM, Swift 6.3.1): `cfsource0-signal+wakeup` and
-/// `perform+CFRunLoopWakeUp` are within noise of each other (the custom source was slightly
-/// faster and is the closest analogue of `CommandSource`); `timer-due-now` is ~2x slower.
+/// The default route is the fastest public one measured by `--only foundation-wake-routes` on the
+/// development machine (2 vCPU x86_64 VM, Swift 6.3.1, quick mode): `cfsource0-signal+wakeup`
+/// (p50 7.7 µs, p99 14 µs) and `perform+CFRunLoopWakeUp` (p50 7.7 µs, p99 20 µs) tie at p50 and the
+/// custom source has the better tail (and is the closest analogue of `CommandSource`);
+/// `timer-due-now`, the only route that needs no CoreFoundation call, is ~3.5× slower (p50 28 µs).
+/// `RunLoop.perform` alone does not wake the loop; `perform(_:on:with:waitUntilDone:)` needs the
+/// Objective-C runtime (not on Linux); `SocketPort` was not measured (a socket message per wake on
+/// top of the same wake-up).
 final class FoundationRunLoopWake: LatencySession {
   private let reply = EventDoorbell()
   private let route: FoundationWakeRoute
