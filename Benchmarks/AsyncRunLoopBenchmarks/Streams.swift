@@ -39,15 +39,17 @@ final class SourceSequenceRTT: LatencySession {
 }
 
 /// stream-rtt / asyncstream: the same through `AsyncStream` (unbounded); the measuring thread
-/// calls `continuation.yield`.
+/// calls `continuation.yield`. With `onLoop` false (the extra peer
+/// `asyncstream-default-executor`) the consumer task runs on the default executor instead.
 final class AsyncStreamRTT: LatencySession {
   private let reply = EventDoorbell()
-  private let loop: RunLoopThread
+  private let loop: RunLoopThread?
   private let continuation: AsyncStream<UInt32>.Continuation
   private let consumer: Task<Void, Never>
 
-  init(pin: PinPlan) {
-    loop = try! RunLoopThread(name: "asyncstream", cpu: pin.serverCPU)
+  init(pin: PinPlan, onLoop: Bool = true) {
+    let loop = onLoop ? try! RunLoopThread(name: "asyncstream", cpu: pin.serverCPU) : nil
+    self.loop = loop
     let (stream, continuation) = AsyncStream.makeStream(of: UInt32.self)
     self.continuation = continuation
     consumer = Task(executorPreference: loop) { [reply] in
@@ -66,7 +68,7 @@ final class AsyncStreamRTT: LatencySession {
     continuation.finish()
     let consumer = self.consumer
     blockingAwait { await consumer.value }
-    loop.shutdownAndWait()
+    loop?.shutdownAndWait()
     reply.close()
   }
 }
@@ -107,14 +109,15 @@ final class SourceSequenceThroughput: FigureSession {
   func close() { loop.shutdownAndWait() }
 }
 
-/// stream-throughput / asyncstream: the same through `AsyncStream` (unbounded buffer).
+/// stream-throughput / asyncstream: the same through `AsyncStream` (unbounded buffer). With
+/// `onLoop` false (`asyncstream-default-executor`) the consumer runs on the default executor.
 final class AsyncStreamThroughput: FigureSession {
-  private let loop: RunLoopThread
+  private let loop: RunLoopThread?
   private var budget: ThroughputBudget
 
-  init(pin: PinPlan, budget: ThroughputBudget) {
+  init(pin: PinPlan, budget: ThroughputBudget, onLoop: Bool = true) {
     self.budget = budget
-    loop = try! RunLoopThread(name: "asyncstream-tp", cpu: pin.serverCPU)
+    loop = onLoop ? try! RunLoopThread(name: "asyncstream-tp", cpu: pin.serverCPU) : nil
   }
 
   func measure() -> Figure {
@@ -139,7 +142,7 @@ final class AsyncStreamThroughput: FigureSession {
     return Figure(value: rate, extras: [("elements", Double(count))])
   }
 
-  func close() { loop.shutdownAndWait() }
+  func close() { loop?.shutdownAndWait() }
 }
 
 /// How many elements a throughput run posts: the first run (the warm-up) uses a calibration
@@ -168,12 +171,14 @@ enum StreamScenarios {
       "stream-rtt", floor: "floor-epoll",
       notes: [
         "client thread hands an element to a `for await` consumer in a task on a loop thread; the consumer "
-          + "rings the client's reply eventfd; µs per round trip (floor-epoll: the wake-rtt floor)"
+          + "rings the client's reply eventfd; µs per round trip (floor-epoll: the wake-rtt floor)",
+        "asyncstream-default-executor (extra): the AsyncStream consumer task on the default executor",
       ],
       peers: [
         PeerSpec(name: "asyncrunloop", open: { SourceSequenceRTT(pin: pin) }),
         PeerSpec(name: "asyncstream", open: { AsyncStreamRTT(pin: pin) }),
         PeerSpec(name: "floor-epoll", open: { FloorEpollWake(pin: pin) }),
+        PeerSpec(name: "asyncstream-default-executor", open: { AsyncStreamRTT(pin: pin, onLoop: false) }),
       ],
       samples: context.mode.latencySamples, warmUp: context.mode.latencyWarmUp,
       repetitions: context.mode.repetitions)
@@ -189,10 +194,14 @@ enum StreamScenarios {
           + " elements/s from the first post to the last element consumed",
         "each run posts what the peer's warm-up rate delivers in \(context.mode.streamTargetSeconds) s"
           + " (at most \(context.mode.streamMaximumElements)); elements = the largest run",
+        "asyncstream-default-executor (extra): the AsyncStream consumer task on the default executor",
       ],
       peers: [
         PeerSpec(name: "asyncrunloop", open: { SourceSequenceThroughput(pin: pin, budget: budget) }),
         PeerSpec(name: "asyncstream", open: { AsyncStreamThroughput(pin: pin, budget: budget) }),
+        PeerSpec(
+          name: "asyncstream-default-executor",
+          open: { AsyncStreamThroughput(pin: pin, budget: budget, onLoop: false) }),
       ],
       warmUp: true, repetitions: context.mode.repetitions)
   }
