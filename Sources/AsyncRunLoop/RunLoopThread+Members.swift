@@ -3,7 +3,8 @@ import Glibc
 /// Adding and removing sources, timers and observers. Every method may be called from any
 /// thread: on the loop thread the change happens at once; from other threads it is handed to the
 /// loop, which applies it at the start of its next pass (before it checks whether the mode has
-/// anything to watch), and woken to do so.
+/// anything to watch, and before it runs any block or executor job sent after the change), and
+/// woken to do so.
 ///
 /// Adding anything to a loop that has terminated (shut down and drained) invalidates it at once,
 /// so that whoever waits on it (a sleeping task, an async sequence) ends instead of hanging.
@@ -15,15 +16,15 @@ extension RunLoopThread {
   /// invalidated source is ignored. Any thread.
   public func add(_ source: InputSource, to mode: RunLoopMode = .default) {
     let accepted = onLoopThread { [self] in
-      guard source.memberships.isEmpty else {
-        modeTable.add(source, to: mode)
-        return
-      }
+      // Attach first, every time: it traps if the source is scheduled on another loop (whose
+      // thread owns `memberships`), and refuses an invalidated source.
       switch source.attach(to: self) {
       case .refused:
         return
       case .attached(let schedule, let signalled):
+        let joinsLoop = source.memberships.isEmpty
         modeTable.add(source, to: mode)
+        guard joinsLoop else { return }  // already here in another mode: schedule ran then
         if signalled { deferredSignalled.append(source) }
         schedule?(source, self, mode == .common ? .default : mode)
       }
@@ -117,8 +118,9 @@ extension RunLoopThread {
 
   /// Loop thread: attaches and registers on the first add, then adds to the mode.
   private func attachAndRegister(_ source: DescriptorSource, to mode: RunLoopMode) throws(SystemCallError) {
+    // Attach first, every time: it traps if the source is scheduled on another loop.
+    guard source.attach(to: self) else { return }
     if source.memberships.isEmpty {
-      guard source.attach(to: self) else { return }
       let token = nextToken
       nextToken += 1
       do {

@@ -123,6 +123,7 @@ extension RunLoopThread {
   /// Runs the performed blocks that may run in `mode`, oldest first; keeps the others.
   /// (Performed blocks are not input sources: they never end a run as "handled a source".)
   private func runPerforms(in mode: RunLoopMode) {
+    applyControls()  // a change sent before a block is applied before the block runs (FIFO)
     let arrived: [PerformRequest] = inboxLock.withLock {
       guard !inbox.performs.isEmpty else { return [] }
       defer { inbox.performs.removeAll() }
@@ -148,6 +149,7 @@ extension RunLoopThread {
     if localJobIndex >= localJobs.count {
       localJobs.removeAll(keepingCapacity: true)
       localJobIndex = 0
+      applyControls()  // a change sent before a job is applied before the job runs (FIFO)
       inboxLock.withLock {
         if !inbox.jobs.isEmpty { swap(&inbox.jobs, &localJobs) }
       }
