@@ -1,0 +1,275 @@
+import Dispatch
+import Glibc
+import Testing
+
+@testable import AsyncRunLoop
+
+@Suite("Shutdown: nothing lost, nothing hangs, nothing leaks", .timeLimit(.minutes(5)))
+struct ShutdownTests {
+  @Test func shutdownWithJobsInFlightRunsEveryJob() async throws {
+    let loop = try RunLoopThread(name: "sd-inflight")
+    let counter = try ExecCounter(loop: loop)
+    let perTask = 5_000 * stressFactor
+    let total = try await withWatchdog(timeout: .seconds(120), "calls around a shutdown") {
+      await withTaskGroup(of: Void.self) { group in
+        for _ in 0..<4 {
+          group.addTask {
+            for _ in 0..<perTask { await counter.incrementChecked() }
+          }
+        }
+        group.addTask {
+          // Shut down from another thread while the callers are still sending.
+          await execOnNewThread {
+            while counter.progress.withLock({ $0 }) < perTask { usleep(50) }
+            loop.shutdownAndWait()
+          }
+        }
+      }
+      return await counter.count
+    }
+    #expect(total == 4 * perTask)
+    #expect(loop.isShutDown)
+  }
+
+  @Test func shutdownAfterStopRunsEveryAcceptedJob() async throws {
+    let loop = try RunLoopThread(name: "sd-stop")
+    let counter = try ExecCounter(loop: loop)
+    loop.stop()
+    let calls = 2_000 * stressFactor
+    let total = try await withWatchdog(timeout: .seconds(60), "calls after stop") {
+      await withTaskGroup(of: Void.self) { group in
+        for _ in 0..<2 {
+          group.addTask {
+            for call in 0..<calls {
+              if call == calls / 2 { loop.stop() }
+              await counter.incrementChecked()
+            }
+          }
+        }
+        group.addTask {
+          await execOnNewThread {
+            while counter.progress.withLock({ $0 }) < calls / 2 { usleep(50) }
+            loop.stop()
+            loop.shutdownAndWait()
+          }
+        }
+      }
+      return await counter.count
+    }
+    #expect(total == 2 * calls)
+  }
+
+  @Test func shutdownFromInsideAJobRunsEveryJob() async throws {
+    let loop = try RunLoopThread(name: "sd-inside")
+    let counter = try ExecCounter(loop: loop)
+    let perTask = 2_000 * stressFactor
+    let total = try await withWatchdog(timeout: .seconds(60), "calls around a shutdown from a job") {
+      await withTaskGroup(of: Void.self) { group in
+        for _ in 0..<4 {
+          group.addTask {
+            for _ in 0..<perTask { await counter.incrementShuttingDown(at: perTask) }
+          }
+        }
+      }
+      return await counter.count
+    }
+    #expect(total == 4 * perTask)
+    #expect(loop.isShutDown)
+    await execShutdown(loop)  // joins the thread (the call inside the job could not)
+  }
+
+  @Test func tasksSleepingOnTheLoopEndWhenItShutsDown() async throws {
+    let loop = try RunLoopThread(name: "sd-sleepers")
+    let counter = try ExecCounter(loop: loop)
+    let scheduledBefore = loop.scheduledJobCount
+    let outcome = try await withWatchdog(timeout: .seconds(60), "sleepers after shutdown") {
+      async let clockSleep: Bool = {
+        do {
+          try await loop.clock.sleep(for: .seconds(3_600))
+          return false
+        } catch {
+          return error is CancellationError
+        }
+      }()
+      async let actorSleep: Bool = {
+        do {
+          _ = try await counter.sleepOnLoopClock(for: .seconds(3_600))
+          return false
+        } catch {
+          return error is CancellationError
+        }
+      }()
+      async let taskSleep: Void = withTaskExecutorPreference(loop) {
+        try? await Task.sleep(for: .seconds(3_600))  // ends (early) when its timer is invalidated
+      }
+      // Shut down once the task's sleep reached the loop (the other two are indifferent: a sleep
+      // that starts after the shutdown ends at once).
+      await execOnNewThread {
+        while loop.scheduledJobCount == scheduledBefore { usleep(100) }
+        usleep(2_000)
+        loop.shutdownAndWait()
+      }
+      await taskSleep
+      return await (clockSleep, actorSleep)
+    }
+    #expect(outcome?.0 == true)  // CancellationError, not a hang and not a normal return
+    #expect(outcome?.1 == true)
+  }
+
+  @Test func pendingMembersAreInvalidatedAndReleasedByShutdown() async throws {
+    let loop = try RunLoopThread(name: "sd-release")
+    let descriptors = try execPipe()
+    defer {
+      close(descriptors.read)
+      close(descriptors.write)
+    }
+    let cancels = Locked(0)
+    let flags = try Self.addCanaries(to: loop, descriptor: descriptors.read, cancels: cancels)
+    _ = try loop.performAndWait { 0 }  // every add has reached the loop
+    #expect(flags.allSatisfy { !$0.withLock { $0 } })
+    await execShutdown(loop)
+    for (index, flag) in flags.enumerated() {
+      #expect(flag.withLock { $0 }, "closure \(index) still holds its canary after shutdownAndWait")
+    }
+    #expect(cancels.withLock { $0 } == 1)  // the custom source's cancel ran exactly once
+  }
+
+  /// Adds a timer, a repeating timer, a custom source, a readiness source and an observer whose
+  /// closures each capture a canary; keeps no reference to any of them.
+  private static func addCanaries(
+    to loop: RunLoopThread, descriptor: Int32, cancels: Locked<Int>
+  ) throws -> [Locked<Bool>] {
+    let flags = (0..<5).map { _ in Locked(false) }
+    do {
+      let canary = ExecCanary(flags[0])
+      loop.add(LoopTimer(after: .seconds(3_600)) { _ in _ = canary })
+    }
+    do {
+      let canary = ExecCanary(flags[1])
+      loop.add(LoopTimer(after: .seconds(3_600), repeatingEvery: .seconds(1)) { _ in _ = canary }, to: .common)
+    }
+    do {
+      let canary = ExecCanary(flags[2])
+      let source = InputSource(
+        cancel: { _, _ in cancels.withLock { $0 += 1 } },
+        perform: { _ in _ = canary })
+      loop.add(source)
+      loop.add(source, to: "sd-other-mode")
+    }
+    do {
+      let canary = ExecCanary(flags[3])
+      try loop.add(DescriptorSource(descriptor: descriptor) { _, _ in _ = canary })
+    }
+    do {
+      let canary = ExecCanary(flags[4])
+      loop.add(LoopObserver(activities: .exit) { _, _ in _ = canary })
+    }
+    return flags
+  }
+
+  @Test func jobsAfterShutdownRunOnTheFallbackStillIsolated() async throws {
+    let loop = try RunLoopThread(name: "sd-fallback")
+    let counter = try ExecCounter(loop: loop)
+    await counter.incrementChecked()
+    await execShutdown(loop)
+    let calls = 500 * stressFactor
+    let total = try await withWatchdog(timeout: .seconds(60), "calls after shutdown") {
+      await withTaskGroup(of: Void.self) { group in
+        for _ in 0..<4 {
+          group.addTask {
+            for _ in 0..<calls { await counter.incrementChecked() }  // checkIsolated passes there
+          }
+        }
+      }
+      return await counter.count
+    }
+    #expect(total == 1 + 4 * calls)
+    let preferred = try await withWatchdog(timeout: .seconds(30), "a task preferring a dead loop") {
+      await withTaskExecutorPreference(loop) { 7 }
+    }
+    #expect(preferred == 7)
+    #expect(loop.isIsolatingCurrentContext() == false)  // not on this (test) thread
+  }
+
+  @Test func performAfterShutdownIsRefused() async throws {
+    let loop = try RunLoopThread(name: "sd-refuse")
+    await execShutdown(loop)
+    let ran = Locked(false)
+    #expect(!loop.perform { ran.withLock { $0 = true } })
+    #expect(throws: RunLoopError.shutDown(loop: "sd-refuse")) { try loop.performAndWait { 1 } }
+    #expect(!ran.withLock { $0 })
+    // Adding members to a dead loop is silently ignored.
+    loop.add(LoopTimer(after: .zero) { _ in ran.withLock { $0 = true } })
+    loop.add(InputSource { _ in ran.withLock { $0 = true } })
+    loop.wakeUp()
+    loop.stop()
+    usleep(2_000)
+    #expect(!ran.withLock { $0 })
+  }
+
+  /// In a child process, so that no other test's threads or descriptors change the counts.
+  @Test func thousandLoopsCreatedAndShutDownOneAtATimeLeakNothing() async {
+    let result = await #expect(processExitsWith: .success, observing: [\.standardErrorContent]) {
+      ShutdownLeakCheck.run(concurrency: 1)
+    }
+    if let result, !result.standardErrorContent.isEmpty {
+      Issue.record("child reported: \(String(decoding: result.standardErrorContent, as: UTF8.self))")
+    }
+  }
+
+  @Test func thousandLoopsCreatedAndShutDownSixteenAtATimeLeakNothing() async {
+    let result = await #expect(processExitsWith: .success, observing: [\.standardErrorContent]) {
+      ShutdownLeakCheck.run(concurrency: 16)
+    }
+    if let result, !result.standardErrorContent.isEmpty {
+      Issue.record("child reported: \(String(decoding: result.standardErrorContent, as: UTF8.self))")
+    }
+  }
+}
+
+/// Creates and shuts down 1,000 loops (`concurrency` at a time, each thread doing its share) and
+/// exits with status 1 and a message on stderr if descriptors or threads did not come back to
+/// where they were. Runs in an exit test's child process.
+enum ShutdownLeakCheck {
+  static func run(concurrency: Int) {
+    // Warm up whatever the first loop creates lazily.
+    Self.churn(loops: 2)
+    let descriptors = openDescriptorCount()
+    let threads = threadCount()
+    let total = 1_000 * stressFactor
+    let share = (total + concurrency - 1) / concurrency
+    let workers = (0..<concurrency).map { _ in ExecThread { Self.churn(loops: share) } }
+    workers.forEach { $0.join() }
+    // Detached threads and released loops may take a moment to vanish.
+    let deadline = LoopClock.Instant.now.advanced(by: .seconds(20))
+    while openDescriptorCount() != descriptors || threadCount() > threads {
+      if LoopClock.Instant.now > deadline {
+        let message =
+          "after \(share * concurrency) loops: descriptors \(descriptors) -> \(openDescriptorCount()), "
+          + "threads \(threads) -> \(threadCount())\n"
+        execWriteStandardError(message)
+        exit(1)
+      }
+      usleep(1_000)
+    }
+  }
+
+  private static func churn(loops: Int) {
+    for index in 0..<loops {
+      do {
+        let loop = try RunLoopThread(name: "leak")
+        if index % 2 == 0 { _ = try loop.performAndWait { index } }
+        loop.shutdownAndWait()
+      } catch {
+        execWriteStandardError("loop \(index): \(error)\n")
+        exit(1)
+      }
+    }
+  }
+}
+
+/// Writes `text` to the standard error descriptor (the `stderr` global is not concurrency-safe).
+func execWriteStandardError(_ text: String) {
+  var bytes = Array(text.utf8)
+  _ = write(2, &bytes, bytes.count)
+}
