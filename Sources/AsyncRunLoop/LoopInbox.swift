@@ -23,8 +23,8 @@ struct LoopInbox {
   }
 
   private(set) var lifecycle = Lifecycle.active
-  /// Executor jobs, oldest first.
-  var jobs: [UnownedJob] = []
+  /// Executor jobs, oldest first, with the role they were enqueued in.
+  var jobs: [LoopJob] = []
   /// Blocks from `perform`, oldest first.
   var performs: [PerformRequest] = []
   /// Sources signalled since the loop last looked.
@@ -59,7 +59,7 @@ struct LoopInbox {
   }
 
   /// A job arrives (executor enqueue).
-  mutating func enqueue(_ job: UnownedJob) -> JobAction {
+  mutating func enqueue(_ job: LoopJob) -> JobAction {
     switch lifecycle {
     case .active, .shuttingDown:
       jobs.append(job)  // shutting down: the draining loop still runs it

@@ -4,25 +4,33 @@ import Dispatch
 /// order they were enqueued, interleaved with its sources and timers (at most `jobsPerPass` per
 /// pass). Jobs run in every mode, so actors on the loop keep working during a nested modal run.
 extension RunLoopThread: SerialExecutor, TaskExecutor {
-  /// Enqueues a job. Any thread. From another thread it costs at most one (coalesced) eventfd
-  /// write; from the loop's own thread none.
+  /// Enqueues a job of a task that prefers this loop (the loop is the task-executor identity;
+  /// actors' jobs arrive through `asUnownedSerialExecutor()`, see `JobRole`). Any thread. From
+  /// another thread it costs at most one (coalesced) eventfd write; from the loop's own thread none.
   ///
   /// A job is never dropped: after the loop has terminated (shut down and drained, or its thread
   /// exited) the job runs on a process-wide fallback serial queue instead, still isolated to this
   /// executor (so an actor's calls keep running one at a time, and `checkIsolated` accepts them),
   /// and a warning is printed once per loop.
   public func enqueue(_ job: consuming ExecutorJob) {
-    let unowned = UnownedJob(job)
-    switch inboxLock.withLock({ inbox.enqueue(unowned) }) {
+    enqueue(UnownedJob(job), role: .task)
+  }
+
+  /// Enqueues a job in `role` (the loop's serial role, or its task-executor role). Any thread.
+  func enqueue(_ job: UnownedJob, role: JobRole) {
+    switch inboxLock.withLock({ inbox.enqueue(LoopJob(job: job, role: role)) }) {
     case .accepted(let wake):
       perform(wake)
     case .runElsewhere:
-      runOnFallback(unowned)
+      FallbackExecution.run(job, role: role, for: self)
     }
   }
 
+  /// The loop's serial-executor role: a separate identity from the loop itself (its task-executor
+  /// role), so that actors on the loop and tasks that prefer the loop both run without hopping on
+  /// every `await` (see `JobRole`). Actors pinned to the loop use this.
   public func asUnownedSerialExecutor() -> UnownedSerialExecutor {
-    UnownedSerialExecutor(ordinary: self)
+    serialExecutorRole.asUnownedSerialExecutor()
   }
 
   public func asUnownedTaskExecutor() -> UnownedTaskExecutor {
@@ -43,9 +51,6 @@ extension RunLoopThread: SerialExecutor, TaskExecutor {
     isOnLoopThread || FallbackExecution.isRunning(for: self)
   }
 
-  private func runOnFallback(_ job: UnownedJob) {
-    FallbackExecution.run(job, for: self)
-  }
 }
 
 /// Runs jobs that reach a loop after it terminated, so that no awaiting task hangs and no job is
@@ -66,7 +71,7 @@ enum FallbackExecution {
     var running: ObjectIdentifier?
   }
 
-  static func run(_ job: UnownedJob, for loop: RunLoopThread) {
+  static func run(_ job: UnownedJob, role: JobRole, for loop: RunLoopThread) {
     let firstWarning = state.withLock { $0.warned.insert(ObjectIdentifier(loop)).inserted }
     if firstWarning {
       print("AsyncRunLoop: loop '\(loop.name)' has shut down; its late jobs run on a fallback queue")
@@ -76,7 +81,10 @@ enum FallbackExecution {
     let identifier = ObjectIdentifier(loop)
     queue.async {
       state.withLock { $0.running = identifier }
-      job.runSynchronously(isolatedTo: serial, taskExecutor: task)
+      switch role {
+      case .serial: job.runSynchronously(on: serial)
+      case .task: job.runSynchronously(on: task)
+      }
       state.withLock { $0.running = nil }
       withExtendedLifetime(loop) {}
     }

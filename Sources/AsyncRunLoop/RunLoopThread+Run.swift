@@ -161,7 +161,11 @@ extension RunLoopThread {
     while localJobIndex < end {
       let job = localJobs[localJobIndex]
       localJobIndex += 1
-      job.runSynchronously(isolatedTo: serial, taskExecutor: task)
+      // Each job runs in the role it was enqueued in, so its awaits do not hop (see `JobRole`).
+      switch job.role {
+      case .serial: job.job.runSynchronously(on: serial)
+      case .task: job.job.runSynchronously(on: task)
+      }
     }
   }
 

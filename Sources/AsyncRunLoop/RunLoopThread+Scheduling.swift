@@ -7,33 +7,46 @@
   public func enqueue<C: Clock>(
     _ job: consuming ExecutorJob, after delay: C.Duration, tolerance: C.Duration?, clock: C
   ) {
-    let unowned = UnownedJob(job)
-    schedule(unowned, in: Self.duration(delay), tolerance: tolerance.flatMap(Self.duration))
+    schedule(UnownedJob(job), role: .task, after: delay, tolerance: tolerance, clock: clock)
   }
 
   public func enqueue<C: Clock>(
     _ job: consuming ExecutorJob, at instant: C.Instant, tolerance: C.Duration?, clock: C
   ) {
-    let unowned = UnownedJob(job)
+    schedule(UnownedJob(job), role: .task, at: instant, tolerance: tolerance, clock: clock)
+  }
+
+  /// Both roles' `enqueue(_:after:…)` (see `LoopSerialExecutor`).
+  func schedule<C: Clock>(
+    _ job: UnownedJob, role: JobRole, after delay: C.Duration, tolerance: C.Duration?, clock: C
+  ) {
+    schedule(job, role: role, in: Self.duration(delay), tolerance: tolerance.flatMap(Self.duration))
+  }
+
+  /// Both roles' `enqueue(_:at:…)` (see `LoopSerialExecutor`).
+  func schedule<C: Clock>(_ job: UnownedJob, role: JobRole, at instant: C.Instant, tolerance: C.Duration?, clock: C) {
     let delay = clock.now.duration(to: instant)
-    schedule(unowned, in: Self.duration(delay), tolerance: tolerance.flatMap(Self.duration))
+    schedule(job, role: role, in: Self.duration(delay), tolerance: tolerance.flatMap(Self.duration))
   }
 
   /// Runs `job` on the loop after `delay` (a delay already over fires on the next pass). A job is
   /// never dropped: if the timer is invalidated first (the loop shuts down), the job is enqueued
   /// at once instead.
-  private func schedule(_ job: UnownedJob, in delay: Duration?, tolerance: Duration?) {
+  private func schedule(_ job: UnownedJob, role: JobRole, in delay: Duration?, tolerance: Duration?) {
     scheduledJobCounter.withLock { $0 += 1 }
     let once = JobOnce(job)
     let timer = LoopTimer(
       fireAt: .now.advanced(by: delay ?? .zero), tolerance: tolerance ?? .zero,
       handler: { [unowned self] _ in
         if let job = once.take() {
-          job.runSynchronously(isolatedTo: asUnownedSerialExecutor(), taskExecutor: asUnownedTaskExecutor())
+          switch role {
+          case .serial: job.runSynchronously(on: asUnownedSerialExecutor())
+          case .task: job.runSynchronously(on: asUnownedTaskExecutor())
+          }
         }
       },
       onInvalidate: { [unowned self] in
-        if let job = once.take() { enqueue(job) }
+        if let job = once.take() { enqueue(job, role: role) }
       })
     add(timer, to: .common)
     if isShutDown { timer.invalidate() }

@@ -29,10 +29,11 @@ public enum RunLoopError: Error, Equatable, CustomStringConvertible {
 /// executor jobs) runs on the loop's thread.
 public final class RunLoopThread: @unchecked Sendable {
   // Safety: `name`, `poller`, `ownsThread`, `isMainLoop`, `inboxLock` and `threadLock` are
-  // immutable references. `inbox` is only touched with `inboxLock` held; `threadState` only with
-  // `threadLock` held. Every other stored property below the "loop thread only" mark is touched
-  // only on the loop's thread: the public entry points that use them call
-  // `preconditionOnLoopThread()` (or forward to the loop thread through `inbox.controls`).
+  // immutable references; `serialExecutorRole` is written once at the end of init, before the
+  // loop is published, and only read afterwards. `inbox` is only touched with `inboxLock` held;
+  // `threadState` only with `threadLock` held. Every other stored property below the "loop
+  // thread only" mark is touched only on the loop's thread: the public entry points that use them
+  // call `preconditionOnLoopThread()` (or forward to the loop thread through `inbox.controls`).
 
   /// The loop's name (also its thread's name, truncated to 15 bytes by the kernel).
   public let name: String
@@ -46,6 +47,9 @@ public final class RunLoopThread: @unchecked Sendable {
 
   let threadLock = PthreadLock()
   var threadState = ThreadState.notStarted
+  /// The loop's `SerialExecutor` role (see `JobRole`). Written once, at the end of init, before
+  /// the loop is visible to any other thread; only read afterwards.
+  private(set) var serialExecutorRole: LoopSerialExecutor!
   let terminatedGate = BlockingGate()
 
   enum ThreadState {
@@ -61,10 +65,10 @@ public final class RunLoopThread: @unchecked Sendable {
 
   let modeTable = ModeTable()
   /// Jobs taken from the inbox and not yet run (oldest first, from `localJobIndex`).
-  var localJobs: [UnownedJob] = []
+  var localJobs: [LoopJob] = []
   var localJobIndex = 0
   /// A spare array swapped with the inbox's, so taking jobs allocates nothing.
-  var spareJobs: [UnownedJob] = []
+  var spareJobs: [LoopJob] = []
   /// Performed blocks waiting for a mode they may run in.
   var localPerforms: [PerformRequest] = []
   /// Signalled sources not in the mode being run.
@@ -108,6 +112,7 @@ public final class RunLoopThread: @unchecked Sendable {
     self.poller = try EpollPoller()
     localJobs.reserveCapacity(256)
     spareJobs.reserveCapacity(256)
+    serialExecutorRole = LoopSerialExecutor(loop: self)
   }
 
   // MARK: Thread identity

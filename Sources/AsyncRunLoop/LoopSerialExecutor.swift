@@ -1,0 +1,68 @@
+@_spi(ExperimentalScheduling) import _Concurrency
+
+/// The role in which a job reached a loop, which decides how the loop runs it.
+///
+/// The Swift runtime decides whether an `await` must hop by comparing the executors a job runs on
+/// (its serial executor and its task executor) with the ones the code wants. A job run as
+/// "isolated to the loop *and* on the loop's task executor" matches neither an actor's code in a
+/// task without a preference (the task executor differs) nor nonisolated code under
+/// `withTaskExecutorPreference(loop)` (the serial executor differs), so every `await` in them
+/// would go through the loop's job queue again. Each job therefore runs in the role it was
+/// enqueued in, and the two roles have different identities so that the runtime tells them apart.
+enum JobRole {
+  /// Enqueued on the loop's serial executor (an actor's job): runs isolated to it.
+  case serial
+  /// Enqueued on the loop as a task executor (a task that prefers the loop): runs nonisolated, on
+  /// the loop's thread.
+  case task
+}
+
+/// A job in a loop's queue, with the role it was enqueued in.
+struct LoopJob {
+  let job: UnownedJob
+  let role: JobRole
+}
+
+/// The loop's `SerialExecutor` role: `loop.asUnownedSerialExecutor()` returns this object, so the
+/// jobs of actors pinned to the loop (`LoopActor`) arrive here and run isolated to it on the loop
+/// thread. The loop itself is the `TaskExecutor` identity: `Task(executorPreference: loop)`
+/// retains the executor it is given and later releases the identity that
+/// `asUnownedTaskExecutor()` returns, so those two must be the same object. Any thread.
+final class LoopSerialExecutor: SerialExecutor {
+  /// The loop that owns this role. The loop holds the role strongly; code that holds the role's
+  /// unowned executor reference got it from the loop and keeps the loop alive while using it.
+  unowned let loop: RunLoopThread
+
+  init(loop: RunLoopThread) { self.loop = loop }
+
+  func enqueue(_ job: consuming ExecutorJob) {
+    loop.enqueue(UnownedJob(job), role: .serial)
+  }
+
+  func asUnownedSerialExecutor() -> UnownedSerialExecutor {
+    UnownedSerialExecutor(ordinary: self)
+  }
+
+  func checkIsolated() {
+    loop.checkIsolated()
+  }
+
+  func isIsolatingCurrentContext() -> Bool? {
+    loop.isIsolatingCurrentContext()
+  }
+}
+
+/// `Task.sleep` in an actor pinned to the loop schedules on the loop's timers.
+@_spi(ExperimentalScheduling) extension LoopSerialExecutor: SchedulingExecutor {
+  func enqueue<C: Clock>(
+    _ job: consuming ExecutorJob, after delay: C.Duration, tolerance: C.Duration?, clock: C
+  ) {
+    loop.schedule(UnownedJob(job), role: .serial, after: delay, tolerance: tolerance, clock: clock)
+  }
+
+  func enqueue<C: Clock>(
+    _ job: consuming ExecutorJob, at instant: C.Instant, tolerance: C.Duration?, clock: C
+  ) {
+    loop.schedule(UnownedJob(job), role: .serial, at: instant, tolerance: tolerance, clock: clock)
+  }
+}
