@@ -1,0 +1,304 @@
+/// A custom input source (SPEC §3) whose elements are consumed with `for await`.
+///
+/// Producers hand elements in from any thread:
+/// - `post(_:)` never waits and never suspends: it is safe from plain threads and C callbacks. It
+///   buffers the element, signals the source and wakes its loop, in one call.
+/// - `send(_:)` is for async code: with `.bounded` buffering it suspends while the buffer is full.
+///
+/// When the loop fires the source (on its thread, while it runs in one of the source's modes) the
+/// elements posted so far are released to the consumer. The consumer takes everything released in
+/// one go into a local batch, and suspends only when that batch is empty, so a busy producer
+/// costs the consumer one lock per batch, not per element. A consumer that runs on the source's
+/// own loop (a task under `withTaskExecutorPreference(loop)`, or a `LoopActor` of that loop) is
+/// resumed from the loop thread itself, which enqueues on that thread without an eventfd write.
+///
+/// Every element that was accepted (`.enqueued`, `.enqueuedDroppingOldest`) is delivered exactly
+/// once and in order (per producer; posts from different threads interleave in the order they
+/// took the lock), unless the consumer stops first.
+///
+/// **One consumer.** A sequence has a single consumer: a second `makeAsyncIterator()` traps with
+/// a message saying so, as does a second concurrent `next()`. Fan out from that one task if
+/// several need the elements.
+///
+/// **How it ends.**
+/// - The consuming task is cancelled, or it drops its iterator (`break`): the sequence ends at
+///   once (`next()` returns nil), buffered elements are discarded, later posts answer
+///   `.terminated`, and the source leaves its loop: `onCancel` runs once, on the loop thread.
+/// - `invalidate()`: later posts answer `.terminated`; what was accepted is still delivered, then
+///   `next()` returns nil. `onCancel` runs once on the loop thread.
+/// - The loop shuts down: as `invalidate()`.
+/// - The sequence and its iterator are dropped: the source is invalidated.
+public final class SourceSequence<Element: Sendable>: AsyncSequence, StoppableConsumption, @unchecked Sendable {
+  public typealias Failure = Never
+  // Safety: `loop`, `source` and `lock` are immutable after init. `machine` is only touched with
+  // `lock` held (every access below is between `lock.lock()` and `lock.unlock()` or inside
+  // `lock.withLock`); continuations are resumed and the source signalled after the lock is
+  // released.
+
+  /// The loop the source is scheduled on.
+  public let loop: RunLoopThread
+  /// The underlying custom source (its perform routine releases posted elements).
+  let source: InputSource
+  private let lock = PthreadLock()
+  private var machine: SourceSequenceStateMachine<Element>
+
+  init(
+    loop: RunLoopThread, buffering: SourceBuffering, order: Int,
+    onSchedule: (@Sendable (RunLoopThread, RunLoopMode) -> Void)?,
+    onCancel: (@Sendable (RunLoopThread) -> Void)?
+  ) {
+    let owner = WeakOwner<SourceSequence<Element>>()
+    var schedule: (@Sendable (InputSource, RunLoopThread, RunLoopMode) -> Void)?
+    if let onSchedule { schedule = { _, loop, mode in onSchedule(loop, mode) } }
+    self.loop = loop
+    self.machine = SourceSequenceStateMachine(buffering: buffering)
+    self.source = InputSource(
+      order: order, schedule: schedule,
+      cancel: { _, loop in
+        owner.value?.sourceDetached()  // release what was accepted; the consumer drains and ends
+        onCancel?(loop)
+      },
+      perform: { _ in owner.value?.release() })
+    owner.value = self
+  }
+
+  /// Dropping the sequence (and its iterator) invalidates the source.
+  deinit {
+    source.invalidate()
+  }
+
+  // MARK: Producers (any thread)
+
+  /// Buffers `element`, signals the source and wakes its loop. Any thread; never waits, never
+  /// suspends (safe from C callbacks and plain threads).
+  /// - Returns: `.enqueued` (or `.enqueuedDroppingOldest`) when the element was taken; `.full`
+  ///   when a `.bounded` buffer is full (the element was not taken: retry, or use `send`);
+  ///   `.dropped` when a `.dropNewest` buffer is full; `.terminated` when the sequence has ended.
+  public func post(_ element: Element) -> SourcePostResult {
+    lock.lock()
+    let action = machine.post(element)
+    lock.unlock()
+    switch action {
+    case .accepted(let result, let signalSource, _):
+      if signalSource { source.signal() }
+      return result
+    case .refused(let result):
+      return result
+    }
+  }
+
+  /// Buffers `element`, suspending the calling task while a `.bounded` buffer is full (producers
+  /// that wait are admitted oldest first). With other buffering it never suspends and answers as
+  /// `post(_:)`. Any task.
+  /// - Returns: `.enqueued` once the element was taken; `.terminated` if the sequence ended
+  ///   first; `.full` if the task was cancelled while it waited (the element was not taken).
+  public func send(_ element: Element, isolation actor: isolated (any Actor)? = #isolation) async -> SourcePostResult {
+    let first = post(element)
+    guard first == .full else { return first }
+    let id = lock.withLock { machine.makeProducerID() }
+    return await withTaskCancellationHandler {
+      await withUnsafeContinuation(isolation: actor) { (continuation: UnsafeContinuation<SourcePostResult, Never>) in
+        lock.lock()
+        let action = machine.suspendProducer(
+          id: id, element: element, continuation: continuation, isCancelled: Task.isCancelled)
+        lock.unlock()
+        switch action {
+        case .suspended:
+          break
+        case .resume(let result, let signalSource):
+          if signalSource { source.signal() }
+          continuation.resume(returning: result)
+        }
+      }
+    } onCancel: {
+      self.cancelProducer(id: id)
+    }
+  }
+
+  /// Ends the sequence: later posts answer `.terminated`, producers waiting in `send` get
+  /// `.terminated`, and what was accepted is still delivered before `next()` returns nil. The
+  /// source leaves its loop and `onCancel` runs on the loop thread (if the source was scheduled).
+  /// Any thread; idempotent.
+  public func invalidate() {
+    lock.lock()
+    let action = machine.invalidate()
+    lock.unlock()
+    switch action {
+    case .none:
+      return
+    case .invalidateSource(let producers):
+      for producer in producers { producer.continuation.resume(returning: .terminated) }
+      source.invalidate()
+      // A source that never reached its loop (its add is still queued, or the loop is gone) gets
+      // no cancel routine: end the consumer after whatever is queued for the loop.
+      if !loop.onLoopThread({ [self] in sourceDetached() }) { sourceDetached() }
+    }
+  }
+
+  /// Elements buffered and not yet taken by the consumer. Any thread.
+  public var bufferedCount: Int { lock.withLock { machine.bufferedCount } }
+
+  /// Elements dropped so far by `.dropOldest` / `.dropNewest` buffering. Any thread.
+  public var droppedCount: Int { lock.withLock { machine.droppedCount } }
+
+  /// Async producers waiting in `send` for room. Any thread.
+  var waitingProducerCount: Int { lock.withLock { machine.waitingProducerCount } }
+
+  private func cancelProducer(id: UInt64) {
+    lock.lock()
+    let action = machine.cancelProducer(id: id)
+    lock.unlock()
+    switch action {
+    case .none: break
+    case .resume(let producer): producer.continuation.resume(returning: .full)
+    }
+  }
+
+  // MARK: Loop side (loop thread)
+
+  /// The perform routine: what was posted becomes available to the consumer.
+  private func release() {
+    lock.lock()
+    let action = machine.release()
+    lock.unlock()
+    switch action {
+    case .none: break
+    case .resumeConsumer(let consumer, _): consumer.resume()
+    }
+  }
+
+  /// The cancel routine (loop thread), or the end of an `invalidate()` of a source that never
+  /// reached its loop (any thread).
+  private func sourceDetached() {
+    lock.lock()
+    let action = machine.sourceDetached()
+    lock.unlock()
+    switch action {
+    case .none:
+      break
+    case .end(let consumer, let producers, _):
+      for producer in producers { producer.continuation.resume(returning: .terminated) }
+      consumer?.resume()
+    }
+  }
+
+  // MARK: Consumer
+
+  /// The consumer stopped (cancelled, or dropped its iterator). Any thread; idempotent.
+  func stopConsuming() {
+    lock.lock()
+    let action = machine.stopConsuming()
+    lock.unlock()
+    switch action {
+    case .none:
+      break
+    case .stop(let consumer, let invalidateSource, let discarded):
+      consumer?.resume()
+      for producer in discarded.producers { producer.continuation.resume(returning: .terminated) }
+      if invalidateSource { source.invalidate() }
+    }
+  }
+
+  /// The consumer's batch ran out: takes the next batch, suspending until the loop releases one.
+  /// The consumer's task.
+  fileprivate func nextBatch(
+    _ batch: inout ElementBatch<Element>, isolation actor: isolated (any Actor)?
+  ) async -> Element? {
+    batch.removeAll()  // release the consumed values outside the lock
+    while true {
+      if Task.isCancelled {
+        stopConsuming()
+        return nil
+      }
+      lock.lock()
+      let action = machine.take(into: &batch)
+      lock.unlock()
+      switch action {
+      case .took(let producers, let signalSource):
+        for producer in producers { producer.resume(returning: .enqueued) }
+        if signalSource { source.signal() }
+        return batch.popFirst()
+      case .end:
+        return nil
+      case .suspend:
+        await withTaskCancellationHandler {
+          await withUnsafeContinuation(isolation: actor) { (continuation: UnsafeContinuation<Void, Never>) in
+            lock.lock()
+            let action = machine.suspendConsumer(continuation)
+            lock.unlock()
+            switch action {
+            case .suspended: break
+            case .resume: continuation.resume()
+            }
+          }
+        } onCancel: {
+          self.stopConsuming()
+        }
+      }
+    }
+  }
+
+  /// The single consumer's iterator. Not `Sendable`: iterate from one task.
+  public struct Iterator: AsyncIteratorProtocol {
+    private let lifetime: ConsumerLifetime<SourceSequence<Element>>
+    /// The batch taken from the sequence; elements are handed out from here without a lock.
+    private var batch = ElementBatch<Element>()
+
+    fileprivate init(_ sequence: SourceSequence<Element>) {
+      lifetime = ConsumerLifetime(sequence)
+    }
+
+    /// The next element, or nil once the sequence has ended or the task was cancelled.
+    public mutating func next(isolation actor: isolated (any Actor)? = #isolation) async -> Element? {
+      if let element = batch.popFirst(), !Task.isCancelled { return element }
+      return await lifetime.storage.nextBatch(&batch, isolation: actor)
+    }
+
+    public mutating func next() async -> Element? {
+      await next(isolation: nil)
+    }
+  }
+
+  /// Makes the iterator of the sequence's single consumer. Traps when called a second time.
+  public func makeAsyncIterator() -> Iterator {
+    let first = lock.withLock { machine.makeIterator() }
+    precondition(first, singleConsumerViolation("SourceSequence"))
+    return Iterator(self)
+  }
+}
+
+extension RunLoopThread {
+  /// Creates a custom input source on this loop whose elements are consumed with `for await`.
+  /// Any thread. See `SourceSequence`.
+  ///
+  /// ```swift
+  /// let events = loop.sourceSequence(of: Int.self, buffering: .bounded(1024))
+  /// // any thread, C callback included:
+  /// _ = events.post(42)
+  /// // the consumer:
+  /// for await value in events { handle(value) }
+  /// ```
+  /// - Parameters:
+  ///   - elementType: The element type.
+  ///   - buffering: What happens when the consumer falls behind (`.unbounded` by default).
+  ///   - modes: The modes the source is scheduled in (`.common` by default): elements are
+  ///     released to the consumer only while the loop runs in one of them.
+  ///   - order: Among custom sources ready in the same pass, lower orders fire first.
+  ///   - onSchedule: Called once on the loop thread when the source joins the loop.
+  ///   - onCancel: Called once on the loop thread when the source leaves the loop (the consumer
+  ///     stopped, `invalidate()`, or the loop shut down), if it had joined it.
+  /// - Returns: The sequence; it ends at once if the loop has already shut down.
+  public func sourceSequence<Element: Sendable>(
+    of elementType: Element.Type = Element.self, buffering: SourceBuffering = .unbounded,
+    modes: [RunLoopMode] = [.common], order: Int = 0,
+    onSchedule: (@Sendable (RunLoopThread, RunLoopMode) -> Void)? = nil,
+    onCancel: (@Sendable (RunLoopThread) -> Void)? = nil
+  ) -> SourceSequence<Element> {
+    precondition(!modes.isEmpty, "AsyncRunLoop: a SourceSequence needs at least one mode")
+    let sequence = SourceSequence<Element>(
+      loop: self, buffering: buffering, order: order, onSchedule: onSchedule, onCancel: onCancel)
+    for mode in modes { add(sequence.source, to: mode) }
+    if isShutDown { sequence.invalidate() }  // it may never reach the loop: end it now
+    return sequence
+  }
+}
