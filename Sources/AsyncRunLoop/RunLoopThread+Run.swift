@@ -65,7 +65,12 @@ extension RunLoopThread {
       runPerforms(in: contents.mode)
       runJobs()  // tasks the sources just resumed run now, not a pass later
       let now = LoopClock.monotonicNanoseconds()
-      let mustPoll = handledSource && returnAfterSourceHandled || deadline <= now || hasLocalWork
+      // A handler of this pass may have emptied the mode (a source invalidated itself, a block
+      // removed the last timer): nothing would wake the sleep, so poll and let the end of the pass
+      // report finished.
+      let mustPoll =
+        handledSource && returnAfterSourceHandled || deadline <= now || hasLocalWork
+        || isFinished(contents, keepsAlive: keepsAlive)
       armTimerfd(contents, runDeadline: deadline)
       // 5–8: wait for readiness, timers, wake-ups or the limit; poll when work is waiting.
       handledSource = waitAndHandleReadiness(contents, mayBlock: !mustPoll) || handledSource
