@@ -178,9 +178,11 @@ public final class LoopTimer: ModeMember, @unchecked Sendable {
     guard interval > 0 else { return max(fireDate, now) }
     let next = fireDate.addingSaturating(interval)
     guard next <= now else { return next }
-    let missed = now.subtractingSaturating(fireDate) / interval
-    let (offset, overflow) = (missed + 1).multipliedReportingOverflow(by: interval)
-    return overflow ? .max : fireDate.addingSaturating(offset)
+    // now > fireDate here, so their distance fits in UInt64 even when it overflows Int64 (a fire
+    // date saturated to Int64.min by a huge negative delay): the next grid point is `interval`
+    // after the last one at or before `now`.
+    let sinceGridPoint = Int64(UInt64(bitPattern: now &- fireDate) % UInt64(interval))
+    return now.addingSaturating(interval - sinceGridPoint)
   }
 
   func insert(into contents: ModeContents) {
