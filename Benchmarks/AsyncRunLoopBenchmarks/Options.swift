@@ -9,12 +9,14 @@ enum RunMode: String, Sendable {
   /// The default: under five minutes.
   case full
 
-  /// Interleaved repetitions (A B A B …); results are medians over them.
+  /// Interleaved repetitions (A B A B …); results are medians over them. Many short batches
+  /// rather than a few long ones, so that a burst of activity from other processes spoils few
+  /// repetitions and the median stays clean.
   var repetitions: Int {
     switch self {
     case .smoke: return 2
-    case .quick: return 3
-    case .full: return 7
+    case .quick: return 5
+    case .full: return 9
     }
   }
 
@@ -22,8 +24,8 @@ enum RunMode: String, Sendable {
   var latencySamples: Int {
     switch self {
     case .smoke: return 200
-    case .quick: return 6_000
-    case .full: return 15_000
+    case .quick: return 3_500
+    case .full: return 12_000
     }
   }
 
@@ -40,8 +42,8 @@ enum RunMode: String, Sendable {
   var timerFires: Int {
     switch self {
     case .smoke: return 20
-    case .quick: return 500
-    case .full: return 1_000
+    case .quick: return 300
+    case .full: return 800
     }
   }
 
