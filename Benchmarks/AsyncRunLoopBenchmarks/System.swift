@@ -173,10 +173,11 @@ func blockingAwait<Value: Sendable>(
   return handoff.take()
 }
 
-/// The CPU time a thread has used so far, in nanoseconds (its POSIX CPU-time clock).
-func threadCPUNanoseconds(_ clock: clockid_t) -> Int64 {
+/// The CPU time a thread has used so far, in nanoseconds (its POSIX CPU-time clock); nil if the
+/// clock cannot be read.
+func threadCPUNanoseconds(_ clock: clockid_t) -> Int64? {
   var spec = timespec()
-  clock_gettime(clock, &spec)
+  guard clock_gettime(clock, &spec) == 0 else { return nil }
   return Int64(spec.tv_sec) &* 1_000_000_000 &+ Int64(spec.tv_nsec)
 }
 
