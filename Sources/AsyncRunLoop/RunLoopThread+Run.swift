@@ -70,7 +70,7 @@ extension RunLoopThread {
       // report finished.
       let mustPoll =
         handledSource && returnAfterSourceHandled || deadline <= now || hasLocalWork
-        || isFinished(contents, keepsAlive: keepsAlive)
+        || isFinished(contents, keepsAlive: keepsAlive) || hasDeferredSource(in: contents)
       armTimerfd(contents, runDeadline: deadline)
       // 5–8: wait for readiness, timers, wake-ups or the limit; poll when work is waiting.
       handledSource = waitAndHandleReadiness(contents, mayBlock: !mustPoll) || handledSource
@@ -83,6 +83,14 @@ extension RunLoopThread {
       if consumeStop() { return .stopped }
       if isFinished(contents, keepsAlive: keepsAlive) { return .finished }
     }
+  }
+
+  /// Whether a signalled source waits in `deferredSignalled` although it is in this mode: it
+  /// joined the mode after step 4 of this pass (added by a block, a job or a cross-thread change
+  /// applied after step 4, already signalled). Its signal is kept only here, not in the inbox, so
+  /// sleeping would strand it until some other wake-up.
+  private func hasDeferredSource(in contents: ModeContents) -> Bool {
+    deferredSignalled.contains { source in source.memberships.contains { $0 === contents } }
   }
 
   /// Whether the loop has work of its own that must not wait for an event (jobs left over from a
