@@ -59,7 +59,11 @@ public final class CommandSource<Command: Sendable>: @unchecked Sendable {
   @discardableResult
   public func post(_ command: Command) -> Bool {
     lock.lock()
-    guard isOpen else {
+    // `isOpen` alone is not enough: it closes only when the loop runs the cancel routine, which
+    // is later than `invalidate()` returning (another thread) or never (never scheduled). Checked
+    // under our lock, before the cancel routine's closing drain can take it: a command accepted
+    // here is in the buffer that drain delivers.
+    guard isOpen, source.isValid else {
       lock.unlock()
       return false
     }
