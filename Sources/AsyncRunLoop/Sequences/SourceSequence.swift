@@ -40,7 +40,11 @@ public final class SourceSequence<Element: Sendable>: AsyncSequence, StoppableCo
   /// The underlying custom source (its perform routine releases posted elements).
   let source: InputSource
   private let lock = PthreadLock()
-  private var machine: SourceSequenceStateMachine<Element>
+  private var machine: Machine
+
+  private typealias Machine = SourceSequenceStateMachine<
+    Element, UnsafeContinuation<Void, Never>, UnsafeContinuation<SourcePostResult, Never>
+  >
 
   init(
     loop: RunLoopThread, buffering: SourceBuffering, order: Int,
@@ -51,7 +55,7 @@ public final class SourceSequence<Element: Sendable>: AsyncSequence, StoppableCo
     var schedule: (@Sendable (InputSource, RunLoopThread, RunLoopMode) -> Void)?
     if let onSchedule { schedule = { _, loop, mode in onSchedule(loop, mode) } }
     self.loop = loop
-    self.machine = SourceSequenceStateMachine(buffering: buffering)
+    self.machine = Machine(buffering: buffering)
     self.source = InputSource(
       order: order, schedule: schedule,
       cancel: { _, loop in

@@ -9,20 +9,23 @@
 /// control state (`State`) says who waits and whether the sequence still accepts elements; the
 /// buffers are stored beside it so that the per-element path appends in place.
 ///
+/// Generic over the waiter handles (`Consumer`, `Producer`): the sequence uses continuations,
+/// tests use plain tokens, so the machine is tested as a value with no tasks or threads.
+///
 /// Lifecycle: `open` ⇄ `consumerWaiting` → (`invalidate()`) `closing` → (the loop detached the
 /// source) `closed` → the consumer drains `released` and ends. The loop detaching the source
 /// without `invalidate()` (its shutdown) goes from `open`/`consumerWaiting` to `closed` directly.
 /// The consumer stopping (cancelled, iterator dropped) goes to `cancelled` from anywhere, which
 /// discards everything.
-struct SourceSequenceStateMachine<Element> {
+struct SourceSequenceStateMachine<Element, Consumer, Producer> {
   private enum State {
     /// Accepting elements; the consumer is not suspended (it is running, or has not asked yet).
     case open
     /// Accepting elements; the consumer is suspended until the loop releases some.
-    case consumerWaiting(UnsafeContinuation<Void, Never>)
+    case consumerWaiting(Consumer)
     /// `invalidate()` was called: posts are refused; the loop has yet to detach the source and
     /// release what was accepted. The consumer may be suspended meanwhile.
-    case closing(consumer: UnsafeContinuation<Void, Never>?)
+    case closing(consumer: Consumer?)
     /// The source left its loop and everything accepted was released: the consumer takes what is
     /// left, then the sequence ends.
     case closed
@@ -34,7 +37,7 @@ struct SourceSequenceStateMachine<Element> {
   struct WaitingProducer {
     let id: UInt64
     let element: Element
-    let continuation: UnsafeContinuation<SourcePostResult, Never>
+    let continuation: Producer
   }
 
   /// What to hand back to the caller to release after the lock is released.
@@ -122,7 +125,7 @@ struct SourceSequenceStateMachine<Element> {
   /// `isCancelled` is its task's cancellation flag, read under the lock: a cancellation that
   /// lands later finds the producer in `waitingProducers`.
   mutating func suspendProducer(
-    id: UInt64, element: Element, continuation: UnsafeContinuation<SourcePostResult, Never>, isCancelled: Bool
+    id: UInt64, element: Element, continuation: Producer, isCancelled: Bool
   ) -> SendAction {
     switch state {
     case .open, .consumerWaiting:
@@ -160,7 +163,7 @@ struct SourceSequenceStateMachine<Element> {
     /// Nothing to resume; release `discard` after unlocking.
     case none(discard: [Element]?)
     /// Resume the waiting consumer; release `discard` after unlocking.
-    case resumeConsumer(UnsafeContinuation<Void, Never>, discard: [Element]?)
+    case resumeConsumer(Consumer, discard: [Element]?)
   }
 
   /// The loop fired the source (loop thread, in one of its modes): what was posted becomes
@@ -187,7 +190,7 @@ struct SourceSequenceStateMachine<Element> {
   enum TakeAction {
     /// `batch` now holds elements. Resume these producers (their elements were taken) with
     /// `.enqueued`, and signal the source when asked.
-    case took(producers: [UnsafeContinuation<SourcePostResult, Never>], signalSource: Bool)
+    case took(producers: [Producer], signalSource: Bool)
     /// Nothing to take: the consumer suspends (`suspendConsumer`).
     case suspend
     /// The sequence has ended: the consumer returns nil.
@@ -225,7 +228,7 @@ struct SourceSequenceStateMachine<Element> {
   }
 
   /// The consumer found nothing and is about to wait.
-  mutating func suspendConsumer(_ continuation: UnsafeContinuation<Void, Never>) -> SuspendAction {
+  mutating func suspendConsumer(_ continuation: Consumer) -> SuspendAction {
     switch state {
     case .open:
       guard released.isEmpty else { return .resume }  // released meanwhile: take it
@@ -247,7 +250,7 @@ struct SourceSequenceStateMachine<Element> {
     case none
     /// Resume the consumer if it waits, resume every producer with `.terminated`, invalidate the
     /// source when asked, and release `discarded` after unlocking.
-    case stop(consumer: UnsafeContinuation<Void, Never>?, invalidateSource: Bool, discarded: Discarded)
+    case stop(consumer: Consumer?, invalidateSource: Bool, discarded: Discarded)
   }
 
   /// The consumer stopped: its task was cancelled, or it dropped its iterator.
@@ -297,7 +300,7 @@ struct SourceSequenceStateMachine<Element> {
     case none
     /// Resume the consumer if it waits and every producer with `.terminated`; release `discard`
     /// after unlocking.
-    case end(consumer: UnsafeContinuation<Void, Never>?, producers: [WaitingProducer], discard: [Element]?)
+    case end(consumer: Consumer?, producers: [WaitingProducer], discard: [Element]?)
   }
 
   /// The source left its loop (its cancel routine on the loop thread; or the source never reached
@@ -346,7 +349,7 @@ struct SourceSequenceStateMachine<Element> {
   /// is room, oldest producer first.
   private mutating func admitWaitingProducers() -> TakeAction {
     guard !waitingProducers.isEmpty else { return .took(producers: [], signalSource: false) }
-    var resumed: [UnsafeContinuation<SourcePostResult, Never>] = []
+    var resumed: [Producer] = []
     var signalSource = false
     while bufferedCount < capacity, !waitingProducers.isEmpty {
       let producer = waitingProducers.removeFirst()
