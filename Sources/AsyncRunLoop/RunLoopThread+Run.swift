@@ -71,6 +71,9 @@ extension RunLoopThread {
       let mustPoll =
         handledSource && returnAfterSourceHandled || deadline <= now || hasLocalWork
         || isFinished(contents, keepsAlive: keepsAlive) || hasDeferredSource(in: contents)
+      // A nested run in another mode (from a handler, block or job above) may have silenced
+      // this mode's registrations: listen to them again before sleeping. (Free unless it did.)
+      armDescriptors(for: contents)
       armTimerfd(contents, runDeadline: deadline)
       // 5–8: wait for readiness, timers, wake-ups or the limit; poll when work is waiting.
       handledSource = waitAndHandleReadiness(contents, mayBlock: !mustPoll) || handledSource
