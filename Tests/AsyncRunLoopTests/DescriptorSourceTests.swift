@@ -1,0 +1,248 @@
+import Glibc
+import Testing
+
+@testable import AsyncRunLoop
+
+/// Readiness ("version 1") sources on file descriptors (SPEC §3).
+@Suite("DescriptorSource")
+struct DescriptorSourceTests {
+  /// A pipe whose ends do not block.
+  static func makePipe() -> (read: Int32, write: Int32) {
+    var descriptors: [Int32] = [-1, -1]
+    let rc = pipe(&descriptors)
+    precondition(rc == 0, "pipe failed: \(errno)")
+    for descriptor in descriptors {
+      _ = fcntl(descriptor, F_SETFL, fcntl(descriptor, F_GETFL) | O_NONBLOCK)
+      _ = fcntl(descriptor, F_SETFD, FD_CLOEXEC)
+    }
+    return (descriptors[0], descriptors[1])
+  }
+
+  /// Writes one byte.
+  static func writeByte(_ descriptor: Int32) {
+    var byte: UInt8 = 42
+    let written = write(descriptor, &byte, 1)
+    precondition(written == 1, "write failed: \(errno)")
+  }
+
+  /// Reads until the pipe is empty; returns how many bytes were read (0 at end of file).
+  @discardableResult
+  static func drain(_ descriptor: Int32) -> Int {
+    var buffer = [UInt8](repeating: 0, count: 256)
+    var total = 0
+    while true {
+      let count = read(descriptor, &buffer, buffer.count)
+      if count <= 0 { return total }
+      total += count
+    }
+  }
+
+  @Test func readablePipeFiresTheHandlerOnTheLoopThread() throws {
+    let loop = try RunLoopThread(name: "fd-readable")
+    let (readEnd, writeEnd) = Self.makePipe()
+    let events = Locked<[DescriptorEvents]>([])
+    let offThread = Locked(0)
+    let source = DescriptorSource(descriptor: readEnd, interest: .readable) { _, occurred in
+      if !loop.isOnLoopThread { offThread.withLock { $0 += 1 } }
+      Self.drain(readEnd)
+      events.withLock { $0.append(occurred) }
+    }
+    try loop.add(source, to: .default)  // from this thread: registered on the loop's next pass
+    try loop.performAndWait {}
+    Self.writeByte(writeEnd)
+    waitUntil("the readable event") { events.withLock { $0.count } >= 1 }
+    #expect(events.withLock { $0[0] }.contains(.readable))
+    #expect(offThread.withLock { $0 } == 0)
+
+    // The peer closing is reported too (a read then returns 0).
+    close(writeEnd)
+    waitUntil("the hang-up") { events.withLock { $0.count } >= 2 }
+    source.invalidate()
+    loop.shutdownAndWait()
+    close(readEnd)
+  }
+
+  @Test func writablePipeFiresTheHandler() throws {
+    let loop = try RunLoopThread(name: "fd-writable")
+    let (readEnd, writeEnd) = Self.makePipe()
+    let events = Locked<[DescriptorEvents]>([])
+    let source = DescriptorSource(descriptor: writeEnd, interest: .writable) { source, occurred in
+      events.withLock { $0.append(occurred) }
+      source.invalidate()  // level-triggered: an empty pipe stays writable
+    }
+    try loop.add(source, to: .default)
+    waitUntil("the writable event") { events.withLock { $0.count } >= 1 }
+    try loop.performAndWait {}
+    try loop.performAndWait {}
+    #expect(events.withLock { $0 } == [.writable])
+    loop.shutdownAndWait()
+    close(readEnd)
+    close(writeEnd)
+  }
+
+  @Test func removalStopsEventsAndAddingAgainResumesThem() throws {
+    let loop = try RunLoopThread(name: "fd-remove")
+    let (readEnd, writeEnd) = Self.makePipe()
+    let fired = Locked(0)
+    let source = DescriptorSource(descriptor: readEnd) { _, _ in
+      Self.drain(readEnd)
+      fired.withLock { $0 += 1 }
+    }
+    try loop.add(source, to: .default)
+    try loop.performAndWait {}
+    Self.writeByte(writeEnd)
+    waitUntil("the first event") { fired.withLock { $0 } == 1 }
+
+    loop.remove(source, from: .default)
+    try loop.performAndWait {}  // the removal is applied before this block runs
+    Self.writeByte(writeEnd)
+    // Two more passes, each waiting on epoll after the write: a registration would report it.
+    try loop.performAndWait {}
+    try loop.performAndWait {}
+    #expect(fired.withLock { $0 } == 1)
+    #expect(source.isValid)  // removal is not invalidation
+
+    try loop.add(source, to: .default)  // the byte written meanwhile is still there
+    waitUntil("the event after adding again") { fired.withLock { $0 } == 2 }
+    source.invalidate()
+    loop.shutdownAndWait()
+    close(readEnd)
+    close(writeEnd)
+  }
+
+  @Test func aClosedDescriptorWhoseNumberIsReusedNeverDeliversToTheOldRegistration() throws {
+    let loop = try RunLoopThread(name: "fd-reuse")
+    let (oldRead, oldWrite) = Self.makePipe()
+    let oldFired = Locked(0)
+    let newFired = Locked(0)
+    let oldSource = DescriptorSource(descriptor: oldRead) { source, _ in
+      oldFired.withLock { $0 += 1 }
+      source.invalidate()  // never expected; do not spin on it if it happens
+    }
+    try loop.performAndWait { try loop.add(oldSource, to: .default) }
+
+    // Close the old read end *while registered* and reuse its number for a new pipe, in one
+    // atomic step (dup2), so that no other test's descriptor can take the number in between.
+    let (newRead, newWrite) = Self.makePipe()
+    #expect(dup2(newRead, oldRead) == oldRead)
+    close(newRead)
+    close(oldWrite)
+    let reused = oldRead
+    let newSource = DescriptorSource(descriptor: reused) { _, _ in
+      Self.drain(reused)
+      newFired.withLock { $0 += 1 }
+    }
+    try loop.performAndWait { try loop.add(newSource, to: .default) }
+    Self.writeByte(newWrite)
+    waitUntil("the new registration's event") { newFired.withLock { $0 } == 1 }
+
+    // Removing the old registration must not deregister the new one, which shares its number.
+    oldSource.invalidate()
+    try loop.performAndWait {}
+    Self.writeByte(newWrite)
+    waitUntil("the new registration's second event") { newFired.withLock { $0 } == 2 }
+    #expect(oldFired.withLock { $0 } == 0)
+    newSource.invalidate()
+    loop.shutdownAndWait()
+    close(reused)
+    close(newWrite)
+  }
+
+  @Test func addingAClosedDescriptorThrowsEBADF() throws {
+    let loop = try RunLoopThread(name: "fd-closed")
+    // A number at or above the open-files limit can never be open, unlike a descriptor we close
+    // ourselves, whose number another test running in parallel could reuse at once.
+    let neverOpen = Int32(clamping: sysconf(Int32(_SC_OPEN_MAX)))
+    for descriptor in [neverOpen, -1] {
+      let source = DescriptorSource(descriptor: descriptor) { _, _ in }
+      let fromHere = #expect(throws: SystemCallError.self) { try loop.add(source, to: .default) }
+      #expect(fromHere?.errno == EBADF)
+      let onLoop = try loop.performAndWait { () -> Int32? in
+        do {
+          try loop.add(source, to: .default)
+          return nil
+        } catch {
+          return (error as? SystemCallError)?.errno
+        }
+      }
+      #expect(onLoop == EBADF)
+    }
+    loop.shutdownAndWait()
+  }
+
+  @Test func addingARegularFileOrDirectoryThrowsEPERM() throws {
+    let loop = try RunLoopThread(name: "fd-file")
+    var template = Array("/tmp/async-run-loop-test-XXXXXX".utf8CString)
+    let file = mkstemp(&template)
+    try #require(file >= 0)
+    let directory = open("/tmp", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+    try #require(directory >= 0)
+    for descriptor in [file, directory] {
+      let source = DescriptorSource(descriptor: descriptor) { _, _ in }
+      let error = #expect(throws: SystemCallError.self) { try loop.add(source, to: .default) }
+      #expect(error?.errno == EPERM)
+    }
+    loop.shutdownAndWait()
+    close(file)
+    close(directory)
+    unlink(template)
+  }
+
+  @Test func descriptorSourcesFireOnlyInTheirModesAndEndARunAsHandledSource() {
+    let log = EngineTestThread.run { () -> [String] in
+      let loop = RunLoopThread.current
+      let note = EngineEventLog()
+      let (readEnd, writeEnd) = Self.makePipe()
+      loop.add(LoopTimer(after: .seconds(3_600)) { _ in }, to: .default)
+      let source = DescriptorSource(descriptor: readEnd) { _, _ in
+        Self.drain(readEnd)
+        note("readable")
+      }
+      do {
+        try loop.add(source, to: "modal")
+      } catch {
+        note("add failed: \(error)")
+      }
+      Self.writeByte(writeEnd)
+      note("\(loop.run(mode: .default, until: .now.advanced(by: .milliseconds(30))))")
+      note("\(loop.run(mode: "modal", until: .now.advanced(by: .seconds(60)), returnAfterSourceHandled: true))")
+      Self.writeByte(writeEnd)
+      note("\(loop.run(mode: .default, until: .now.advanced(by: .milliseconds(30))))")
+      note("\(loop.run(mode: "modal", until: .now.advanced(by: .seconds(60)), returnAfterSourceHandled: true))")
+      source.invalidate()
+      close(readEnd)
+      close(writeEnd)
+      return note.entries
+    }
+    #expect(log == ["timedOut", "readable", "handledSource", "timedOut", "readable", "handledSource"])
+  }
+
+  @Test func anEventDuringANestedRunInAnotherModeIsDeliveredWhenTheOuterRunResumes() {
+    // The nested run silences the outer mode's registration when it reports an event; the outer
+    // run must listen to it again before it next sleeps, not only at the start of its next pass.
+    let result = EngineTestThread.run { () -> RunLoopRunResult in
+      let loop = RunLoopThread.current
+      let (readEnd, writeEnd) = Self.makePipe()
+      loop.add(LoopTimer(after: .seconds(3_600)) { _ in }, to: .default)
+      loop.add(LoopTimer(after: .seconds(3_600)) { _ in }, to: "modal")
+      let source = DescriptorSource(descriptor: readEnd) { _, _ in
+        Self.drain(readEnd)
+        RunLoopThread.current.stop()
+      }
+      try? loop.add(source, to: .default)
+      let modal = InputSource { _ in
+        Self.writeByte(writeEnd)  // ready now, but the nested mode does not hold the source
+        _ = RunLoopThread.current.run(mode: "modal", until: .now.advanced(by: .milliseconds(50)))
+      }
+      loop.add(modal, to: .default)
+      modal.signal()
+      let result = loop.run(mode: .default, until: .now.advanced(by: .seconds(60)))
+      source.invalidate()
+      modal.invalidate()
+      close(readEnd)
+      close(writeEnd)
+      return result
+    }
+    #expect(result == .stopped)
+  }
+}
