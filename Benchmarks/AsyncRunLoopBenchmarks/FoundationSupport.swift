@@ -47,7 +47,7 @@ final class CFCustomSource: @unchecked Sendable {
   let source: CFRunLoopSource
   private let target: Unmanaged<DoorbellBox>
 
-  init(ringing doorbell: EventDoorbell) {
+  init(ringing doorbell: ReplyDoorbell) {
     target = Unmanaged.passRetained(DoorbellBox(doorbell))
     var context = CFRunLoopSourceContext()
     context.info = target.toOpaque()
@@ -64,6 +64,6 @@ final class CFCustomSource: @unchecked Sendable {
 }
 
 private final class DoorbellBox: Sendable {
-  let doorbell: EventDoorbell
-  init(_ doorbell: EventDoorbell) { self.doorbell = doorbell }
+  let doorbell: ReplyDoorbell
+  init(_ doorbell: ReplyDoorbell) { self.doorbell = doorbell }
 }

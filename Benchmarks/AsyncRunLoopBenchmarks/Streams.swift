@@ -8,7 +8,7 @@ import Dispatch
 /// stream-rtt / asyncrunloop: the measuring thread posts into a `SourceSequence` (a custom source
 /// on the loop: post = buffer + signal + wake); the consumer rings the reply eventfd.
 final class SourceSequenceRTT: LatencySession {
-  private let reply = EventDoorbell()
+  private let reply = ReplyDoorbell()
   private let loop: RunLoopThread
   private let sequence: SourceSequence<UInt32>
   private let consumer: Task<Void, Never>
@@ -23,7 +23,7 @@ final class SourceSequenceRTT: LatencySession {
   }
 
   func measure(_ count: Int) -> [Double] {
-    sampleRoundTrips(count) {
+    sampleRoundTrips(count, settle: reply.waitUntilRingerSleeps) {
       _ = sequence.post(1)
       reply.wait()
     }
@@ -42,7 +42,7 @@ final class SourceSequenceRTT: LatencySession {
 /// calls `continuation.yield`. With `onLoop` false (the extra peer
 /// `asyncstream-default-executor`) the consumer task runs on the default executor instead.
 final class AsyncStreamRTT: LatencySession {
-  private let reply = EventDoorbell()
+  private let reply = ReplyDoorbell()
   private let loop: RunLoopThread?
   private let continuation: AsyncStream<UInt32>.Continuation
   private let consumer: Task<Void, Never>
@@ -58,7 +58,7 @@ final class AsyncStreamRTT: LatencySession {
   }
 
   func measure(_ count: Int) -> [Double] {
-    sampleRoundTrips(count) {
+    sampleRoundTrips(count, settle: reply.waitUntilRingerSleeps) {
       continuation.yield(1)
       reply.wait()
     }
@@ -172,6 +172,7 @@ enum StreamScenarios {
       notes: [
         "client thread hands an element to a `for await` consumer in a task on a loop thread; the consumer "
           + "rings the client's reply eventfd; µs per round trip (floor-epoll: the wake-rtt floor)",
+        "before each round trip the client waits until the consumer's thread sleeps, as in wake-rtt",
         "asyncstream-default-executor (extra): the AsyncStream consumer task on the default executor",
       ],
       peers: [

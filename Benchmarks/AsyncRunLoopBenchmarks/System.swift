@@ -238,3 +238,52 @@ func writeStandardError(_ text: String) {
   var text = text
   text.withUTF8 { bytes in _ = write(2, bytes.baseAddress, bytes.count) }
 }
+
+/// The reply doorbell of the round-trip scenarios: an eventfd the measuring thread blocks on,
+/// which also remembers the kernel id of the thread that last rang it (the server), so that the
+/// client can wait until that thread is asleep again before the next round trip.
+final class ReplyDoorbell: Sendable {
+  let doorbell = EventDoorbell()
+  /// The pthread and kernel thread id of the last ringer. Relaxed: the client reads them after
+  /// the eventfd read that the ring caused, which orders them.
+  private let ringer = Atomic<UInt>(0)
+  private let ringerID = Atomic<Int32>(0)
+
+  /// Rings; costs a syscall (gettid) only the first time a new thread rings.
+  @inline(__always)
+  func ring() {
+    let me = UInt(bitPattern: Int(bitPattern: UnsafeRawPointer(bitPattern: pthread_self())))
+    if ringer.load(ordering: .relaxed) != me {
+      ringer.store(me, ordering: .relaxed)
+      ringerID.store(carl_gettid(), ordering: .relaxed)
+    }
+    doorbell.ring()
+  }
+
+  @inline(__always)
+  func wait() { doorbell.wait() }
+
+  /// Blocks until the thread that last rang is asleep (not running or runnable, per
+  /// /proc/self/task/<tid>/stat), yielding meanwhile; returns at once before the first ring.
+  func waitUntilRingerSleeps() {
+    let id = ringerID.load(ordering: .relaxed)
+    guard id != 0 else { return }
+    while threadIsRunnable(id) { sched_yield() }
+  }
+
+  func close() { doorbell.close() }
+}
+
+/// Whether a thread of this process is running or runnable ('R' in /proc/self/task/<tid>/stat);
+/// false when it sleeps, or no longer exists.
+func threadIsRunnable(_ id: Int32) -> Bool {
+  let descriptor = open("/proc/self/task/\(id)/stat", O_RDONLY)
+  guard descriptor >= 0 else { return false }
+  defer { close(descriptor) }
+  var buffer = (0..<256).map { _ in UInt8(0) }
+  let count = read(descriptor, &buffer, buffer.count)
+  guard count > 0 else { return false }
+  // "tid (name) S ...": the state follows the last ')'.
+  guard let close = buffer[0..<count].lastIndex(of: UInt8(ascii: ")")), close + 2 < count else { return false }
+  return buffer[close + 2] == UInt8(ascii: "R")
+}

@@ -7,13 +7,19 @@ import Synchronization
 // wake-rtt: the measuring thread (pinned to the client CPU) wakes a sleeping server, the server
 // replies; one sample is one round trip. The client side is the same in every peer: it signals
 // the server its own way, then blocks in read() on a reply eventfd, which every server rings.
+// Before each round trip (untimed) the client waits until the thread that rang the reply is
+// asleep again: without that, a server that is preempted right after replying is still awake
+// when the next request comes (a run loop then takes it without sleeping, measured at ~2% of
+// round trips sleeping), and the scenario would not measure waking a sleeping loop.
 
-/// Takes `count` round trips of `roundTrip`, in microseconds.
+/// Takes `count` round trips of `roundTrip`, in microseconds; `settle` runs before each one,
+/// outside the timed part.
 @inline(__always)
-func sampleRoundTrips(_ count: Int, _ roundTrip: () -> Void) -> [Double] {
+func sampleRoundTrips(_ count: Int, settle: () -> Void = {}, _ roundTrip: () -> Void) -> [Double] {
   var samples: [Double] = []
   samples.reserveCapacity(count)
   for _ in 0..<count {
+    settle()
     let start = monotonicNanoseconds()
     roundTrip()
     samples.append(microseconds(from: start, to: monotonicNanoseconds()))
@@ -32,7 +38,7 @@ final class StopFlag: Sendable {
 /// floor-eventfd: the server thread blocks in read() on its request eventfd and writes the reply.
 final class FloorEventfdWake: LatencySession {
   private let request = EventDoorbell()
-  private let reply = EventDoorbell()
+  private let reply = ReplyDoorbell()
   private let stop = StopFlag()
   private let server: PlainThread
 
@@ -47,7 +53,7 @@ final class FloorEventfdWake: LatencySession {
   }
 
   func measure(_ count: Int) -> [Double] {
-    sampleRoundTrips(count) {
+    sampleRoundTrips(count, settle: reply.waitUntilRingerSleeps) {
       request.ring()
       reply.wait()
     }
@@ -66,7 +72,7 @@ final class FloorEventfdWake: LatencySession {
 /// does), reads it, and writes the reply.
 final class FloorEpollWake: LatencySession {
   private let request = EventDoorbell(nonBlocking: true)
-  private let reply = EventDoorbell()
+  private let reply = ReplyDoorbell()
   private let stop = StopFlag()
   private let server: PlainThread
 
@@ -84,7 +90,7 @@ final class FloorEpollWake: LatencySession {
   }
 
   func measure(_ count: Int) -> [Double] {
-    sampleRoundTrips(count) {
+    sampleRoundTrips(count, settle: reply.waitUntilRingerSleeps) {
       request.ring()
       reply.wait()
     }
@@ -102,7 +108,7 @@ final class FloorEpollWake: LatencySession {
 /// asyncrunloop: a `CommandSource` on a `RunLoopThread` (sleeping in epoll_wait); `post` is
 /// "append + signal + wake"; the handler rings the reply.
 final class AsyncRunLoopWake: LatencySession {
-  private let reply = EventDoorbell()
+  private let reply = ReplyDoorbell()
   private let loop: RunLoopThread
   private let source: CommandSource<UInt32>
 
@@ -113,7 +119,7 @@ final class AsyncRunLoopWake: LatencySession {
   }
 
   func measure(_ count: Int) -> [Double] {
-    sampleRoundTrips(count) {
+    sampleRoundTrips(count, settle: reply.waitUntilRingerSleeps) {
       source.post(1)
       reply.wait()
     }
@@ -147,7 +153,7 @@ enum FoundationWakeRoute: String, CaseIterable {
 /// Objective-C runtime (not on Linux); `SocketPort` was not measured (a socket message per wake on
 /// top of the same wake-up).
 final class FoundationRunLoopWake: LatencySession {
-  private let reply = EventDoorbell()
+  private let reply = ReplyDoorbell()
   private let route: FoundationWakeRoute
   private let server: FoundationLoopThread
   private let source: CFCustomSource
@@ -167,20 +173,20 @@ final class FoundationRunLoopWake: LatencySession {
     let reply = self.reply
     switch route {
     case .performAndWakeUp:
-      return sampleRoundTrips(count) {
+      return sampleRoundTrips(count, settle: reply.waitUntilRingerSleeps) {
         runLoop.perform { reply.ring() }
         CFRunLoopWakeUp(cfRunLoop)
         reply.wait()
       }
     case .customSource:
       let source = self.source.source
-      return sampleRoundTrips(count) {
+      return sampleRoundTrips(count, settle: reply.waitUntilRingerSleeps) {
         CFRunLoopSourceSignal(source)
         CFRunLoopWakeUp(cfRunLoop)
         reply.wait()
       }
     case .timerDueNow:
-      return sampleRoundTrips(count) {
+      return sampleRoundTrips(count, settle: reply.waitUntilRingerSleeps) {
         runLoop.add(Timer(timeInterval: 0, repeats: false) { _ in reply.ring() }, forMode: .default)
         reply.wait()
       }
@@ -197,12 +203,12 @@ final class FoundationRunLoopWake: LatencySession {
 /// dispatch-queue: `queue.async { reply }` on a serial queue (a libdispatch worker thread, which
 /// cannot be pinned).
 final class DispatchQueueWake: LatencySession {
-  private let reply = EventDoorbell()
+  private let reply = ReplyDoorbell()
   private let queue = DispatchQueue(label: "wake-server")
 
   func measure(_ count: Int) -> [Double] {
     let reply = self.reply
-    return sampleRoundTrips(count) {
+    return sampleRoundTrips(count, settle: reply.waitUntilRingerSleeps) {
       queue.async { reply.ring() }
       reply.wait()
     }
@@ -218,6 +224,7 @@ enum WakeScenarios {
       "wake-rtt", floor: "floor-epoll",
       notes: [
         "client thread signals a sleeping server, server rings the client's reply eventfd; µs per round trip",
+        "before each round trip the client waits until the server thread sleeps (/proc/self/task/<tid>/stat)",
         "foundation-runloop: CFRunLoopSource v0 signal + CFRunLoopWakeUp (fastest public route measured)",
       ],
       peers: [
