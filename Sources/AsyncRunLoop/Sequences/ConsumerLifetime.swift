@@ -27,3 +27,21 @@ func concurrentNextViolation(_ sequence: String) -> String {
   "AsyncRunLoop: \(sequence).next() was called while another call was still waiting; "
     + "a sequence has a single consumer."
 }
+
+/// Suspends the consumer until something resumes it: `register` runs synchronously with the
+/// continuation and stores it (under the sequence's lock) or answers false to be resumed at once
+/// (the state changed since the consumer looked). `onCancel` runs if the task is cancelled (at once
+/// if it already is) and must end the wait. Runs in `actor`'s isolation: no hop.
+func waitForConsumerWake(
+  isolation actor: isolated (any Actor)?,
+  register: (UnsafeContinuation<Void, Never>) -> Bool,
+  onCancel: @escaping @Sendable () -> Void
+) async {
+  await withTaskCancellationHandler {
+    await withUnsafeContinuation(isolation: actor) { (continuation: UnsafeContinuation<Void, Never>) in
+      if !register(continuation) { continuation.resume() }
+    }
+  } onCancel: {
+    onCancel()
+  }
+}
