@@ -116,6 +116,76 @@ struct ShutdownTests {
     #expect(outcome?.1 == true)
   }
 
+  @Test func everyKindOfSequenceConsumerEndsWhenTheLoopShutsDown() async throws {
+    let loop = try RunLoopThread(name: "sd-sequences")
+    let descriptors = try execPipe()
+    defer {
+      close(descriptors.read)
+      close(descriptors.write)
+    }
+    let repeating = loop.timer(every: .seconds(3_600))
+    let oneShot = loop.timer(after: .seconds(3_600))
+    let signals = loop.signalSequence()
+    let elements = loop.sourceSequence(of: Int.self)
+    let readiness = try loop.readiness(of: descriptors.read)
+    let activities = loop.activities([.entry, .exit], modes: ["sd-never-run"])
+    let ended = Locked<Set<String>>([])
+    let consumers = try await withWatchdog(timeout: .seconds(60), "sequence consumers after shutdown") {
+      await withTaskGroup(of: Void.self) { group in
+        group.addTask {
+          for await _ in repeating {}
+          ended.withLock { _ = $0.insert("timer(every:)") }
+        }
+        group.addTask {
+          for await _ in oneShot {}
+          ended.withLock { _ = $0.insert("timer(after:)") }
+        }
+        group.addTask {
+          for await _ in signals {}
+          ended.withLock { _ = $0.insert("signalSequence") }
+        }
+        group.addTask {
+          for await _ in elements {}
+          ended.withLock { _ = $0.insert("sourceSequence") }
+        }
+        group.addTask {
+          for await _ in readiness {}
+          ended.withLock { _ = $0.insert("readiness") }
+        }
+        group.addTask {
+          for await _ in activities {}
+          ended.withLock { _ = $0.insert("activities") }
+        }
+        group.addTask {
+          await execOnNewThread {
+            usleep(5_000)  // let the consumers start waiting
+            loop.shutdownAndWait()
+          }
+        }
+      }
+      return ended.withLock { $0 }
+    }
+    #expect(
+      consumers == ["timer(every:)", "timer(after:)", "signalSequence", "sourceSequence", "readiness", "activities"])
+  }
+
+  @Test func sequencesMadeOnADeadLoopEndAtOnce() async throws {
+    let loop = try RunLoopThread(name: "sd-dead-sequences")
+    await execShutdown(loop)
+    let ended = try await withWatchdog(timeout: .seconds(30), "sequences of a dead loop") {
+      for await _ in loop.timer(every: .seconds(3_600)) {}
+      for await _ in loop.signalSequence() {}
+      for await _ in loop.sourceSequence(of: Int.self) {}
+      do {
+        try await loop.clock.sleep(for: .seconds(3_600))
+        return "slept"
+      } catch {
+        return error is CancellationError ? "cancelled" : "\(error)"
+      }
+    }
+    #expect(ended == "cancelled")
+  }
+
   @Test func pendingMembersAreInvalidatedAndReleasedByShutdown() async throws {
     let loop = try RunLoopThread(name: "sd-release")
     let descriptors = try execPipe()
