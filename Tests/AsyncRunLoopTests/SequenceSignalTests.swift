@@ -1,0 +1,174 @@
+import Glibc
+import Synchronization
+import Testing
+
+@testable import AsyncRunLoop
+
+/// The coalescing signal sequence's state machine as a value.
+@Suite("Sequence: signal state machine")
+struct SequenceSignalStateMachineTests {
+  typealias Machine = SignalSequenceStateMachine<String>
+
+  @Test func manySignalsBecomeOneElementCountingThem() {
+    var machine = Machine()
+    var actions: [Bool] = []
+    for _ in 0..<5 {
+      if case .signalSource = machine.signal() { actions.append(true) } else { actions.append(false) }
+    }
+    #expect(actions == [true, false, false, false, false])  // only the first signals the source
+    _ = machine.release()
+    guard case .signals(5) = machine.take() else {
+      Issue.record("five signals did not become one element of 5")
+      return
+    }
+    guard case .suspend = machine.take() else {
+      Issue.record("an element without a signal")
+      return
+    }
+  }
+
+  @Test func aSignalAfterTheLoopFiredSignalsTheSourceAgain() {
+    var machine = Machine()
+    _ = machine.signal()
+    _ = machine.release()
+    guard case .signalSource = machine.signal() else {
+      Issue.record("a signal after the release was lost")
+      return
+    }
+  }
+
+  @Test func signalsAreHeldUntilTheLoopReleasesThem() {
+    var machine = Machine()
+    _ = machine.signal()
+    guard case .suspend = machine.take(), case .suspended = machine.suspendConsumer("c") else {
+      Issue.record("took signals the loop had not released")
+      return
+    }
+    guard case .resumeConsumer("c") = machine.release(), case .signals(1) = machine.take() else {
+      Issue.record("the release did not hand the signal over")
+      return
+    }
+  }
+
+  @Test func invalidateDeliversTheSignalsMadeThenEnds() {
+    var machine = Machine()
+    _ = machine.signal()
+    _ = machine.signal()
+    guard case .invalidateSource = machine.invalidate(), case .refused = machine.signal() else {
+      Issue.record("signals after invalidate were taken")
+      return
+    }
+    _ = machine.sourceDetached()
+    guard case .signals(2) = machine.take(), case .end = machine.take() else {
+      Issue.record("did not drain, then end")
+      return
+    }
+  }
+
+  @Test func stoppingResumesTheConsumerOnceAndInvalidatesOnce() {
+    var machine = Machine()
+    _ = machine.suspendConsumer("c")
+    guard case .stop("c", true) = machine.stopConsuming(), case .none = machine.stopConsuming() else {
+      Issue.record("stop was not once")
+      return
+    }
+    guard case .refused = machine.signal(), case .end = machine.take() else {
+      Issue.record("a stopped sequence went on")
+      return
+    }
+  }
+}
+
+/// Signal sequences on real loops.
+@Suite("Sequence: signal sequences on a loop")
+struct SequenceSignalTests {
+  @Test func everySignalIsCountedAndTheLastOneIsAlwaysDelivered() async throws {
+    let loop = try RunLoopThread(name: "seq-signal")
+    defer { loop.shutdownAndWait() }
+    let signals = loop.signalSequence()
+    let total = 200_000 * stressFactor
+    let threads = (0..<2).map { _ in
+      SequenceTestThread.start {
+        for index in 0..<total / 2 {
+          #expect(signals.signal())
+          if index % 1_000 == 0 { usleep(50) }  // bursts with gaps: some elements stand for one signal
+        }
+      }
+    }
+    let outcome = try await withWatchdog(timeout: .seconds(60), "all signals delivered") {
+      await consumeOnLoop(loop) { () async -> (sum: Int, elements: Int) in
+        var sum = 0
+        var elements = 0
+        for await count in signals {
+          #expect(count >= 1)
+          sum += count
+          elements += 1
+          if sum == total { break }  // ends only if the signals after the last element arrive
+        }
+        return (sum, elements)
+      }
+    }
+    threads.forEach { $0.join() }
+    #expect(outcome?.sum == total)
+    #expect((outcome?.elements ?? 0) <= total)
+  }
+
+  @Test func aSignalAfterAQuietPeriodIsDelivered() async throws {
+    let loop = try RunLoopThread(name: "seq-signal-quiet")
+    defer { loop.shutdownAndWait() }
+    let signals = loop.signalSequence()
+    let consumer = Task(executorPreference: loop) { () async -> [Int] in
+      var counts: [Int] = []
+      for await count in signals {
+        counts.append(count)
+        if counts.count == 3 { break }
+      }
+      return counts
+    }
+    for _ in 0..<3 {
+      try await Task.sleep(for: .milliseconds(10))
+      signals.signal()
+    }
+    let counts = try await withWatchdog(timeout: .seconds(10), "three separate signals") { await consumer.value }
+    #expect(counts == [1, 1, 1])
+  }
+
+  @Test func cancelInvalidateAndShutdownEachEndAWaitingConsumer() async throws {
+    for ending in ["cancel", "invalidate", "shutdown"] {
+      let loop = try RunLoopThread(name: "seq-signal-\(ending)")
+      let cancels = SequenceCallLog()
+      let signals = loop.signalSequence(onCancel: { cancelLoop in
+        cancels.record(onLoopThread: cancelLoop.isOnLoopThread)
+      })
+      let consumer = Task { () async -> Int in
+        var sum = 0
+        for await count in signals { sum += count }
+        return sum
+      }
+      signals.signal()
+      try await Task.sleep(for: .milliseconds(20))
+      switch ending {
+      case "cancel": consumer.cancel()
+      case "invalidate": signals.invalidate()
+      default: loop.shutdown()
+      }
+      let sum = try await withWatchdog(timeout: .seconds(10), "signal consumer after \(ending)") {
+        await consumer.value
+      }
+      #expect(sum == 1, "\(ending)")
+      #expect(!signals.signal(), "\(ending)")
+      await eventually("cancel routine after \(ending)") { cancels.count == 1 }
+      #expect(cancels.allOnLoopThread)
+      loop.shutdownAndWait()
+    }
+  }
+
+  @Test func aSecondIteratorTraps() async {
+    await #expect(processExitsWith: .failure) {
+      let loop = try RunLoopThread(name: "seq-signal-trap")
+      let signals = loop.signalSequence()
+      _ = signals.makeAsyncIterator()
+      _ = signals.makeAsyncIterator()
+    }
+  }
+}
