@@ -100,11 +100,18 @@ extension RunLoopThread {
   /// capped pass, deferred performs that can run in this mode are handled by `runPerforms`).
   private var hasLocalWork: Bool { localJobIndex < localJobs.count }
 
-  /// SPEC §1: nothing to watch in the mode, and no jobs or blocks waiting (CF counts pending
-  /// blocks too). A loop that serves as an executor (`keepsAlive`) never finishes.
+  /// SPEC §1: nothing to watch in the mode, and no jobs or blocks for this mode waiting (CF
+  /// counts pending blocks too). A loop that serves as an executor (`keepsAlive`) never finishes.
   private func isFinished(_ contents: ModeContents, keepsAlive: Bool) -> Bool {
-    guard contents.hasNothingToWatch, !keepsAlive, !hasLocalWork, localPerforms.isEmpty else { return false }
-    return inboxLock.withLock { inbox.jobs.isEmpty && inbox.performs.isEmpty && inbox.controls.isEmpty }
+    guard contents.hasNothingToWatch, !keepsAlive, !hasLocalWork else { return false }
+    // Only blocks that can run in this mode keep it alive (as in CF): one waiting for another
+    // mode would otherwise keep an empty run asleep with nothing to wake it.
+    let inCommon = modeTable.commonModes.contains(contents.mode)
+    if localPerforms.contains(where: { $0.canRun(in: contents.mode, inCommon: inCommon) }) { return false }
+    return inboxLock.withLock {
+      inbox.jobs.isEmpty && inbox.controls.isEmpty
+        && !inbox.performs.contains { $0.canRun(in: contents.mode, inCommon: inCommon) }
+    }
   }
 
   /// Consumes a pending `stop()`. During shutdown every run, at every nesting level, stops.
@@ -150,7 +157,7 @@ extension RunLoopThread {
     localPerforms.removeAll()
     let inCommon = modeTable.commonModes.contains(mode)
     for request in pending {
-      if request.modes.contains(mode) || (inCommon && request.modes.contains(.common)) {
+      if request.canRun(in: mode, inCommon: inCommon) {
         request.block()
       } else {
         localPerforms.append(request)
@@ -324,5 +331,13 @@ extension RunLoopThread {
       // The descriptor was closed behind our back: it can never fire again. Drop it.
       source.isArmed = false
     }
+  }
+}
+
+extension PerformRequest {
+  /// Whether the block may run during a pass in `mode` (`inCommon`: `mode` is in the common set).
+  @inline(__always)
+  func canRun(in mode: RunLoopMode, inCommon: Bool) -> Bool {
+    modes.contains(mode) || (inCommon && modes.contains(.common))
   }
 }
