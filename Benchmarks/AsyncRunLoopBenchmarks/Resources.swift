@@ -4,7 +4,7 @@ import Dispatch
 import Foundation
 
 // idle-cpu, timers-100k, loops-1000: what a loop costs when it does nothing, per timer, and to
-// create and destroy.
+// create and destroy. Single-loop scenarios: nothing is pinned, whatever `--pin` says.
 
 /// idle-cpu: a loop with ten far-future timers (one of them repeating) sleeps for the window;
 /// the value is the CPU time its thread used meanwhile (its POSIX thread CPU clock), the extra
@@ -16,9 +16,9 @@ final class IdleLoopCPU: FigureSession {
   private let window: Int64
   private let timers: [LoopTimer]
 
-  init(pin: PinPlan, window: Int64) {
+  init(window: Int64) {
     self.window = window
-    loop = try! RunLoopThread(name: "idle", cpu: pin.serverCPU)
+    loop = try! RunLoopThread(name: "idle")
     (cpuClock, threadID) = try! loop.performAndWait { (currentThreadCPUClock(), carl_gettid()) }
     timers =
       (1...9).map { hours in LoopTimer(after: .seconds(3600 * hours)) { _ in } }
@@ -79,9 +79,9 @@ final class ManyTimers: FigureSession {
   private let loop: RunLoopThread
   private let count: Int
 
-  init(pin: PinPlan, count: Int) {
+  init(count: Int) {
     self.count = count
-    loop = try! RunLoopThread(name: "timers", cpu: pin.serverCPU)
+    loop = try! RunLoopThread(name: "timers")
   }
 
   func measure() -> Figure {
@@ -123,12 +123,8 @@ final class ManyTimers: FigureSession {
 final class ManyLoops: FigureSession {
   private let count: Int
   private let batch = 100
-  private let cpu: Int?
 
-  init(pin: PinPlan, count: Int) {
-    self.count = count
-    cpu = pin.serverCPU
-  }
+  init(count: Int) { self.count = count }
 
   func measure() -> Figure {
     let descriptorsBefore = openDescriptorCount()
@@ -136,7 +132,7 @@ final class ManyLoops: FigureSession {
     var created = 0
     while created < count {
       let size = min(batch, count - created)
-      let loops = (0..<size).map { index in try! RunLoopThread(name: "manyloops-\(created + index)", cpu: cpu) }
+      let loops = (0..<size).map { index in try! RunLoopThread(name: "manyloops-\(created + index)") }
       for loop in loops { loop.shutdown() }
       for loop in loops { loop.shutdownAndWait() }
       created += size
@@ -178,34 +174,31 @@ final class ManyLoops: FigureSession {
 
 enum ResourceScenarios {
   static func idleCPU(_ context: BenchmarkContext) -> ScenarioResult {
-    let pin = context.pin
     let window = context.mode.idleWindowNanoseconds
     return runFigureScenario(
       "idle-cpu", unit: "ns",
       notes: [
         "CPU time of an idle loop thread (ten far-future timers) over \(window / 1_000_000) ms; wakeups = its context switches"
       ],
-      peers: [PeerSpec(name: "asyncrunloop", open: { IdleLoopCPU(pin: pin, window: window) })],
+      peers: [PeerSpec(name: "asyncrunloop", open: { IdleLoopCPU(window: window) })],
       warmUp: false, repetitions: context.mode.figureRepetitions)
   }
 
   static func timers100k(_ context: BenchmarkContext) -> ScenarioResult {
-    let pin = context.pin
     let count = context.mode.timerCount
     return runFigureScenario(
       "timers-100k", unit: "ns",
       notes: ["schedule and fire \(count) one-shot timers on the loop thread; ns per timer (schedule + fire)"],
-      peers: [PeerSpec(name: "asyncrunloop", open: { ManyTimers(pin: pin, count: count) })],
+      peers: [PeerSpec(name: "asyncrunloop", open: { ManyTimers(count: count) })],
       warmUp: true, repetitions: context.mode.figureRepetitions)
   }
 
   static func loops1000(_ context: BenchmarkContext) -> ScenarioResult {
-    let pin = context.pin
     let count = context.mode.loopCount
     return runFigureScenario(
       "loops-1000", unit: "ms",
       notes: ["create and shut down \(count) loops (batches of 100); total ms, and what was left over"],
-      peers: [PeerSpec(name: "asyncrunloop", open: { ManyLoops(pin: pin, count: count) })],
+      peers: [PeerSpec(name: "asyncrunloop", open: { ManyLoops(count: count) })],
       warmUp: false, repetitions: context.mode.figureRepetitions)
   }
 }

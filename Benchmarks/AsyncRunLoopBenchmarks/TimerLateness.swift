@@ -43,14 +43,12 @@ private final class SampleCollector: @unchecked Sendable {
   }
 }
 
-/// floor-timerfd: a thread (server CPU) blocks in read() on a periodic absolute timerfd.
+/// floor-timerfd: a thread blocks in read() on a periodic absolute timerfd.
 final class FloorTimerfdLateness: LatencySession {
-  private let cpu: Int?
-  init(pin: PinPlan) { cpu = pin.serverCPU }
 
   func measure(_ count: Int) -> [Double] {
     let collector = SampleCollector(count: count)
-    let thread = PlainThread(name: "floor-timerfd", cpu: cpu) {
+    let thread = PlainThread(name: "floor-timerfd", cpu: nil) {
       let descriptor = timerfd_create(CLOCK_MONOTONIC, Int32(TFD_CLOEXEC))
       precondition(descriptor >= 0, "timerfd_create failed")
       let start = monotonicNanoseconds() + intervalNanoseconds
@@ -77,12 +75,36 @@ final class FloorTimerfdLateness: LatencySession {
   func close() {}
 }
 
+/// asyncrunloop: `for await tick in loop.timer(every: 1 ms, tolerance: .zero)` in a task whose
+/// executor preference is the loop; lateness = when the consumer has the tick minus
+/// `tick.scheduled` (the due instant it stands for).
+final class TimerSequenceLateness: LatencySession {
+  private let loop: RunLoopThread
+
+  init() { loop = try! RunLoopThread(name: "timer-seq") }
+
+  func measure(_ count: Int) -> [Double] {
+    let ticks = loop.timer(every: .nanoseconds(intervalNanoseconds), tolerance: .zero)
+    return blockingAwait(executor: loop) {
+      var samples: [Double] = []
+      samples.reserveCapacity(count)
+      for await tick in ticks {
+        samples.append(Double(monotonicNanoseconds() - tick.scheduled.nanoseconds) / 1000)
+        if samples.count == count { break }
+      }
+      return samples
+    }
+  }
+
+  func close() { loop.shutdownAndWait() }
+}
+
 /// asyncrunloop-looptimer (extra): a repeating `LoopTimer` with a callback; the handler reads
 /// the timer's current fire date (it moves to the next grid point after the callout).
 final class LoopTimerLateness: LatencySession {
   private let loop: RunLoopThread
 
-  init(pin: PinPlan) { loop = try! RunLoopThread(name: "looptimer", cpu: pin.serverCPU) }
+  init() { loop = try! RunLoopThread(name: "looptimer") }
 
   func measure(_ count: Int) -> [Double] {
     let collector = SampleCollector(count: count)
@@ -125,7 +147,7 @@ final class LoopTaskSleepLateness: LatencySession {
   /// Sleeps the loop did not schedule itself (they went to the global executor's timers).
   private(set) var unroutedSleeps = 0
 
-  init(pin: PinPlan) { loop = try! RunLoopThread(name: "task-sleep", cpu: pin.serverCPU) }
+  init() { loop = try! RunLoopThread(name: "task-sleep") }
 
   func measure(_ count: Int) -> [Double] {
     let before = loop.scheduledJobCount
@@ -186,7 +208,7 @@ final class DispatchTimerLateness: LatencySession {
 final class FoundationTimerLateness: LatencySession {
   private let server: FoundationLoopThread
 
-  init(pin: PinPlan) { server = FoundationLoopThread(name: "foundation-tmr", cpu: pin.serverCPU) }
+  init() { server = FoundationLoopThread(name: "foundation-tmr", cpu: nil) }
 
   func measure(_ count: Int) -> [Double] {
     let collector = SampleCollector(count: count)
@@ -212,22 +234,24 @@ private final class GridPosition: @unchecked Sendable {
 }
 
 enum TimerScenarios {
+  /// Single-threaded peers: nothing is pinned (a pinned timer thread only waits for whatever
+  /// else runs on its CPU), whatever `--pin` says.
   static func timerLateness(_ context: BenchmarkContext) -> ScenarioResult {
-    let pin = context.pin
-    return runLatencyScenario(
+    runLatencyScenario(
       "timer-1ms-lateness", floor: "floor-timerfd",
       notes: [
         "fire time minus due time of a 1 ms repeating timer (zero tolerance/leeway); µs per fire",
         "asyncrunloop-looptimer (extra): a repeating LoopTimer callback, for comparison with the sequence",
+        "single-threaded: not pinned, whatever --pin says",
       ],
       peers: [
-        TimerSequenceSupport.peer(pin: pin),
-        PeerSpec(name: "asyncrunloop-looptimer", open: { LoopTimerLateness(pin: pin) }),
-        PeerSpec(name: "asyncrunloop-task-sleep", open: { LoopTaskSleepLateness(pin: pin) }),
+        PeerSpec(name: "asyncrunloop", open: { TimerSequenceLateness() }),
+        PeerSpec(name: "asyncrunloop-looptimer", open: { LoopTimerLateness() }),
+        PeerSpec(name: "asyncrunloop-task-sleep", open: { LoopTaskSleepLateness() }),
         PeerSpec(name: "task-sleep", open: { GlobalTaskSleepLateness() }),
         PeerSpec(name: "dispatch-source-timer", open: { DispatchTimerLateness() }),
-        PeerSpec(name: "foundation-timer", open: { FoundationTimerLateness(pin: pin) }),
-        PeerSpec(name: "floor-timerfd", open: { FloorTimerfdLateness(pin: pin) }),
+        PeerSpec(name: "foundation-timer", open: { FoundationTimerLateness() }),
+        PeerSpec(name: "floor-timerfd", open: { FloorTimerfdLateness() }),
       ],
       samples: context.mode.timerFires, warmUp: max(10, context.mode.timerFires / 10),
       repetitions: context.mode.repetitions)
