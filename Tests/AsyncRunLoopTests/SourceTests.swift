@@ -5,7 +5,7 @@ import Testing
 
 /// Custom ("version 0") input sources (SPEC §3): order, routines, signal + wake, coalescing,
 /// invalidation and removal.
-@Suite("Input sources")
+@Suite("InputSource (custom sources)")
 struct InputSourceTests {
   /// Counts of each routine, and whether every call ran on the loop's thread.
   final class RoutineRecorder: Sendable {
