@@ -84,8 +84,6 @@ public final class RunLoopThread: @unchecked Sendable {
   var timerSequence: UInt64 = 0
   /// The mode whose descriptors are armed in epoll.
   var armedMode: RunLoopMode?
-  /// How deep `run` calls are nested on this loop.
-  var runDepth = 0
   /// Jobs scheduled through `SchedulingExecutor` (Task.sleep under the loop's preference).
   let scheduledJobCounter = LockedValue(0)
   /// Reused buffer for due timers.
@@ -299,12 +297,19 @@ public final class RunLoopThread: @unchecked Sendable {
   /// Runs `block` on the loop thread and waits for it to finish, returning its result.
   /// On the loop's own thread it runs inline at once (no deadlock). Any thread.
   /// - Throws: `RunLoopError.shutDown` if the loop has shut down (or shuts down before running
-  ///   it); `RunLoopError.wouldDeadlock` for a non-owned loop that is not being run. Rethrows
-  ///   what `block` throws.
+  ///   it); `RunLoopError.wouldDeadlock` when the loop is not an owned loop thread and no thread
+  ///   is running it at the time of the call (nothing would ever run the block; a loop that stops
+  ///   running later leaves the caller waiting for its next run). Rethrows what `block` throws.
   public func performAndWait<T: Sendable>(
     inModes modes: [RunLoopMode] = [.common], _ block: @escaping @Sendable () throws -> T
   ) throws -> T {
     if isOnLoopThread { return try block() }
+    if !ownsThread {
+      let running = isMainLoop ? RunLoopThread.isMainLoopRunning : inboxLock.withLock { inbox.activeRuns > 0 }
+      guard running else {
+        throw RunLoopError.wouldDeadlock("performAndWait on loop '\(name)', which no thread is running")
+      }
+    }
     let box = ResultBox<T>()
     let gate = BlockingGate()
     let accepted = perform(inModes: modes) {

@@ -75,3 +75,22 @@ extension PinnedToLoopActor {
   #expect(loop.scheduledJobCount == 1)
   loop.shutdownAndWait()
 }
+
+@Test func performAndWaitOnALoopNobodyRunsThrowsInsteadOfHanging() throws {
+  // A thread's own loop that the thread is not running: wouldDeadlock, not a hang.
+  let made = Locked<RunLoopThread?>(nil)
+  let release = BlockingGate()
+  let owner = EngineTestThread.start {
+    made.withLock { $0 = RunLoopThread.current }
+    release.wait()
+  }
+  waitUntil { made.withLock { $0 } != nil }
+  let idle = try #require(made.withLock { $0 })
+  #expect(throws: RunLoopError.wouldDeadlock("performAndWait on loop '\(idle.name)', which no thread is running")) {
+    try idle.performAndWait { 2 }
+  }
+  release.open()
+  owner.join()
+  // The thread has exited: its loop terminated, so the call is refused as shut down.
+  #expect(throws: RunLoopError.shutDown(loop: idle.name)) { try idle.performAndWait { 1 } }
+}
