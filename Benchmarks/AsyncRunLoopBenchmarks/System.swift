@@ -223,9 +223,6 @@ private func fscanf_double(_ file: UnsafeMutablePointer<FILE>, _ value: inout Do
 /// Open descriptors of this process (the directory handle itself is not counted).
 func openDescriptorCount() -> Int { countEntries("/proc/self/fd") - 1 }
 
-/// Threads of this process.
-func threadCount() -> Int { countEntries("/proc/self/task") }
-
 /// Sleeps the calling thread.
 func sleepNanoseconds(_ nanoseconds: Int64) {
   var spec = timespec(tv_sec: Int(nanoseconds / 1_000_000_000), tv_nsec: Int(nanoseconds % 1_000_000_000))
@@ -252,7 +249,7 @@ final class ReplyDoorbell: Sendable {
   /// Rings; costs a syscall (gettid) only the first time a new thread rings.
   @inline(__always)
   func ring() {
-    let me = UInt(bitPattern: Int(bitPattern: UnsafeRawPointer(bitPattern: pthread_self())))
+    let me = pthread_self()  // an integer on Linux; cheap (a thread-pointer read)
     if ringer.load(ordering: .relaxed) != me {
       ringer.store(me, ordering: .relaxed)
       ringerID.store(carl_gettid(), ordering: .relaxed)
