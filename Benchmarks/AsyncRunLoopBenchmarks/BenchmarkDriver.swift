@@ -13,6 +13,9 @@ enum BenchmarkDriver {
       "AsyncRunLoopBenchmarks — mode \(options.mode.rawValue), pin \(pin.name), \(onlineCPUs) CPUs, "
         + "\(options.mode.repetitions) interleaved repetitions; latency in µs, medians over repetitions")
     print("load average (1 min) at start: \(loadBefore.map { formatFixed($0, decimals: 2) } ?? "?")")
+    #if DEBUG
+      print("warning: debug build; the numbers mean nothing (build with -c release)")
+    #endif
     if let loadBefore, loadBefore > 0.5 * Double(onlineCPUs) {
       print("warning: other processes are using the CPUs; latency figures will be noisy")
     }
