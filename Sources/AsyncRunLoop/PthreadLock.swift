@@ -6,6 +6,10 @@ import Glibc
 /// understand the futex-based `Mutex` and reports false races; with a pthread mutex TSan stays
 /// meaningful. Callable from any thread. Never call user code or resume a continuation while
 /// holding it.
+///
+/// `@usableFromInline` (with `lock()`/`unlock()`) so that the async sequences' per-element paths
+/// can be `@inlinable` and specialized for the client's element type.
+@usableFromInline
 final class PthreadLock: @unchecked Sendable {
   // Safety: `mutex` is only touched through pthread_mutex_* calls, which are thread-safe; the
   // pointer itself is immutable after init.
@@ -29,13 +33,13 @@ final class PthreadLock: @unchecked Sendable {
     mutex.deallocate()
   }
 
-  @inline(__always)
+  @inline(__always) @usableFromInline
   func lock() {
     let rc = pthread_mutex_lock(mutex)
     assert(rc == 0, "pthread_mutex_lock failed: \(rc)")
   }
 
-  @inline(__always)
+  @inline(__always) @usableFromInline
   func unlock() {
     let rc = pthread_mutex_unlock(mutex)
     assert(rc == 0, "pthread_mutex_unlock failed: \(rc)")
