@@ -91,6 +91,7 @@ public final class ActivitySequence: AsyncSequence, StoppableConsumption, @unche
   }
 
   /// The consumer stopped (cancelled, or dropped its iterator). Any thread; idempotent.
+  @usableFromInline
   func stopConsuming() {
     lock.lock()
     let action = machine.stopConsuming()

@@ -1,5 +1,6 @@
 /// A sequence whose single consumer can stop: the task was cancelled, or the iterator was dropped
 /// (`break` out of `for await`).
+@usableFromInline
 protocol StoppableConsumption: AnyObject, Sendable {
   /// The consumer is gone: end the sequence and release what it holds. Any thread; idempotent.
   func stopConsuming()
@@ -8,9 +9,11 @@ protocol StoppableConsumption: AnyObject, Sendable {
 /// Held by an iterator: when the iterator is dropped (the `for await` loop ended by `break`,
 /// `return`, a throw, or the iterator went out of scope) its deinit stops the consumption, as
 /// `AsyncStream`'s iterator does. Not shared between tasks: an iterator is not `Sendable`.
+@usableFromInline
 final class ConsumerLifetime<Storage: StoppableConsumption> {
-  let storage: Storage
+  @usableFromInline let storage: Storage
 
+  @usableFromInline
   init(_ storage: Storage) { self.storage = storage }
 
   deinit { storage.stopConsuming() }

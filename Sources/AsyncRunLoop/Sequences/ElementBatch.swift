@@ -10,31 +10,36 @@
 /// consumer empties its batch (outside every lock), and compaction hands the old storage back to
 /// the caller to release after the lock is released, so no element's `deinit` ever runs while a
 /// lock is held.
+///
+/// `@usableFromInline` with `@inlinable` hot members: the source sequence's per-element paths are
+/// inlined into (and specialized for) the client's element type.
+@usableFromInline
 struct ElementBatch<Element> {
-  private(set) var elements: [Element] = []
-  private(set) var head = 0
+  @usableFromInline var elements: [Element] = []
+  @usableFromInline var head = 0
 
+  @inlinable
   init() {}
 
   /// The number of unconsumed elements.
-  @inline(__always)
+  @inlinable
   var count: Int { elements.count &- head }
 
   /// True when no unconsumed element is left.
-  @inline(__always)
+  @inlinable
   var isEmpty: Bool { head == elements.count }
 
   /// True when the batch has no slots at all (not even consumed ones).
   var hasNoSlots: Bool { elements.isEmpty }
 
-  @inline(__always)
+  @inlinable
   mutating func append(_ element: Element) {
     elements.append(element)
   }
 
   /// Removes and returns the oldest element (its slot keeps the value until the batch is emptied
   /// or compacted).
-  @inline(__always)
+  @inlinable
   mutating func popFirst() -> Element? {
     guard head < elements.count else { return nil }
     let element = elements[head]
@@ -73,6 +78,7 @@ struct ElementBatch<Element> {
   /// Replaces the storage by a copy of the unconsumed elements when consumed slots outnumber them
   /// (so a buffer that drops its oldest elements does not grow without bound).
   /// - Returns: the old storage, to release after the lock is released, or nil.
+  @inlinable
   mutating func compactIfWasteful() -> [Element]? {
     guard head >= 64, head >= count else { return nil }
     var live = Array(elements[head...])

@@ -90,6 +90,7 @@ public final class ReadinessSequence: AsyncSequence, StoppableConsumption, @unch
   }
 
   /// The consumer stopped (cancelled, or dropped its iterator). Any thread; idempotent.
+  @usableFromInline
   func stopConsuming() {
     lock.lock()
     let action = machine.stopConsuming()

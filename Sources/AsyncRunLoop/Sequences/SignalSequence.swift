@@ -106,6 +106,7 @@ public final class SignalSequence: AsyncSequence, StoppableConsumption, @uncheck
   }
 
   /// The consumer stopped (cancelled, or dropped its iterator). Any thread; idempotent.
+  @usableFromInline
   func stopConsuming() {
     lock.lock()
     let action = machine.stopConsuming()

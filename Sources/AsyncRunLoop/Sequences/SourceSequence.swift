@@ -38,11 +38,12 @@ public final class SourceSequence<Element: Sendable>: AsyncSequence, StoppableCo
   /// The loop the source is scheduled on.
   public let loop: RunLoopThread
   /// The underlying custom source (its perform routine releases posted elements).
-  let source: InputSource
-  private let lock = PthreadLock()
-  private var machine: Machine
+  @usableFromInline let source: InputSource
+  // `@usableFromInline`: `post` and the iterator's fast path are inlined into the client.
+  @usableFromInline let lock = PthreadLock()
+  @usableFromInline var machine: Machine
 
-  private typealias Machine = SourceSequenceStateMachine<
+  @usableFromInline typealias Machine = SourceSequenceStateMachine<
     Element, UnsafeContinuation<Void, Never>, UnsafeContinuation<SourcePostResult, Never>
   >
 
@@ -78,6 +79,7 @@ public final class SourceSequence<Element: Sendable>: AsyncSequence, StoppableCo
   /// - Returns: `.enqueued` (or `.enqueuedDroppingOldest`) when the element was taken; `.full`
   ///   when a `.bounded` buffer is full (the element was not taken: retry, or use `send`);
   ///   `.dropped` when a `.dropNewest` buffer is full; `.terminated` when the sequence has ended.
+  @inlinable
   public func post(_ element: Element) -> SourcePostResult {
     lock.lock()
     let action = machine.post(element)
@@ -189,6 +191,7 @@ public final class SourceSequence<Element: Sendable>: AsyncSequence, StoppableCo
   // MARK: Consumer
 
   /// The consumer stopped (cancelled, or dropped its iterator). Any thread; idempotent.
+  @usableFromInline
   func stopConsuming() {
     lock.lock()
     let action = machine.stopConsuming()
@@ -205,7 +208,8 @@ public final class SourceSequence<Element: Sendable>: AsyncSequence, StoppableCo
 
   /// The consumer's batch ran out: takes the next batch, suspending until the loop releases one.
   /// The consumer's task.
-  fileprivate func nextBatch(
+  @usableFromInline
+  func nextBatch(
     _ batch: inout ElementBatch<Element>, isolation actor: isolated (any Actor)?
   ) async -> Element? {
     batch.removeAll()  // release the consumed values outside the lock
@@ -244,20 +248,23 @@ public final class SourceSequence<Element: Sendable>: AsyncSequence, StoppableCo
 
   /// The single consumer's iterator. Not `Sendable`: iterate from one task.
   public struct Iterator: AsyncIteratorProtocol {
-    private let lifetime: ConsumerLifetime<SourceSequence<Element>>
+    @usableFromInline let lifetime: ConsumerLifetime<SourceSequence<Element>>
     /// The batch taken from the sequence; elements are handed out from here without a lock.
-    private var batch = ElementBatch<Element>()
+    @usableFromInline var batch = ElementBatch<Element>()
 
     fileprivate init(_ sequence: SourceSequence<Element>) {
       lifetime = ConsumerLifetime(sequence)
     }
 
     /// The next element, or nil once the sequence has ended or the task was cancelled.
+    /// `@inlinable`: the per-element path is specialized for the element type in the caller.
+    @inlinable
     public mutating func next(isolation actor: isolated (any Actor)? = #isolation) async -> Element? {
       if let element = batch.popFirst(), !Task.isCancelled { return element }
       return await lifetime.storage.nextBatch(&batch, isolation: actor)
     }
 
+    @inlinable
     public mutating func next() async -> Element? {
       await next(isolation: nil)
     }

@@ -17,8 +17,14 @@
 /// without `invalidate()` (its shutdown) goes from `open`/`consumerWaiting` to `closed` directly.
 /// The consumer stopping (cancelled, iterator dropped) goes to `cancelled` from anywhere, which
 /// discards everything.
+///
+/// The post path (`post`, `admit` and what they touch) is `@usableFromInline`/`@inlinable`, not
+/// `private`: `SourceSequence.post` is inlined into the client so that it is specialized for the
+/// element type (unspecialized, each post paid several generic-metadata lookups).
+@usableFromInline
 struct SourceSequenceStateMachine<Element, Consumer, Producer> {
-  private enum State {
+  @usableFromInline
+  enum State {
     /// Accepting elements; the consumer is not suspended (it is running, or has not asked yet).
     case open
     /// Accepting elements; the consumer is suspended until the loop releases some.
@@ -46,22 +52,23 @@ struct SourceSequenceStateMachine<Element, Consumer, Producer> {
     var producers: [WaitingProducer] = []
   }
 
-  private enum Overflow {
+  @usableFromInline
+  enum Overflow {
     /// `.unbounded` (never full) and `.bounded`: refuse, async producers wait.
     case refuse
     case dropOldest
     case dropNewest
   }
 
-  private var state = State.open
-  private var posted = ElementBatch<Element>()
-  private var released = ElementBatch<Element>()
+  @usableFromInline var state = State.open
+  @usableFromInline var posted = ElementBatch<Element>()
+  @usableFromInline var released = ElementBatch<Element>()
   /// Async producers waiting for room, oldest first. Non-empty only while the buffer is full.
   private var waitingProducers: [WaitingProducer] = []
-  private let capacity: Int
-  private let overflow: Overflow
+  @usableFromInline let capacity: Int
+  @usableFromInline let overflow: Overflow
   /// Elements dropped by `.dropOldest` / `.dropNewest`.
-  private(set) var droppedCount = 0
+  @usableFromInline var droppedCount = 0
   private var nextProducerID: UInt64 = 0
   private var iteratorMade = false
 
@@ -75,6 +82,7 @@ struct SourceSequenceStateMachine<Element, Consumer, Producer> {
   }
 
   /// Elements buffered and not yet taken by the consumer.
+  @inlinable
   var bufferedCount: Int { posted.count + released.count }
 
   /// The number of async producers waiting for room.
@@ -95,6 +103,7 @@ struct SourceSequenceStateMachine<Element, Consumer, Producer> {
     return nextProducerID
   }
 
+  @usableFromInline
   enum PostAction {
     /// Taken. Signal the source when `signalSource` (it joined an empty `posted` buffer); release
     /// `discard` after unlocking.
@@ -104,6 +113,7 @@ struct SourceSequenceStateMachine<Element, Consumer, Producer> {
   }
 
   /// A producer posts an element without waiting (any thread).
+  @inlinable
   mutating func post(_ element: Element) -> PostAction {
     switch state {
     case .open, .consumerWaiting:
@@ -324,7 +334,8 @@ struct SourceSequenceStateMachine<Element, Consumer, Producer> {
   // MARK: Helpers (not events)
 
   /// Takes `element` into `posted`, or applies the overflow policy when full.
-  private mutating func admit(_ element: Element) -> PostAction {
+  @inlinable
+  mutating func admit(_ element: Element) -> PostAction {
     guard bufferedCount >= capacity else {
       let wasEmpty = posted.isEmpty
       posted.append(element)

@@ -82,6 +82,7 @@ public final class TimerSequence: AsyncSequence, StoppableConsumption, @unchecke
   }
 
   /// The consumer stopped (cancelled, or dropped its iterator). Any thread; idempotent.
+  @usableFromInline
   func stopConsuming() {
     lock.lock()
     let action = machine.stopConsuming()
