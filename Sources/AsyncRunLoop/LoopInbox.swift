@@ -72,13 +72,14 @@ struct LoopInbox {
     }
   }
 
-  /// A block arrives; nil when the loop has terminated (the block is refused).
+  /// A block arrives; nil once shutdown has begun (the block is refused: a caller that keeps
+  /// performing must not keep the draining loop alive forever). Blocks accepted before run.
   mutating func perform(_ request: PerformRequest) -> WakeAction? {
     switch lifecycle {
-    case .active, .shuttingDown:
+    case .active:
       performs.append(request)
       return requestWake()
-    case .terminated:
+    case .shuttingDown, .terminated:
       return nil
     }
   }
@@ -129,11 +130,23 @@ struct LoopInbox {
     }
   }
 
-  /// The draining loop found nothing left: terminate unless work arrived meanwhile.
-  mutating func terminateIfIdle() -> Bool {
-    guard jobs.isEmpty, performs.isEmpty, controls.isEmpty, signalled.isEmpty else { return false }
-    lifecycle = .terminated
-    return true
+  enum TerminateAction {
+    /// Work is still waiting: drain another round.
+    case keepDraining
+    /// Terminated. These jobs (oldest first) arrived too fast to drain: the caller hands them to
+    /// the fallback executor before releasing the lock, so later arrivals queue behind them.
+    case terminated(leftoverJobs: [LoopJob])
+  }
+
+  /// The draining loop finished a round: terminate when nothing is left, or (`force`) after the
+  /// last round even if producers keep sending jobs.
+  mutating func terminate(force: Bool) -> TerminateAction {
+    let idle = jobs.isEmpty && performs.isEmpty && controls.isEmpty
+    guard idle || force else { return .keepDraining }  // more to run: another round
+    lifecycle = .terminated  // from now on jobs go to the fallback, blocks are refused
+    signalled.removeAll()  // every source is invalidated already
+    defer { jobs.removeAll() }
+    return .terminated(leftoverJobs: jobs)
   }
 
   /// Whether anything is waiting for the loop (it must not sleep).

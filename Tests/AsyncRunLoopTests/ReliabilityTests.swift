@@ -416,37 +416,42 @@ struct ReliabilityTests {
     }
   }
 
-  /// Known issue: the drain after `shutdown()` runs every block that arrives while it drains, so
-  /// a thread that keeps calling `perform` keeps the loop from ever terminating (and its inbox
-  /// grows without bound); `shutdownAndWait()` does not return until the producer stops.
-  @Test func shutdownEndsWhileAnotherThreadKeepsPerforming() async throws {
+  /// Producers that never stop performing blocks and enqueuing actor jobs cannot keep a loop
+  /// from shutting down: blocks are refused once shutdown begins, and jobs that outpace the
+  /// drain go to the fallback executor (still run exactly once).
+  @Test func shutdownEndsWhileOtherThreadsKeepPerformingAndCalling() async throws {
     let loop = try RunLoopThread(name: "rel-endless")
+    let counter = try ExecCounter(loop: loop)
     let producing = Atomic<Bool>(true)
     let ran = Locked(0)
+    let accepted = Locked(0)
     let producers = (0..<2).map { _ in
       ExecThread {
         while producing.load(ordering: .acquiring) {
-          loop.perform { ran.withLock { $0 += 1 } }
+          if loop.perform({ ran.withLock { $0 += 1 } }) { accepted.withLock { $0 += 1 } }
         }
       }
     }
-    waitUntil("the producers got going") { ran.withLock { $0 } > 1_000 }
-    let shutter = ExecThread { loop.shutdownAndWait() }
-    withKnownIssue("the shutdown drain accepts and runs blocks that keep arriving: it never ends", isIntermittent: true)
-    {
-      let deadline = LoopClock.Instant.now.advanced(by: .seconds(3))
-      while LoopClock.Instant.now < deadline {
-        if !loop.perform({}) { return }  // refused: the loop has terminated
-        usleep(1_000)
+    let caller = Task {
+      var calls = 0
+      while producing.load(ordering: .acquiring) {
+        await counter.increment()
+        calls += 1
       }
-      Issue.record("the loop had not terminated 3 s after shutdown() while blocks kept arriving")
+      return calls
     }
+    waitUntil("the producers got going") { ran.withLock { $0 } > 1_000 }
+    let finished = try await withWatchdog(timeout: .seconds(60), "shutdown while producers keep going") {
+      await execShutdown(loop)
+      return true
+    }
+    #expect(finished == true)
+    #expect(!loop.perform {})  // refused: the loop has terminated
     producing.store(false, ordering: .releasing)
-    await execOnNewThread {
-      producers.forEach { $0.join() }
-      shutter.join()
-    }
-    #expect(loop.isShutDown)
+    await execOnNewThread { producers.forEach { $0.join() } }
+    let calls = await caller.value
+    #expect(await counter.count == calls)  // every actor call ran exactly once, some on the fallback
+    #expect(accepted.withLock { $0 } == ran.withLock { $0 })
   }
 
   // MARK: Bad input
