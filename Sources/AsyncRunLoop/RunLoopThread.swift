@@ -305,6 +305,7 @@ public final class RunLoopThread: @unchecked Sendable {
   ) throws -> T {
     if isOnLoopThread { return try block() }
     if !ownsThread {
+      if isShutDown { throw RunLoopError.shutDown(loop: name) }
       let running = isMainLoop ? RunLoopThread.isMainLoopRunning : inboxLock.withLock { inbox.activeRuns > 0 }
       guard running else {
         throw RunLoopError.wouldDeadlock("performAndWait on loop '\(name)', which no thread is running")
