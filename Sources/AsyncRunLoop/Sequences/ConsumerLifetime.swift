@@ -26,6 +26,7 @@ func singleConsumerViolation(_ sequence: String) -> String {
 }
 
 /// The message every sequence traps with when `next()` is called while a previous call is waiting.
+@usableFromInline
 func concurrentNextViolation(_ sequence: String) -> String {
   "AsyncRunLoop: \(sequence).next() was called while another call was still waiting; "
     + "a sequence has a single consumer."
@@ -34,11 +35,13 @@ func concurrentNextViolation(_ sequence: String) -> String {
 /// Suspends the consumer until something resumes it: `register` runs synchronously with the
 /// continuation and stores it (under the sequence's lock) or answers false to be resumed at once
 /// (the state changed since the consumer looked). `onCancel` runs if the task is cancelled (at once
-/// if it already is) and must end the wait. Runs in `actor`'s isolation: no hop.
+/// if it already is) and must end the wait. Runs in `actor`'s isolation: no hop. Neither closure
+/// escapes, so a wait allocates nothing on the heap.
+@usableFromInline
 func waitForConsumerWake(
   isolation actor: isolated (any Actor)?,
   register: (UnsafeContinuation<Void, Never>) -> Bool,
-  onCancel: @escaping @Sendable () -> Void
+  onCancel: @Sendable () -> Void
 ) async {
   await withTaskCancellationHandler {
     await withUnsafeContinuation(isolation: actor) { (continuation: UnsafeContinuation<Void, Never>) in

@@ -49,6 +49,7 @@ struct ElementBatch<Element> {
 
   /// Empties the batch and keeps its capacity. Releases every value still held: never call it
   /// with a lock held.
+  @inlinable
   mutating func removeAll() {
     elements.removeAll(keepingCapacity: true)
     head = 0
@@ -56,6 +57,7 @@ struct ElementBatch<Element> {
 
   /// Moves every unconsumed element of `other` to the end of this batch and leaves `other` empty.
   /// - Returns: storage whose values must be released after the lock is released, or nil.
+  @inlinable
   mutating func moveAll(from other: inout ElementBatch<Element>) -> [Element]? {
     if isEmpty {
       // Nothing unconsumed here: trade storage (O(1)). Consumed slots travel with `other` until

@@ -47,6 +47,9 @@ public final class SourceSequence<Element: Sendable>: AsyncSequence, StoppableCo
     Element, UnsafeContinuation<Void, Never>, UnsafeContinuation<SourcePostResult, Never>
   >
 
+  /// `@inlinable`, like the factory that calls it: the source's perform routine is then made
+  /// (and specialized for the element type) in the client.
+  @inlinable
   init(
     loop: RunLoopThread, buffering: SourceBuffering, order: Int,
     onSchedule: (@Sendable (RunLoopThread, RunLoopMode) -> Void)?,
@@ -163,7 +166,8 @@ public final class SourceSequence<Element: Sendable>: AsyncSequence, StoppableCo
   // MARK: Loop side (loop thread)
 
   /// The perform routine: what was posted becomes available to the consumer.
-  private func release() {
+  @inlinable
+  func release() {
     lock.lock()
     let action = machine.release()
     lock.unlock()
@@ -175,7 +179,8 @@ public final class SourceSequence<Element: Sendable>: AsyncSequence, StoppableCo
 
   /// The cancel routine (loop thread), or the end of an `invalidate()` of a source that never
   /// reached its loop (any thread).
-  private func sourceDetached() {
+  @usableFromInline
+  func sourceDetached() {
     lock.lock()
     let action = machine.sourceDetached()
     lock.unlock()
@@ -208,7 +213,7 @@ public final class SourceSequence<Element: Sendable>: AsyncSequence, StoppableCo
 
   /// The consumer's batch ran out: takes the next batch, suspending until the loop releases one.
   /// The consumer's task.
-  @usableFromInline
+  @inlinable
   func nextBatch(
     _ batch: inout ElementBatch<Element>, isolation actor: isolated (any Actor)?
   ) async -> Element? {
@@ -229,19 +234,17 @@ public final class SourceSequence<Element: Sendable>: AsyncSequence, StoppableCo
       case .end:
         return nil
       case .suspend:
-        await withTaskCancellationHandler {
-          await withUnsafeContinuation(isolation: actor) { (continuation: UnsafeContinuation<Void, Never>) in
+        await waitForConsumerWake(
+          isolation: actor,
+          register: { continuation in
             lock.lock()
-            let action = machine.suspendConsumer(continuation)
-            lock.unlock()
-            switch action {
-            case .suspended: break
-            case .resume: continuation.resume()
+            defer { lock.unlock() }
+            switch machine.suspendConsumer(continuation) {
+            case .suspended: return true
+            case .resume: return false
             }
-          }
-        } onCancel: {
-          self.stopConsuming()
-        }
+          },
+          onCancel: { self.stopConsuming() })
       }
     }
   }
@@ -299,6 +302,7 @@ extension RunLoopThread {
   ///   - onCancel: Called once on the loop thread when the source leaves the loop (the consumer
   ///     stopped, `invalidate()`, or the loop shut down), if it had joined it.
   /// - Returns: The sequence; it ends at once if the loop has already shut down.
+  @inlinable
   public func sourceSequence<Element: Sendable>(
     of elementType: Element.Type = Element.self, buffering: SourceBuffering = .unbounded,
     modes: [RunLoopMode] = [.common], order: Int = 0,

@@ -18,9 +18,10 @@
 /// The consumer stopping (cancelled, iterator dropped) goes to `cancelled` from anywhere, which
 /// discards everything.
 ///
-/// The post path (`post`, `admit` and what they touch) is `@usableFromInline`/`@inlinable`, not
-/// `private`: `SourceSequence.post` is inlined into the client so that it is specialized for the
-/// element type (unspecialized, each post paid several generic-metadata lookups).
+/// The per-element and per-batch paths (`post`, `release`, `take`, `suspendConsumer` and what they
+/// touch) are `@usableFromInline`/`@inlinable`, not `private`: `SourceSequence` inlines them into
+/// the client so that they are specialized for the element type (unspecialized, each call paid
+/// several generic-metadata lookups).
 @usableFromInline
 struct SourceSequenceStateMachine<Element, Consumer, Producer> {
   @usableFromInline
@@ -40,10 +41,11 @@ struct SourceSequenceStateMachine<Element, Consumer, Producer> {
   }
 
   /// An async producer waiting for room (`.bounded` only), with the element it brings.
+  @usableFromInline
   struct WaitingProducer {
-    let id: UInt64
-    let element: Element
-    let continuation: Producer
+    @usableFromInline let id: UInt64
+    @usableFromInline let element: Element
+    @usableFromInline let continuation: Producer
   }
 
   /// What to hand back to the caller to release after the lock is released.
@@ -64,7 +66,7 @@ struct SourceSequenceStateMachine<Element, Consumer, Producer> {
   @usableFromInline var posted = ElementBatch<Element>()
   @usableFromInline var released = ElementBatch<Element>()
   /// Async producers waiting for room, oldest first. Non-empty only while the buffer is full.
-  private var waitingProducers: [WaitingProducer] = []
+  @usableFromInline var waitingProducers: [WaitingProducer] = []
   @usableFromInline let capacity: Int
   @usableFromInline let overflow: Overflow
   /// Elements dropped by `.dropOldest` / `.dropNewest`.
@@ -72,6 +74,7 @@ struct SourceSequenceStateMachine<Element, Consumer, Producer> {
   private var nextProducerID: UInt64 = 0
   private var iteratorMade = false
 
+  @usableFromInline
   init(buffering: SourceBuffering) {
     capacity = buffering.capacity
     switch buffering {
@@ -169,6 +172,7 @@ struct SourceSequenceStateMachine<Element, Consumer, Producer> {
     }
   }
 
+  @usableFromInline
   enum ReleaseAction {
     /// Nothing to resume; release `discard` after unlocking.
     case none(discard: [Element]?)
@@ -178,6 +182,7 @@ struct SourceSequenceStateMachine<Element, Consumer, Producer> {
 
   /// The loop fired the source (loop thread, in one of its modes): what was posted becomes
   /// available to the consumer.
+  @inlinable
   mutating func release() -> ReleaseAction {
     switch state {
     case .open:
@@ -197,6 +202,7 @@ struct SourceSequenceStateMachine<Element, Consumer, Producer> {
     }
   }
 
+  @usableFromInline
   enum TakeAction {
     /// `batch` now holds elements. Resume these producers (their elements were taken) with
     /// `.enqueued`, and signal the source when asked.
@@ -209,6 +215,7 @@ struct SourceSequenceStateMachine<Element, Consumer, Producer> {
 
   /// The consumer's batch ran out and it asks for more (the consumer's task). `batch` must have
   /// no slots (the consumer emptied it outside the lock).
+  @inlinable
   mutating func take(into batch: inout ElementBatch<Element>) -> TakeAction {
     switch state {
     case .open:
@@ -230,6 +237,7 @@ struct SourceSequenceStateMachine<Element, Consumer, Producer> {
     }
   }
 
+  @usableFromInline
   enum SuspendAction {
     /// The consumer waits; a later event resumes it.
     case suspended
@@ -238,6 +246,7 @@ struct SourceSequenceStateMachine<Element, Consumer, Producer> {
   }
 
   /// The consumer found nothing and is about to wait.
+  @inlinable
   mutating func suspendConsumer(_ continuation: Consumer) -> SuspendAction {
     switch state {
     case .open:
@@ -358,7 +367,8 @@ struct SourceSequenceStateMachine<Element, Consumer, Producer> {
 
   /// After the consumer took a batch: moves waiting producers' elements into `posted` while there
   /// is room, oldest producer first.
-  private mutating func admitWaitingProducers() -> TakeAction {
+  @inlinable
+  mutating func admitWaitingProducers() -> TakeAction {
     guard !waitingProducers.isEmpty else { return .took(producers: [], signalSource: false) }
     var resumed: [Producer] = []
     var signalSource = false
