@@ -60,8 +60,10 @@ struct SequenceActivityTests {
     let loop = try RunLoopThread(name: "seq-activity")
     defer { loop.shutdownAndWait() }
     let activities = loop.activities([.beforeWaiting, .afterWaiting])
+    let waking = Atomic<Bool>(true)
     let waker = SequenceTestThread.start {
-      for _ in 0..<5 {
+      // A wake-up that finds the loop awake is coalesced (no sleep, no afterWaiting): keep waking.
+      while waking.load(ordering: .relaxed) {
         usleep(2_000)
         loop.wakeUp()
       }
@@ -74,6 +76,7 @@ struct SequenceActivityTests {
       }
       return events
     }
+    waking.store(false, ordering: .relaxed)
     waker.join()
     let observed = try #require(events)
     for (earlier, later) in zip(observed, observed.dropFirst()) {
