@@ -204,13 +204,13 @@ final class DispatchTimerLateness: LatencySession {
 
 /// foundation-timer: a repeating Foundation `Timer` (tolerance 0) on a pthread running
 /// `RunLoop`; during the callout `fireDate` is the fire being delivered (CF moves it after the
-/// callout), compared with `Date()`.
+/// callout), compared with `Date()`. Each batch gets a fresh run-loop thread, shut down right
+/// after: once its repeating timer was invalidated, a swift-corelibs-foundation run loop thread
+/// was seen spinning (99% of the process's CPU samples while the other timer peers ran), which
+/// would make every other peer late.
 final class FoundationTimerLateness: LatencySession {
-  private let server: FoundationLoopThread
-
-  init() { server = FoundationLoopThread(name: "foundation-tmr", cpu: nil) }
-
   func measure(_ count: Int) -> [Double] {
+    let server = FoundationLoopThread(name: "foundation-tmr", cpu: nil)
     let collector = SampleCollector(count: count)
     let timer = Timer(
       fire: Date(timeIntervalSinceNow: Double(intervalNanoseconds) / 1e9), interval: Double(intervalNanoseconds) / 1e9,
@@ -221,10 +221,12 @@ final class FoundationTimerLateness: LatencySession {
     }
     timer.tolerance = 0
     server.runLoop.add(timer, forMode: .default)
-    return collector.wait()
+    let samples = collector.wait()
+    server.shutdown()
+    return samples
   }
 
-  func close() { server.shutdown() }
+  func close() {}
 }
 
 /// How many fires a dispatch timer has delivered.
