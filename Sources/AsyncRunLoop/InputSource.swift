@@ -88,7 +88,11 @@ public final class InputSource: ModeMember, @unchecked Sendable {
   /// Clears the signal just before `perform` runs and returns the routine to run, or nil when the
   /// source was invalidated or is no longer signalled. Loop thread.
   func consumeSignal() -> (@Sendable (InputSource) -> Void)? {
-    lock.withLock { state.consumeSignal() }
+    // Not `withLock`: a closure returned through its generic result is re-abstracted, which
+    // heap-allocated a thunk context on every fire of the source.
+    lock.lock()
+    defer { lock.unlock() }
+    return state.consumeSignal()
   }
 
   func insert(into contents: ModeContents) {
