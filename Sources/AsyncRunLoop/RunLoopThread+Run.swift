@@ -55,15 +55,18 @@ extension RunLoopThread {
     // A stop requested while the loop was not running ends this run at once (after entry).
     if consumeStop() { return .stopped }
     while true {
+      // The inbox lock is taken a handful of times per pass: `collectInbox` takes everything other
+      // threads sent in one go, and the phases below work on the loop's own copies.
       applyControls()
       armDescriptors(for: contents)
       notifyObservers(contents, .beforeTimers)  // 2
       notifyObservers(contents, .beforeSources)  // 3
-      runPerforms(in: contents.mode)
-      runJobs()
+      runCollectedPerforms(in: contents.mode)
+      runCollectedJobs()
       var handledSource = fireSignalledSources(in: contents)  // 4
-      runPerforms(in: contents.mode)
-      runJobs()  // tasks the sources just resumed run now, not a pass later
+      applyControls()  // what the sources (and their resumed tasks) sent lands now, not a pass later
+      runCollectedPerforms(in: contents.mode)
+      runCollectedJobs()
       let now = LoopClock.monotonicNanoseconds()
       // A handler of this pass may have emptied the mode (a source invalidated itself, a block
       // removed the last timer): nothing would wake the sleep, so poll and let the end of the pass
@@ -71,6 +74,7 @@ extension RunLoopThread {
       let mustPoll =
         handledSource && returnAfterSourceHandled || deadline <= now || hasLocalWork
         || isFinished(contents, keepsAlive: keepsAlive) || hasDeferredSource(in: contents)
+        || !spareSignalled.isEmpty  // signals collected after step 4: the next pass fires them
       // A nested run in another mode (from a handler, block or job above) may have silenced
       // this mode's registrations: listen to them again before sleeping. (Free unless it did.)
       armDescriptors(for: contents)
@@ -78,8 +82,8 @@ extension RunLoopThread {
       // 5–8: wait for readiness, timers, wake-ups or the limit; poll when work is waiting.
       handledSource = waitAndHandleReadiness(contents, mayBlock: !mustPoll) || handledSource
       fireDueTimers(in: contents)  // 9
-      runPerforms(in: contents.mode)
-      runJobs()
+      runCollectedPerforms(in: contents.mode)
+      runCollectedJobs()
       // End of pass: CF's order — handled a source, timed out, stopped, finished.
       if returnAfterSourceHandled && handledSource { return .handledSource }
       if deadline <= LoopClock.monotonicNanoseconds() { return .timedOut }
@@ -97,7 +101,7 @@ extension RunLoopThread {
   }
 
   /// Whether the loop has work of its own that must not wait for an event (jobs left over from a
-  /// capped pass, deferred performs that can run in this mode are handled by `runPerforms`).
+  /// capped pass; collected blocks that can run in this mode ran already).
   private var hasLocalWork: Bool { localJobIndex < localJobs.count }
 
   /// SPEC §1: nothing to watch in the mode, and no jobs or blocks for this mode waiting (CF
@@ -124,13 +128,42 @@ extension RunLoopThread {
     }
   }
 
-  /// Applies registration changes that other threads sent (`onLoopThread`).
-  func applyControls() {
-    let controls: [() -> Void] = inboxLock.withLock {
-      guard !inbox.controls.isEmpty else { return [] }
-      defer { inbox.controls.removeAll() }
-      return inbox.controls
+  /// Takes everything other threads sent since the last look, under one lock: registration
+  /// changes, blocks, a new batch of jobs (when the current one is used up) and signalled
+  /// sources. `afterWake` also records that the loop is awake (producers need not write the
+  /// eventfd) and that the pass a `wakeUp()` asked for is happening.
+  func collectInbox(afterWake: Bool = false) {
+    let needJobs = localJobIndex >= localJobs.count
+    if needJobs && !localJobs.isEmpty {
+      localJobs.removeAll(keepingCapacity: true)
+      localJobIndex = 0
     }
+    inboxLock.lock()
+    if afterWake {
+      inbox.didWake()
+      inbox.wakeRequested = false
+    }
+    if !inbox.controls.isEmpty { swap(&inbox.controls, &collectedControls) }
+    if !inbox.performs.isEmpty {
+      localPerforms.append(contentsOf: inbox.performs)
+      inbox.performs.removeAll(keepingCapacity: true)
+    }
+    if needJobs && !inbox.jobs.isEmpty { swap(&inbox.jobs, &localJobs) }
+    if !inbox.signalled.isEmpty {
+      spareSignalled.append(contentsOf: inbox.signalled)
+      inbox.signalled.removeAll(keepingCapacity: true)
+    }
+    inboxLock.unlock()
+  }
+
+  /// Collects the inbox and applies the registration changes other threads sent
+  /// (`onLoopThread`), in the order they were sent, before any block or job collected with them
+  /// runs (FIFO with respect to both).
+  func applyControls(afterWake: Bool = false) {
+    collectInbox(afterWake: afterWake)
+    guard !collectedControls.isEmpty else { return }
+    let controls = collectedControls
+    collectedControls.removeAll()
     for change in controls { change() }
   }
 
@@ -143,17 +176,11 @@ extension RunLoopThread {
     }
   }
 
-  /// Runs the performed blocks that may run in `mode`, oldest first; keeps the others.
+  /// Runs the collected blocks that may run in `mode`, oldest first; keeps the others.
   /// (Performed blocks are not input sources: they never end a run as "handled a source".)
-  private func runPerforms(in mode: RunLoopMode) {
-    applyControls()  // a change sent before a block is applied before the block runs (FIFO)
-    let arrived: [PerformRequest] = inboxLock.withLock {
-      guard !inbox.performs.isEmpty else { return [] }
-      defer { inbox.performs.removeAll() }
-      return inbox.performs
-    }
-    if localPerforms.isEmpty && arrived.isEmpty { return }
-    let pending = localPerforms + arrived
+  private func runCollectedPerforms(in mode: RunLoopMode) {
+    guard !localPerforms.isEmpty else { return }
+    let pending = localPerforms
     localPerforms.removeAll()
     let inCommon = modeTable.commonModes.contains(mode)
     for request in pending {
@@ -165,19 +192,17 @@ extension RunLoopThread {
     }
   }
 
-  /// Runs executor jobs: those taken earlier first, then a new batch from the inbox; at most
-  /// `jobsPerPass` per call, so timers and sources get their turn (a job that re-enqueues itself
-  /// runs at most once per call: it lands in the inbox, not in the batch being run).
+  /// Collects the inbox, then runs up to `jobsPerPass` jobs. For callers outside a pass.
   func runJobs() {
-    if localJobIndex >= localJobs.count {
-      localJobs.removeAll(keepingCapacity: true)
-      localJobIndex = 0
-      applyControls()  // a change sent before a job is applied before the job runs (FIFO)
-      inboxLock.withLock {
-        if !inbox.jobs.isEmpty { swap(&inbox.jobs, &localJobs) }
-      }
-      if localJobs.isEmpty { return }
-    }
+    applyControls()
+    runCollectedJobs()
+  }
+
+  /// Runs collected executor jobs, oldest first, at most `jobsPerPass` per call, so timers and
+  /// sources get their turn (a job that re-enqueues itself lands in the inbox, not in the batch
+  /// being run, so it runs at most once per call).
+  private func runCollectedJobs() {
+    guard localJobIndex < localJobs.count else { return }
     let end = min(localJobs.count, localJobIndex + Self.jobsPerPass)
     let serial = asUnownedSerialExecutor()
     let task = asUnownedTaskExecutor()
@@ -196,9 +221,6 @@ extension RunLoopThread {
   /// Sources signalled while scheduled only in other modes wait in `deferredSignalled`.
   /// Returns whether any fired. Allocates nothing in the steady state (buffers are reused).
   private func fireSignalledSources(in contents: ModeContents) -> Bool {
-    inboxLock.withLock {
-      if !inbox.signalled.isEmpty { swap(&inbox.signalled, &spareSignalled) }
-    }
     if spareSignalled.isEmpty && deferredSignalled.isEmpty { return false }
     readySources.removeAll(keepingCapacity: true)
     if !deferredSignalled.isEmpty {
@@ -248,10 +270,7 @@ extension RunLoopThread {
       fired = handleReadiness(token: token, events: events, contents: contents) || fired
     }
     _ = outcome
-    inboxLock.withLock {
-      inbox.didWake()
-      inbox.wakeRequested = false  // this pass is the one the wake-up asked for
-    }
+    applyControls(afterWake: true)  // awake again; this pass is the one a wake-up asked for
     if sleeps { notifyObservers(contents, .afterWaiting) }  // 8
     return fired
   }

@@ -69,7 +69,9 @@ public final class RunLoopThread: @unchecked Sendable {
   var localJobIndex = 0
   /// A spare array swapped with the inbox's, so taking jobs allocates nothing.
   var spareJobs: [LoopJob] = []
-  /// Performed blocks waiting for a mode they may run in.
+  /// Registration changes taken from the inbox, applied right after (see `applyControls`).
+  var collectedControls: [() -> Void] = []
+  /// Performed blocks taken from the inbox, waiting for a mode they may run in.
   var localPerforms: [PerformRequest] = []
   /// Signalled sources not in the mode being run.
   var deferredSignalled: [InputSource] = []

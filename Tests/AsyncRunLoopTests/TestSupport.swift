@@ -69,3 +69,22 @@ var stressFactor: Int {
   }
   return value
 }
+
+/// The number of this process's threads whose name (as the kernel keeps it: 15 bytes) is `name`.
+func threadCount(named name: String) -> Int {
+  guard let directory = opendir("/proc/self/task") else { return -1 }
+  defer { closedir(directory) }
+  var count = 0
+  while let entry = readdir(directory) {
+    let tid = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+    guard tid.first?.isNumber == true, let file = fopen("/proc/self/task/\(tid)/comm", "r") else { continue }
+    var buffer = [CChar](repeating: 0, count: 32)
+    if fgets(&buffer, 32, file) != nil {
+      var comm = String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+      if comm.hasSuffix("\n") { comm.removeLast() }
+      if comm == name { count += 1 }
+    }
+    fclose(file)
+  }
+  return count
+}
