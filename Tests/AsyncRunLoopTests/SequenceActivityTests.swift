@@ -87,7 +87,7 @@ struct SequenceActivityTests {
   }
 
   @Test func cancelInvalidateAndShutdownEachEndAWaitingConsumer() async throws {
-    for ending in ["cancel", "invalidate", "shutdown"] {
+    for ending in SequenceEnding.allCases {
       let loop = try RunLoopThread(name: "seq-activity-\(ending)")
       let activities = loop.activities(.entry)  // the owned loop's run has started already
       let consumer = Task { () async -> Int in
@@ -97,9 +97,9 @@ struct SequenceActivityTests {
       }
       try await Task.sleep(for: .milliseconds(20))
       switch ending {
-      case "cancel": consumer.cancel()
-      case "invalidate": activities.invalidate()
-      default: loop.shutdown()
+      case .cancel: consumer.cancel()
+      case .invalidate: activities.invalidate()
+      case .shutdown: loop.shutdown()
       }
       _ = try await withWatchdog(timeout: .seconds(10), "activity consumer after \(ending)") {
         await consumer.value

@@ -173,7 +173,7 @@ struct SequenceReadinessTests {
   }
 
   @Test func cancelInvalidateAndShutdownEachEndAWaitingConsumer() async throws {
-    for ending in ["cancel", "invalidate", "shutdown"] {
+    for ending in SequenceEnding.allCases {
       let loop = try RunLoopThread(name: "seq-ready-\(ending)")
       let (readEnd, writeEnd) = try Self.makePipe()
       let readiness = try loop.readiness(of: readEnd)
@@ -184,9 +184,9 @@ struct SequenceReadinessTests {
       }
       try await Task.sleep(for: .milliseconds(20))
       switch ending {
-      case "cancel": consumer.cancel()
-      case "invalidate": readiness.invalidate()
-      default: loop.shutdown()
+      case .cancel: consumer.cancel()
+      case .invalidate: readiness.invalidate()
+      case .shutdown: loop.shutdown()
       }
       let count = try await withWatchdog(timeout: .seconds(10), "readiness consumer after \(ending)") {
         await consumer.value

@@ -134,7 +134,7 @@ struct SequenceSignalTests {
   }
 
   @Test func cancelInvalidateAndShutdownEachEndAWaitingConsumer() async throws {
-    for ending in ["cancel", "invalidate", "shutdown"] {
+    for ending in SequenceEnding.allCases {
       let loop = try RunLoopThread(name: "seq-signal-\(ending)")
       let cancels = SequenceCallLog()
       let signals = loop.signalSequence(onCancel: { cancelLoop in
@@ -148,9 +148,9 @@ struct SequenceSignalTests {
       signals.signal()
       try await Task.sleep(for: .milliseconds(20))
       switch ending {
-      case "cancel": consumer.cancel()
-      case "invalidate": signals.invalidate()
-      default: loop.shutdown()
+      case .cancel: consumer.cancel()
+      case .invalidate: signals.invalidate()
+      case .shutdown: loop.shutdown()
       }
       let sum = try await withWatchdog(timeout: .seconds(10), "signal consumer after \(ending)") {
         await consumer.value

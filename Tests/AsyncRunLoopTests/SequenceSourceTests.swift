@@ -366,6 +366,16 @@ final class SequenceTestThread: @unchecked Sendable {
   func join() { pthread_join(thread, nil) }
 }
 
+/// The three ways a waiting consumer must be ended promptly.
+enum SequenceEnding: String, CaseIterable {
+  /// The consuming task is cancelled.
+  case cancel
+  /// The sequence (its source, timer, descriptor or observer) is invalidated.
+  case invalidate
+  /// The loop shuts down.
+  case shutdown
+}
+
 /// Records calls of a routine and whether each ran on the loop thread.
 final class SequenceCallLog: Sendable {
   private let calls = Locked<[Bool]>([])
