@@ -186,10 +186,10 @@ public final class LoopTimer: ModeMember, @unchecked Sendable {
   }
 
   func insert(into contents: ModeContents) {
-    contents.timerIdentifiers.insert(ObjectIdentifier(self))
+    contents.timerCount += 1  // ModeTable never inserts a member twice into one mode
   }
 
   func remove(from contents: ModeContents) {
-    contents.timerIdentifiers.remove(ObjectIdentifier(self))
+    contents.timerCount -= 1
   }
 }

@@ -22,7 +22,7 @@ final class ModeContents {
   /// Union of the activities the observers want; lets a pass skip empty notifications cheaply.
   var observedActivities: LoopActivity = []
   /// The timers in this mode.
-  var timerIdentifiers: Set<ObjectIdentifier> = []
+  var timerCount = 0
   /// Those timers' pending fire dates (plus stale entries, see `TimerHeap`).
   var timers = TimerHeap<TimerHeapPayload>()
 
@@ -30,7 +30,7 @@ final class ModeContents {
 
   /// SPEC §1: a mode with no sources and no timers gives the run nothing to wait for.
   var hasNothingToWatch: Bool {
-    sources.isEmpty && descriptors.isEmpty && timerIdentifiers.isEmpty
+    sources.isEmpty && descriptors.isEmpty && timerCount == 0
   }
 
   func recomputeObservedActivities() {

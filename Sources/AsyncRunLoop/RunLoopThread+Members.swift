@@ -45,13 +45,17 @@ extension RunLoopThread {
   /// Schedules `timer` in `mode` (every common mode for `.common`). Adding it twice is a no-op;
   /// an invalidated timer is ignored. Any thread.
   public func add(_ timer: LoopTimer, to mode: RunLoopMode = .default) {
-    let accepted = onLoopThread { [self] in
-      guard timer.attach(to: self) else { return }
-      let before = timer.memberships.count
-      modeTable.add(timer, to: mode)
-      if timer.memberships.count != before { pushTimerEntries(timer) }
-    }
+    // On the loop thread, call directly: an escaping closure would cost an allocation per timer.
+    if isOnLoopThread { return addOnLoopThread(timer, to: mode) }
+    let accepted = onLoopThread { [self] in addOnLoopThread(timer, to: mode) }
     if !accepted { timer.invalidate() }
+  }
+
+  private func addOnLoopThread(_ timer: LoopTimer, to mode: RunLoopMode) {
+    guard timer.attach(to: self) else { return }
+    let before = timer.memberships.count
+    modeTable.add(timer, to: mode)
+    if timer.memberships.count != before { pushTimerEntries(timer) }
   }
 
   /// Removes `timer` from `mode`; it stays valid and can be added again. Any thread.
@@ -168,18 +172,22 @@ extension RunLoopThread {
 
   /// Removes `member` from every mode and runs its detach side effects. Any thread.
   func detachEverywhere(_ member: any ModeMember) {
-    onLoopThread { [self] in
-      let wasAttached = modeTable.removeEverywhere(member)
-      switch member {
-      case let source as InputSource:
-        if wasAttached { detach(source) } else { _ = source.detach() }
-      case let source as DescriptorSource:
-        if wasAttached { detach(source) } else { source.detach() }
-      case let timer as LoopTimer:
-        pushTimerEntries(timer)  // makes its heap entries stale
-      default:
-        break
-      }
+    // On the loop thread (every one-shot timer after it fires), call directly: no allocation.
+    if isOnLoopThread { return detachEverywhereOnLoopThread(member) }
+    onLoopThread { [self] in detachEverywhereOnLoopThread(member) }
+  }
+
+  private func detachEverywhereOnLoopThread(_ member: any ModeMember) {
+    let wasAttached = modeTable.removeEverywhere(member)
+    switch member {
+    case let source as InputSource:
+      if wasAttached { detach(source) } else { _ = source.detach() }
+    case let source as DescriptorSource:
+      if wasAttached { detach(source) } else { source.detach() }
+    case let timer as LoopTimer:
+      pushTimerEntries(timer)  // makes its heap entries stale
+    default:
+      break
     }
   }
 

@@ -315,7 +315,7 @@ extension RunLoopThread {
   /// outnumber live ones.
   private func dropStaleTimerEntries(_ contents: ModeContents) {
     contents.timers.dropStaleHead { $0.payload.generation == $0.payload.timer.generation }
-    if contents.timers.count > 64 && contents.timers.count > 2 * contents.timerIdentifiers.count {
+    if contents.timers.count > 64 && contents.timers.count > 2 * contents.timerCount {
       contents.timers.compact { $0.payload.generation == $0.payload.timer.generation }
     }
   }

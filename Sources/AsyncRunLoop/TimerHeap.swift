@@ -67,31 +67,34 @@ struct TimerHeap<Payload> {
 
   mutating func removeAll() { entries.removeAll() }
 
+  // The sifts move entries with `swapAt` on the buffer and compare keys in place, so the payload
+  // (a class reference) is never copied: no retain/release per level.
+
   private mutating func siftUp(from start: Int) {
-    var child = start
-    let moving = entries[child]
-    while child > 0 {
-      let parent = (child - 1) / 2
-      guard moving.precedes(entries[parent]) else { break }
-      entries[child] = entries[parent]
-      child = parent
+    entries.withUnsafeMutableBufferPointer { heap in
+      var child = start
+      while child > 0 {
+        let parent = (child - 1) / 2
+        guard heap[child].precedes(heap[parent]) else { break }
+        heap.swapAt(child, parent)
+        child = parent
+      }
     }
-    entries[child] = moving
   }
 
   private mutating func siftDown(from start: Int) {
-    var parent = start
-    let count = entries.count
-    let moving = entries[parent]
-    while true {
-      let left = 2 * parent + 1
-      guard left < count else { break }
-      let right = left + 1
-      let smaller = right < count && entries[right].precedes(entries[left]) ? right : left
-      guard entries[smaller].precedes(moving) else { break }
-      entries[parent] = entries[smaller]
-      parent = smaller
+    entries.withUnsafeMutableBufferPointer { heap in
+      var parent = start
+      let count = heap.count
+      while true {
+        let left = 2 * parent + 1
+        guard left < count else { break }
+        let right = left + 1
+        let smaller = right < count && heap[right].precedes(heap[left]) ? right : left
+        guard heap[smaller].precedes(heap[parent]) else { break }
+        heap.swapAt(parent, smaller)
+        parent = smaller
+      }
     }
-    entries[parent] = moving
   }
 }
