@@ -260,11 +260,14 @@ public final class RunLoopThread: @unchecked Sendable {
     }
   }
 
-  /// Shuts the loop down and waits until its thread has finished. Any thread except the loop's
-  /// own (there it cannot wait for itself and only starts the shutdown).
+  /// Shuts the loop down and waits until its thread has finished (joined: the thread is gone
+  /// when this returns, unless an earlier `shutdown()` let it finish first and detach itself, in
+  /// which case this waits for the drain to finish). Any thread except the loop's own (there it
+  /// cannot wait for itself and only starts the shutdown).
   public func shutdownAndWait() {
-    shutdown()
-    guard ownsThread, !isOnLoopThread else { return }
+    guard ownsThread, !isOnLoopThread else { return shutdown() }
+    // Register as the joiner before starting the shutdown, so the thread cannot finish and
+    // detach itself in between.
     let join: pthread_t? = threadLock.withLock {
       switch threadState {
       case .running(let thread):
@@ -274,6 +277,7 @@ public final class RunLoopThread: @unchecked Sendable {
         return nil
       }
     }
+    shutdown()
     if let join {
       pthread_join(join, nil)
     } else {
