@@ -16,7 +16,7 @@ public final class CommandSource<Command: Sendable>: @unchecked Sendable {
   /// The underlying input source: add it to a loop's modes, or invalidate it. Keep the
   /// `CommandSource` itself alive while you post to it: dropping it invalidates the source.
   public let source: InputSource
-  private let lock = PthreadLock()
+  private let lock = PthreadLock.make()
   private var pending: [Command] = []
   private var isOpen = true
   private var draining: [Command] = []

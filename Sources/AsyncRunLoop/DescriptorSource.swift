@@ -43,7 +43,7 @@ public final class DescriptorSource: ModeMember, @unchecked Sendable {
   /// Among readiness sources ready in the same pass, lower orders fire first.
   public let order: Int
 
-  private let lock = PthreadLock()
+  private let lock = PthreadLock.make()
   private var lifecycle = Lifecycle.active
   private var handler: (@Sendable (DescriptorSource, DescriptorEvents) -> Void)?
   /// Internal: called once, on the invalidating thread after the lock is released, when the

@@ -22,7 +22,7 @@ public final class InputSource: ModeMember, @unchecked Sendable {
   /// Among sources that are ready in the same pass, lower orders fire first.
   public let order: Int
 
-  private let lock = PthreadLock()
+  private let lock = PthreadLock.make()
   private var state: SignalState
 
   /// Loop thread: the modes of the attached loop that hold this source.

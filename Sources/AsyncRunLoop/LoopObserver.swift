@@ -45,7 +45,7 @@ public final class LoopObserver: ModeMember, @unchecked Sendable {
   /// Among observers of the same activity, lower orders are told first.
   public let order: Int
 
-  private let lock = PthreadLock()
+  private let lock = PthreadLock.make()
   private var callout: (@Sendable (LoopObserver, LoopActivity) -> Void)?
   private var scheduledLoop: RunLoopThread?
   /// Internal: called once, on the invalidating thread after the lock is released, when the

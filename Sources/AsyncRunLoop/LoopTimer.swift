@@ -39,7 +39,7 @@ public final class LoopTimer: ModeMember, @unchecked Sendable {
   /// How late the loop may fire the timer to coalesce wake-ups. Never negative.
   let toleranceNanoseconds: Int64
 
-  private let lock = PthreadLock()
+  private let lock = PthreadLock.make()
   private var handler: (@Sendable (LoopTimer) -> Void)?
   private var fireDateNs: Int64
   private var scheduledLoop: RunLoopThread?

@@ -9,39 +9,45 @@ import Glibc
 ///
 /// `@usableFromInline` (with `lock()`/`unlock()`) so that the async sequences' per-element paths
 /// can be `@inlinable` and specialized for the client's element type.
+///
+/// The mutex lives in the object's own allocation (a `ManagedBuffer` element), so a lock costs one
+/// heap allocation, not two: every timer and source has one.
 @usableFromInline
-final class PthreadLock: @unchecked Sendable {
-  // Safety: `mutex` is only touched through pthread_mutex_* calls, which are thread-safe; the
-  // pointer itself is immutable after init.
-  private let mutex: UnsafeMutablePointer<pthread_mutex_t>
+final class PthreadLock: ManagedBuffer<Void, pthread_mutex_t> {
+  // Not Sendable itself (ManagedBuffer never is); the `@unchecked Sendable` types that hold one
+  // share it across threads safely: the mutex is only touched through pthread_mutex_* calls,
+  // which are thread-safe, and its address (the element storage) is stable for the object's life.
 
-  init() {
-    mutex = .allocate(capacity: 1)
-    var attributes = pthread_mutexattr_t()
-    pthread_mutexattr_init(&attributes)
-    #if DEBUG
-      // Debug builds turn a re-entrant lock (a deadlock) into an assertion failure.
-      pthread_mutexattr_settype(&attributes, Int32(PTHREAD_MUTEX_ERRORCHECK))
-    #endif
-    let rc = pthread_mutex_init(mutex, &attributes)
-    precondition(rc == 0, "pthread_mutex_init failed: \(rc)")
-    pthread_mutexattr_destroy(&attributes)
+  /// Creates an unlocked lock. (`ManagedBuffer` subclasses are created through a factory.)
+  static func make() -> PthreadLock {
+    let lock = unsafeDowncast(PthreadLock.create(minimumCapacity: 1) { _ in () }, to: PthreadLock.self)
+    lock.withUnsafeMutablePointerToElements { mutex in
+      var attributes = pthread_mutexattr_t()
+      pthread_mutexattr_init(&attributes)
+      #if DEBUG
+        // Debug builds turn a re-entrant lock (a deadlock) into an assertion failure.
+        pthread_mutexattr_settype(&attributes, Int32(PTHREAD_MUTEX_ERRORCHECK))
+      #endif
+      let rc = pthread_mutex_init(mutex, &attributes)
+      precondition(rc == 0, "pthread_mutex_init failed: \(rc)")
+      pthread_mutexattr_destroy(&attributes)
+    }
+    return lock
   }
 
   deinit {
-    pthread_mutex_destroy(mutex)
-    mutex.deallocate()
+    _ = withUnsafeMutablePointerToElements { pthread_mutex_destroy($0) }
   }
 
   @inline(__always) @usableFromInline
   func lock() {
-    let rc = pthread_mutex_lock(mutex)
+    let rc = withUnsafeMutablePointerToElements { pthread_mutex_lock($0) }
     assert(rc == 0, "pthread_mutex_lock failed: \(rc)")
   }
 
   @inline(__always) @usableFromInline
   func unlock() {
-    let rc = pthread_mutex_unlock(mutex)
+    let rc = withUnsafeMutablePointerToElements { pthread_mutex_unlock($0) }
     assert(rc == 0, "pthread_mutex_unlock failed: \(rc)")
   }
 
@@ -55,7 +61,7 @@ final class PthreadLock: @unchecked Sendable {
 
   /// Blocks on `condition` until signalled; the lock must be held by the caller.
   func wait(on condition: UnsafeMutablePointer<pthread_cond_t>) {
-    let rc = pthread_cond_wait(condition, mutex)
+    let rc = withUnsafeMutablePointerToElements { pthread_cond_wait(condition, $0) }
     precondition(rc == 0, "pthread_cond_wait failed: \(rc)")
   }
 }
@@ -63,7 +69,7 @@ final class PthreadLock: @unchecked Sendable {
 /// A value protected by a `PthreadLock`. Callable from any thread.
 final class LockedValue<Value>: @unchecked Sendable {
   // Safety: `value` is only read or written inside `lock.withLock`.
-  private let lock = PthreadLock()
+  private let lock = PthreadLock.make()
   private var value: Value
 
   init(_ value: Value) { self.value = value }
@@ -82,7 +88,7 @@ final class LockedValue<Value>: @unchecked Sendable {
 /// Used by the blocking "wait until done" calls. Opening it twice is harmless.
 final class BlockingGate: @unchecked Sendable {
   // Safety: `isOpen` is only touched with `lock` held; `condition` only through pthread_cond_*.
-  private let lock = PthreadLock()
+  private let lock = PthreadLock.make()
   private let condition: UnsafeMutablePointer<pthread_cond_t>
   private var isOpen = false
 

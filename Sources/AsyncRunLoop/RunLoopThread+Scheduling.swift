@@ -61,7 +61,7 @@
 /// Hands a job out exactly once (timer fire or invalidation, whichever comes first).
 final class JobOnce: @unchecked Sendable {
   // Safety: `job` is only touched with `lock` held.
-  private let lock = PthreadLock()
+  private let lock = PthreadLock.make()
   private var job: UnownedJob?
   init(_ job: UnownedJob) { self.job = job }
   func take() -> UnownedJob? {

@@ -39,7 +39,7 @@ extension RunLoopThread {
 /// machine under a lock; the continuation is resumed after the lock is released.
 final class SleepWaiter: @unchecked Sendable {
   // Safety: `state` is only touched with `lock` held.
-  private let lock = PthreadLock()
+  private let lock = PthreadLock.make()
   private var state = State.idle
 
   private enum State {

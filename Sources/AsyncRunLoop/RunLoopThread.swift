@@ -42,10 +42,10 @@ public final class RunLoopThread: @unchecked Sendable {
   let ownsThread: Bool
   let isMainLoop: Bool
 
-  let inboxLock = PthreadLock()
+  let inboxLock = PthreadLock.make()
   var inbox = LoopInbox()
 
-  let threadLock = PthreadLock()
+  let threadLock = PthreadLock.make()
   var threadState = ThreadState.notStarted
   /// The loop's `SerialExecutor` role (see `JobRole`). Written once, at the end of init, before
   /// the loop is visible to any other thread; only read afterwards.
@@ -364,7 +364,7 @@ private final class ThreadStart: @unchecked Sendable {
 /// A result handed from the loop thread to a blocked waiter.
 final class ResultBox<T: Sendable>: @unchecked Sendable {
   // Safety: `value` is only touched with `lock` held.
-  private let lock = PthreadLock()
+  private let lock = PthreadLock.make()
   private var value: Result<T, any Error>?
   func set(_ result: Result<T, any Error>) { lock.withLock { value = result } }
   func take() -> Result<T, any Error>? { lock.withLock { value } }

@@ -107,7 +107,7 @@ private func runOnMainActor<T: Sendable, E: Error>(_ body: @MainActor () throws(
 /// queue, and the main loop stopping. A state machine under a lock; the gate opens after it.
 final class MainCallWaiter<T: Sendable>: AbandonableWait, @unchecked Sendable {
   // Safety: `state` is only touched with `lock` held; `gate` is thread-safe.
-  private let lock = PthreadLock()
+  private let lock = PthreadLock.make()
   private var state = State.pending
   private let gate = BlockingGate()
 

@@ -675,7 +675,7 @@ extension ExecCounter {
 /// Fire log for the 100,000-timer test.
 final class ExecTimerLog: @unchecked Sendable {
   // Safety: every field is only touched with `lock` held.
-  private let lock = PthreadLock()
+  private let lock = PthreadLock.make()
   private var order: [Int]
   private var early = 0
 

@@ -312,9 +312,10 @@ enum ShutdownLeakCheck {
     let share = (total + concurrency - 1) / concurrency
     let workers = (0..<concurrency).map { _ in ExecThread { Self.churn(loops: share) } }
     workers.forEach { $0.join() }
-    // Detached threads and released loops may take a moment to vanish.
+    // Detached threads and released loops may take a moment to vanish. A leak means more
+    // descriptors than before (the test runtime may close one of its own meanwhile).
     let deadline = LoopClock.Instant.now.advanced(by: .seconds(20))
-    while openDescriptorCount() != descriptors || threadCount(named: "leak") > threads {
+    while openDescriptorCount() > descriptors || threadCount(named: "leak") > threads {
       if LoopClock.Instant.now > deadline {
         let message =
           "after \(share * concurrency) loops: descriptors \(descriptors) -> \(openDescriptorCount()), "

@@ -186,7 +186,7 @@ struct StressTests {
 /// Per-timer fire counts.
 final class ExecFireCounts: @unchecked Sendable {
   // Safety: `counts` is only touched with `lock` held.
-  private let lock = PthreadLock()
+  private let lock = PthreadLock.make()
   private var counts: [Int]
   init(count: Int) { counts = Array(repeating: 0, count: count) }
   func fire(_ index: Int) { lock.withLock { counts[index] += 1 } }

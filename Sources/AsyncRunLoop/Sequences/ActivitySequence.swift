@@ -39,7 +39,7 @@ public final class ActivitySequence: AsyncSequence, StoppableConsumption, @unche
   public let loop: RunLoopThread
   /// The underlying observer.
   let observer: LoopObserver
-  private let lock = PthreadLock()
+  private let lock = PthreadLock.make()
   private var machine: ActivitySequenceStateMachine<UnsafeContinuation<Void, Never>>
 
   init(loop: RunLoopThread, activities: LoopActivity, order: Int, bufferLimit: Int) {

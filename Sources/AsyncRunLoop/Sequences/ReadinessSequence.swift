@@ -24,7 +24,7 @@ public final class ReadinessSequence: AsyncSequence, StoppableConsumption, @unch
   public let loop: RunLoopThread
   /// The underlying readiness source.
   let source: DescriptorSource
-  private let lock = PthreadLock()
+  private let lock = PthreadLock.make()
   private var machine = ReadinessSequenceStateMachine<UnsafeContinuation<Void, Never>>()
 
   init(loop: RunLoopThread, descriptor: Int32, events: DescriptorEvents, order: Int) {

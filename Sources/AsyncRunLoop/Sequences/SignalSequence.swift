@@ -21,7 +21,7 @@ public final class SignalSequence: AsyncSequence, StoppableConsumption, @uncheck
   /// The loop the source is scheduled on.
   public let loop: RunLoopThread
   let source: InputSource
-  private let lock = PthreadLock()
+  private let lock = PthreadLock.make()
   private var machine = SignalSequenceStateMachine<UnsafeContinuation<Void, Never>>()
 
   init(

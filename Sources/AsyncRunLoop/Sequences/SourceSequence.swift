@@ -40,7 +40,7 @@ public final class SourceSequence<Element: Sendable>: AsyncSequence, StoppableCo
   /// The underlying custom source (its perform routine releases posted elements).
   @usableFromInline let source: InputSource
   // `@usableFromInline`: `post` and the iterator's fast path are inlined into the client.
-  @usableFromInline let lock = PthreadLock()
+  @usableFromInline let lock = PthreadLock.make()
   @usableFromInline var machine: Machine
 
   @usableFromInline typealias Machine = SourceSequenceStateMachine<

@@ -22,7 +22,7 @@ public final class TimerSequence: AsyncSequence, StoppableConsumption, @unchecke
   public let loop: RunLoopThread
   /// The underlying timer (its handler turns fires into ticks).
   let timer: LoopTimer
-  private let lock = PthreadLock()
+  private let lock = PthreadLock.make()
   private var machine: TimerSequenceStateMachine<UnsafeContinuation<Void, Never>>
 
   init(
