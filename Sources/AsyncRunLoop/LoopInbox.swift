@@ -35,9 +35,6 @@ struct LoopInbox {
   var stopRequested = false
   /// `wakeUp()` was called since the loop last looked.
   var wakeRequested = false
-  /// How many `run` calls are active on the loop thread (nested runs count each): lets other
-  /// threads tell whether anything will run a non-owned loop.
-  var activeRuns = 0
   /// See the type's comment. Starts true: a new loop is not asleep.
   private(set) var wakePending = true
 

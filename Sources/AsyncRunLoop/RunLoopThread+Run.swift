@@ -30,8 +30,6 @@ extension RunLoopThread {
     let contents = modeTable.contents(for: mode)
     let keepsAlive = servingExecutor
     if isFinished(contents, keepsAlive: keepsAlive) { return .finished }  // no entry/exit told
-    inboxLock.withLock { inbox.activeRuns += 1 }
-    defer { inboxLock.withLock { inbox.activeRuns -= 1 } }
     notifyObservers(contents, .entry)  // 1
     let result = runPasses(
       contents, deadline: deadline.nanoseconds, returnAfterSourceHandled: returnAfterSourceHandled,

@@ -302,20 +302,20 @@ public final class RunLoopThread: @unchecked Sendable {
 
   /// Runs `block` on the loop thread and waits for it to finish, returning its result.
   /// On the loop's own thread it runs inline at once (no deadlock). Any thread.
+  ///
+  /// As in CF, a loop that is not an owned loop thread runs the block when its thread next runs
+  /// it: the caller blocks until then. The exception is the main loop, which nothing else could
+  /// run: when it is not running the call fails instead of hanging.
   /// - Throws: `RunLoopError.shutDown` if the loop has shut down (or shuts down before running
-  ///   it); `RunLoopError.wouldDeadlock` when the loop is not an owned loop thread and no thread
-  ///   is running it at the time of the call (nothing would ever run the block; a loop that stops
-  ///   running later leaves the caller waiting for its next run). Rethrows what `block` throws.
+  ///   it); `RunLoopError.wouldDeadlock` for the main loop when it is not running. Rethrows what
+  ///   `block` throws.
   public func performAndWait<T: Sendable>(
     inModes modes: [RunLoopMode] = [.common], _ block: @escaping @Sendable () throws -> T
   ) throws -> T {
     if isOnLoopThread { return try block() }
-    if !ownsThread {
-      if isShutDown { throw RunLoopError.shutDown(loop: name) }
-      let running = isMainLoop ? RunLoopThread.isMainLoopRunning : inboxLock.withLock { inbox.activeRuns > 0 }
-      guard running else {
-        throw RunLoopError.wouldDeadlock("performAndWait on loop '\(name)', which no thread is running")
-      }
+    if isShutDown { throw RunLoopError.shutDown(loop: name) }
+    if isMainLoop && !RunLoopThread.isMainLoopRunning {
+      throw RunLoopError.wouldDeadlock("performAndWait on the main loop, which the main thread is not running")
     }
     let box = ResultBox<T>()
     let gate = BlockingGate()

@@ -8,8 +8,9 @@ static pthread_once_t carl_exit_key_once = PTHREAD_ONCE_INIT;
 static void (*carl_exit_destructor)(void *) = NULL;
 
 static void carl_run_exit_destructor(void *value) {
-  if (carl_exit_destructor != NULL && value != NULL) {
-    carl_exit_destructor(value);
+  void (*destructor)(void *) = __atomic_load_n(&carl_exit_destructor, __ATOMIC_ACQUIRE);
+  if (destructor != NULL && value != NULL) {
+    destructor(value);
   }
 }
 
@@ -17,7 +18,8 @@ static void carl_make_exit_key(void) { pthread_key_create(&carl_exit_key, carl_r
 
 int carl_set_thread_exit_release(void *value, void (*destructor)(void *)) {
   pthread_once(&carl_exit_key_once, carl_make_exit_key);
-  carl_exit_destructor = destructor;
+  // Every caller passes the same function; atomic because threads register concurrently.
+  __atomic_store_n(&carl_exit_destructor, destructor, __ATOMIC_RELEASE);
   return pthread_setspecific(carl_exit_key, value);
 }
 

@@ -76,21 +76,10 @@ extension PinnedToLoopActor {
   loop.shutdownAndWait()
 }
 
-@Test func performAndWaitOnALoopNobodyRunsThrowsInsteadOfHanging() throws {
-  // A thread's own loop that the thread is not running: wouldDeadlock, not a hang.
+@Test func performAndWaitOnALoopWhoseThreadExitedThrowsShutDown() throws {
   let made = Locked<RunLoopThread?>(nil)
-  let release = BlockingGate()
-  let owner = EngineTestThread.start {
-    made.withLock { $0 = RunLoopThread.current }
-    release.wait()
-  }
-  waitUntil { made.withLock { $0 } != nil }
-  let idle = try #require(made.withLock { $0 })
-  #expect(throws: RunLoopError.wouldDeadlock("performAndWait on loop '\(idle.name)', which no thread is running")) {
-    try idle.performAndWait { 2 }
-  }
-  release.open()
-  owner.join()
-  // The thread has exited: its loop terminated, so the call is refused as shut down.
-  #expect(throws: RunLoopError.shutDown(loop: idle.name)) { try idle.performAndWait { 1 } }
+  EngineTestThread.start { made.withLock { $0 = RunLoopThread.current } }.join()
+  // The thread has exited: its loop terminated, so the call is refused instead of hanging.
+  let loop = try #require(made.withLock { $0 })
+  #expect(throws: RunLoopError.shutDown(loop: loop.name)) { try loop.performAndWait { 1 } }
 }
