@@ -52,13 +52,18 @@ public final class RunLoopThread: @unchecked Sendable {
   private(set) var serialExecutorRole: LoopSerialExecutor!
   let terminatedGate = BlockingGate()
 
+  /// The owned thread's life, for joining it exactly once. The thread is never detached while
+  /// the loop lives, so `shutdownAndWait()` can always join it (and a loop released without
+  /// anyone joining joins, or detaches, its finished thread in `deinit`).
   enum ThreadState {
     case notStarted
     case running(pthread_t)
     /// `shutdownAndWait()` will join the thread.
     case joinerRegistered(pthread_t)
-    /// The thread detached itself (nobody was waiting to join it).
-    case detached
+    /// The thread's work is done and nobody joined it yet.
+    case finished(pthread_t)
+    /// Joined (or, from `deinit` on the thread itself, detached).
+    case reaped
   }
 
   // MARK: Loop thread only
@@ -103,6 +108,18 @@ public final class RunLoopThread: @unchecked Sendable {
   public convenience init(name: String, cpu: Int? = nil) throws(SystemCallError) {
     try self.init(name: name, ownsThread: true, isMainLoop: false)
     try startThread(cpu: cpu)
+  }
+
+  deinit {
+    // Nobody joined the owned thread: reap it now (it has finished its work; on its own thread,
+    // which may drop the last reference as it ends, detach instead).
+    if case .finished(let thread) = threadState {
+      if pthread_equal(thread, pthread_self()) != 0 {
+        pthread_detach(thread)
+      } else {
+        pthread_join(thread, nil)
+      }
+    }
   }
 
   init(name: String, ownsThread: Bool, isMainLoop: Bool) throws(SystemCallError) {
@@ -201,16 +218,14 @@ public final class RunLoopThread: @unchecked Sendable {
     }
     drainForShutdown()
     carl_set_current_loop(nil)
-    let detachSelf: Bool = threadLock.withLock {
+    threadLock.withLock {
       switch threadState {
-      case .running:
-        threadState = .detached
-        return true
-      case .notStarted, .joinerRegistered, .detached:
-        return false
+      case .running(let thread):
+        threadState = .finished(thread)  // a later shutdownAndWait (or deinit) joins it
+      case .notStarted, .joinerRegistered, .finished, .reaped:
+        break
       }
     }
-    if detachSelf { pthread_detach(pthread_self()) }
     terminatedGate.open()
   }
 
@@ -260,26 +275,23 @@ public final class RunLoopThread: @unchecked Sendable {
     }
   }
 
-  /// Shuts the loop down and waits until its thread has finished (joined: the thread is gone
-  /// when this returns, unless an earlier `shutdown()` let it finish first and detach itself, in
-  /// which case this waits for the drain to finish). Any thread except the loop's own (there it
-  /// cannot wait for itself and only starts the shutdown).
+  /// Shuts the loop down and waits until its thread has finished and is gone (joined). Any
+  /// thread except the loop's own (there it cannot wait for itself and only starts the shutdown).
   public func shutdownAndWait() {
     guard ownsThread, !isOnLoopThread else { return shutdown() }
-    // Register as the joiner before starting the shutdown, so the thread cannot finish and
-    // detach itself in between.
     let join: pthread_t? = threadLock.withLock {
       switch threadState {
-      case .running(let thread):
-        threadState = .joinerRegistered(thread)
+      case .running(let thread), .finished(let thread):
+        threadState = .joinerRegistered(thread)  // this call joins it
         return thread
-      case .notStarted, .joinerRegistered, .detached:
-        return nil
+      case .notStarted, .joinerRegistered, .reaped:
+        return nil  // another caller joins (or joined) it: wait for the drain to end
       }
     }
     shutdown()
     if let join {
       pthread_join(join, nil)
+      threadLock.withLock { threadState = .reaped }
     } else {
       terminatedGate.wait()
     }
