@@ -30,8 +30,9 @@ public enum LoopTimerError: Error, Equatable, CustomStringConvertible {
 ///   infinities with `LoopTimerError`.
 /// - `invalidate()` may be called from any thread: no callout starts after it returns.
 public final class LoopTimer: ModeMember, @unchecked Sendable {
-  // Safety: `intervalNanoseconds`, `toleranceNanoseconds` are immutable. `handler`, `fireDateNs`
-  // and `scheduledLoop` are only touched with `lock` held. `memberships` and `generation` are only
+  // Safety: `intervalNanoseconds`, `toleranceNanoseconds` are immutable. `handler`, `fireDateNs`,
+  // `scheduledLoop`, `onInvalidate`, `isFiring` and `firingWaiters` are only touched with `lock`
+  // held. `memberships` and `generation` are only
   // touched on the thread of the loop the timer is scheduled on (asserted by `RunLoopThread`).
 
   /// Nanoseconds between fires; nil for a one-shot timer. Never negative.
@@ -43,6 +44,10 @@ public final class LoopTimer: ModeMember, @unchecked Sendable {
   private var handler: (@Sendable (LoopTimer) -> Void)?
   private var fireDateNs: Int64
   private var scheduledLoop: RunLoopThread?
+  /// A callout is running (set and cleared by the loop thread in `fire`).
+  private var isFiring = false
+  /// Threads in `invalidate` waiting for the running callout to end.
+  private var firingWaiters: [BlockingGate] = []
   /// Internal: called once when the timer is invalidated before a one-shot fire completed it
   /// (used by sleeps and async sequences to end their consumer).
   private var onInvalidate: (@Sendable () -> Void)?
@@ -122,17 +127,27 @@ public final class LoopTimer: ModeMember, @unchecked Sendable {
   }
 
   /// Stops the timer and releases its handler: no callout starts after this returns, and the
-  /// loop drops it from its modes. Any thread; idempotent.
+  /// loop drops it from its modes. Any thread; idempotent. Called from another thread while a
+  /// callout is running, it waits for that callout to end (so none can be starting as it
+  /// returns); a callout must therefore not wait for the thread that invalidates it. From the
+  /// loop's own thread (a callout invalidating its timer) it never waits.
   public func invalidate() {
-    let (loop, released, invalidated) = lock.withLock {
-      defer {
-        handler = nil
-        scheduledLoop = nil
-        onInvalidate = nil
+    let (loop, released, invalidated, waitFor): (RunLoopThread?, Any?, (@Sendable () -> Void)?, BlockingGate?) =
+      lock.withLock {
+        defer {
+          handler = nil
+          scheduledLoop = nil
+          onInvalidate = nil
+        }
+        var gate: BlockingGate?
+        if isFiring, let loop = scheduledLoop, !loop.isOnLoopThread {
+          gate = BlockingGate()
+          firingWaiters.append(gate!)
+        }
+        return (scheduledLoop, handler, onInvalidate, gate)
       }
-      return (scheduledLoop, handler, onInvalidate)
-    }
     withExtendedLifetime(released) {}
+    waitFor?.wait()
     invalidated?()
     loop?.detachEverywhere(self)
   }
@@ -156,10 +171,23 @@ public final class LoopTimer: ModeMember, @unchecked Sendable {
   /// The current fire date in nanoseconds. Loop thread (any thread is safe).
   var fireDateNanoseconds: Int64 { lock.withLock { fireDateNs } }
 
-  /// Runs the handler if the timer is still valid. Loop thread.
+  /// Runs the handler if the timer is still valid. Loop thread. While it runs, an `invalidate()`
+  /// from another thread waits for it to end (see `invalidate`).
   func fire() {
-    guard let current = lock.withLock({ handler }) else { return }
+    lock.lock()
+    guard let current = handler else {
+      lock.unlock()
+      return
+    }
+    isFiring = true
+    lock.unlock()
     current(self)
+    lock.lock()
+    isFiring = false
+    let waiters = firingWaiters
+    firingWaiters.removeAll()
+    lock.unlock()
+    for gate in waiters { gate.open() }
   }
 
   /// After a fire: moves a repeating timer to its next date on its grid. Loop thread.
