@@ -126,12 +126,17 @@ public final class LoopTimer: ModeMember, @unchecked Sendable {
     loop?.rescheduleTimer(self)
   }
 
-  /// Stops the timer and releases its handler: no callout starts after this returns, and the
-  /// loop drops it from its modes. Any thread; idempotent. Called from another thread while a
-  /// callout is running, it waits for that callout to end (so none can be starting as it
-  /// returns); a callout must therefore not wait for the thread that invalidates it. From the
-  /// loop's own thread (a callout invalidating its timer) it never waits.
-  public func invalidate() {
+  /// Stops the timer and releases its handler, and the loop drops it from its modes. Any
+  /// thread; idempotent.
+  ///
+  /// - Parameter waitForRunningCallout: When true (the default) and a callout of this timer is
+  ///   running on the loop thread while another thread invalidates it, the call waits for that
+  ///   callout to end, so no callout can begin after it returns. Pass false where waiting could
+  ///   deadlock: inside a task cancellation handler when the callout resumes that same task (the
+  ///   runtime holds the task's lock while the handler runs), or on a thread the callout waits
+  ///   for. Then only callouts the loop had not begun to dispatch are prevented. On the loop's
+  ///   own thread (a callout invalidating its timer) it never waits.
+  public func invalidate(waitForRunningCallout: Bool = true) {
     let (loop, released, invalidated, waitFor): (RunLoopThread?, Any?, (@Sendable () -> Void)?, BlockingGate?) =
       lock.withLock {
         defer {
@@ -140,7 +145,7 @@ public final class LoopTimer: ModeMember, @unchecked Sendable {
           onInvalidate = nil
         }
         var gate: BlockingGate?
-        if isFiring, let loop = scheduledLoop, !loop.isOnLoopThread {
+        if waitForRunningCallout, isFiring, let loop = scheduledLoop, !loop.isOnLoopThread {
           gate = BlockingGate()
           firingWaiters.append(gate!)
         }

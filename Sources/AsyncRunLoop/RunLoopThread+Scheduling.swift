@@ -49,7 +49,7 @@
         if let job = once.take() { enqueue(job, role: role) }
       })
     add(timer, to: .common)
-    if isShutDown { timer.invalidate() }
+    if isShutDown { timer.invalidate(waitForRunningCallout: false) }
   }
 
   /// A clock's duration as a `Duration`, when it is one (every standard clock's is).

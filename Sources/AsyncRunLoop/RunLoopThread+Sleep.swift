@@ -27,7 +27,7 @@ extension RunLoopThread {
           onInvalidate: { waiter.finish(.failure(CancellationError())) })
         guard waiter.start(continuation, timer: timer) else { return }  // cancelled already
         add(timer, to: .common)
-        if isShutDown { timer.invalidate() }
+        if isShutDown { timer.invalidate(waitForRunningCallout: false) }
       }
     } onCancel: {
       waiter.cancel()
@@ -94,6 +94,6 @@ final class SleepWaiter: @unchecked Sendable {
         return nil
       }
     }
-    timer?.invalidate()
+    timer?.invalidate(waitForRunningCallout: false)
   }
 }

@@ -43,13 +43,13 @@ public final class TimerSequence: AsyncSequence, StoppableConsumption, @unchecke
 
   /// Dropping the sequence (and its iterator) invalidates the timer.
   deinit {
-    timer.invalidate()
+    timer.invalidate(waitForRunningCallout: false)
   }
 
   /// Ends the sequence after the ticks already due are delivered; the timer is invalidated and
   /// released. Any thread; idempotent.
   public func invalidate() {
-    timer.invalidate()  // its onInvalidate ends the machine
+    timer.invalidate(waitForRunningCallout: false)  // its onInvalidate ends the machine
   }
 
   /// The timer's handler (loop thread): due instants become ticks; the timer moves to the next
@@ -92,7 +92,7 @@ public final class TimerSequence: AsyncSequence, StoppableConsumption, @unchecke
       break
     case .stop(let consumer, let invalidateTimer):
       consumer?.resume()
-      if invalidateTimer { timer.invalidate() }
+      if invalidateTimer { timer.invalidate(waitForRunningCallout: false) }
     }
   }
 
