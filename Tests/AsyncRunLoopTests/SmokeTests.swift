@@ -58,12 +58,22 @@ extension PinnedToLoopActor {
 }
 
 @Test func currentLoopRunsWithTimeout() throws {
-  let loop = RunLoopThread.current
-  #expect(loop.run(mode: .default, for: .milliseconds(10)) == .finished)
-  let fired = LockedValue(0)
-  loop.add(LoopTimer(after: .milliseconds(5), repeatingEvery: .milliseconds(5)) { _ in fired.withLock { $0 += 1 } })
-  #expect(loop.run(mode: .default, for: .milliseconds(52)) == .timedOut)
-  #expect(fired.withLock { $0 } >= 8)
+  // On a thread of its own: a pool thread's loop would outlive the test (and its timer).
+  let (empty, timed, fired) = EngineTestThread.run { () -> (RunLoopRunResult, RunLoopRunResult, Int) in
+    let loop = RunLoopThread.current
+    let empty = loop.run(mode: .default, for: .milliseconds(10))
+    let fired = Locked(0)
+    let timer = LoopTimer(after: .milliseconds(5), repeatingEvery: .milliseconds(5)) { _ in
+      fired.withLock { $0 += 1 }
+    }
+    loop.add(timer)
+    let timed = loop.run(mode: .default, for: .milliseconds(52))
+    timer.invalidate()
+    return (empty, timed, fired.withLock { $0 })
+  }
+  #expect(empty == .finished)
+  #expect(timed == .timedOut)
+  #expect(fired >= 8)
 }
 
 @Test func taskSleepUsesLoop() async throws {
