@@ -9,7 +9,7 @@
 /// exactly once. When the source is invalidated while on a loop, the loop delivers what is still
 /// buffered, refuses later posts (`post` returns false), and then calls `cancel`. A source that is
 /// invalidated before it was ever scheduled keeps its buffer undelivered.
-public final class CommandSource<Command: Sendable>: @unchecked Sendable {
+public final class CommandSource<Command: Sendable>: @unchecked Sendable {  // Safety: proof below
   // Safety: `source` is immutable. `pending` and `isOpen` are only touched with `lock` held.
   // `draining` is only touched by `drain()`, which runs on the loop thread (the perform routine).
 
@@ -90,7 +90,7 @@ public final class CommandSource<Command: Sendable>: @unchecked Sendable {
 }
 
 /// Holds the perform closure of a `CommandSource` until the source exists.
-private final class DrainerBox: @unchecked Sendable {
+private final class DrainerBox: @unchecked Sendable {  // Safety: proof below
   // Safety: `drain` is written once in `CommandSource.init`, before the source is published to any
   // other thread, and only read afterwards (on the loop thread).
   var drain: ((_ closing: Bool) -> Void)?

@@ -31,7 +31,7 @@ public struct DescriptorEvents: OptionSet, Sendable, Hashable, CustomStringConve
 /// The source does not own the descriptor: close it yourself, after removing the source. A
 /// descriptor closed while registered, and its number reused by a new descriptor, never delivers
 /// events to the old registration: each registration is identified by a token, not by the number.
-public final class DescriptorSource: ModeMember, @unchecked Sendable {
+public final class DescriptorSource: ModeMember, @unchecked Sendable {  // Safety: proof below
   // Safety: `descriptor`, `interest` and `order` are immutable. `lifecycle`, `handler` and `onInvalidate` are
   // only touched with `lock` held. `memberships`, `token` and `isArmed` are only touched on the
   // thread of the loop the source is scheduled on (asserted by `RunLoopThread`).

@@ -6,7 +6,7 @@ import Glibc
 ///
 /// Thread rules: `wake()` may be called from any thread; everything else is called only on the
 /// loop's thread (or during init/deinit, when no other thread can see the poller).
-final class EpollPoller: @unchecked Sendable {
+final class EpollPoller: @unchecked Sendable {  // Safety: proof below
   // Safety: the descriptors are immutable after init (wake() only writes to `wakeDescriptor`, a
   // thread-safe syscall); `armedTimerDeadline` and `eventBuffer` are touched only by the loop
   // thread, which every caller of the mutating methods is (see the loop's assertions).

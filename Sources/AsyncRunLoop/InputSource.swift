@@ -14,7 +14,7 @@
 ///
 /// A source is scheduled on at most one loop at a time (in any number of its modes). Adding it to
 /// a second loop while it is on one is a programming error and traps with a clear message.
-public final class InputSource: ModeMember, @unchecked Sendable {
+public final class InputSource: ModeMember, @unchecked Sendable {  // Safety: proof below
   // Safety: `order` is immutable. `state` (which also holds the routines) is only touched with
   // `lock` held. `memberships` is only touched on the thread of the loop the source is scheduled
   // on, which `RunLoopThread` asserts at every entry point.

@@ -33,7 +33,7 @@ public struct LoopActivity: OptionSet, Sendable, Hashable, CustomStringConvertib
 ///
 /// A repeating observer is told every pass; a one-shot observer invalidates itself after its
 /// first callout. An observer may invalidate itself (or others) from its own callout.
-public final class LoopObserver: ModeMember, @unchecked Sendable {
+public final class LoopObserver: ModeMember, @unchecked Sendable {  // Safety: proof below
   // Safety: `activities`, `repeats` and `order` are immutable. `callout` (nil once invalid) and `onInvalidate` are
   // only touched with `lock` held. `memberships` and `loop` are only touched on the thread of the
   // loop the observer is scheduled on (asserted by `RunLoopThread`).

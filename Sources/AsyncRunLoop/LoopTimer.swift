@@ -29,7 +29,7 @@ public enum LoopTimerError: Error, Equatable, CustomStringConvertible {
 ///   nothing else and `stop()` from the handler works); the `seconds:` initializer rejects NaN and
 ///   infinities with `LoopTimerError`.
 /// - `invalidate()` may be called from any thread: no callout starts after it returns.
-public final class LoopTimer: ModeMember, @unchecked Sendable {
+public final class LoopTimer: ModeMember, @unchecked Sendable {  // Safety: proof below
   // Safety: `intervalNanoseconds`, `toleranceNanoseconds` are immutable. `handler`, `fireDateNs`,
   // `scheduledLoop`, `onInvalidate`, `isFiring` and `firingWaiters` are only touched with `lock`
   // held. `memberships` and `generation` are only

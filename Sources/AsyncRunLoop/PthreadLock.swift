@@ -14,7 +14,7 @@ import Glibc
 /// heap allocation, not two: every timer and source has one.
 @usableFromInline
 final class PthreadLock: ManagedBuffer<Void, pthread_mutex_t> {
-  // Not Sendable itself (ManagedBuffer never is); the `@unchecked Sendable` types that hold one
+  // Not Sendable itself (ManagedBuffer never is); the unchecked-Sendable types that hold one
   // share it across threads safely: the mutex is only touched through pthread_mutex_* calls,
   // which are thread-safe, and its address (the element storage) is stable for the object's life.
 
@@ -67,7 +67,7 @@ final class PthreadLock: ManagedBuffer<Void, pthread_mutex_t> {
 }
 
 /// A value protected by a `PthreadLock`. Callable from any thread.
-final class LockedValue<Value>: @unchecked Sendable {
+final class LockedValue<Value>: @unchecked Sendable {  // Safety: proof below
   // Safety: `value` is only read or written inside `lock.withLock`.
   private let lock = PthreadLock.make()
   private var value: Value
@@ -86,7 +86,7 @@ final class LockedValue<Value>: @unchecked Sendable {
 /// A one-shot gate that threads can block on until it is opened. Callable from any thread.
 ///
 /// Used by the blocking "wait until done" calls. Opening it twice is harmless.
-final class BlockingGate: @unchecked Sendable {
+final class BlockingGate: @unchecked Sendable {  // Safety: proof below
   // Safety: `isOpen` is only touched with `lock` held; `condition` only through pthread_cond_*.
   private let lock = PthreadLock.make()
   private let condition: UnsafeMutablePointer<pthread_cond_t>

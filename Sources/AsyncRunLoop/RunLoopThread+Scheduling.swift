@@ -59,7 +59,7 @@
 }
 
 /// Hands a job out exactly once (timer fire or invalidation, whichever comes first).
-final class JobOnce: @unchecked Sendable {
+final class JobOnce: @unchecked Sendable {  // Safety: proof below
   // Safety: `job` is only touched with `lock` held.
   private let lock = PthreadLock.make()
   private var job: UnownedJob?

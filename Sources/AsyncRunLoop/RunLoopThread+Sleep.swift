@@ -37,7 +37,7 @@ extension RunLoopThread {
 
 /// The once-only meeting point of a sleeping task, its timer and cancellation: a pure state
 /// machine under a lock; the continuation is resumed after the lock is released.
-final class SleepWaiter: @unchecked Sendable {
+final class SleepWaiter: @unchecked Sendable {  // Safety: proof below
   // Safety: `state` is only touched with `lock` held.
   private let lock = PthreadLock.make()
   private var state = State.idle

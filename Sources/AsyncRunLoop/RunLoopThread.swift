@@ -27,7 +27,7 @@ public enum RunLoopError: Error, Equatable, CustomStringConvertible {
 /// loop's own; "loop thread" means only the loop's own thread may call it (checked with a
 /// precondition). Every callback (source routines, timer and observer callouts, performed blocks,
 /// executor jobs) runs on the loop's thread.
-public final class RunLoopThread: @unchecked Sendable {
+public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
   // Safety: `name`, `poller`, `ownsThread`, `isMainLoop`, `inboxLock` and `threadLock` are
   // immutable references; `serialExecutorRole` is written once at the end of init, before the
   // loop is published, and only read afterwards. `inbox` is only touched with `inboxLock` held;
@@ -361,7 +361,7 @@ public final class RunLoopThread: @unchecked Sendable {
 }
 
 /// What a new owned thread needs to start.
-private final class ThreadStart: @unchecked Sendable {
+private final class ThreadStart: @unchecked Sendable {  // Safety: proof below
   // Safety: immutable after init; handed from the creating thread to the new thread once.
   let loop: RunLoopThread
   let cpu: Int?
@@ -374,7 +374,7 @@ private final class ThreadStart: @unchecked Sendable {
 }
 
 /// A result handed from the loop thread to a blocked waiter.
-final class ResultBox<T: Sendable>: @unchecked Sendable {
+final class ResultBox<T: Sendable>: @unchecked Sendable {  // Safety: proof below
   // Safety: `value` is only touched with `lock` held.
   private let lock = PthreadLock.make()
   private var value: Result<T, any Error>?

@@ -105,7 +105,7 @@ private func runOnMainActor<T: Sendable, E: Error>(_ body: @MainActor () throws(
 
 /// One blocked `runOnMainAndWait` call: a once-only meeting of the caller, its block on the main
 /// queue, and the main loop stopping. A state machine under a lock; the gate opens after it.
-final class MainCallWaiter<T: Sendable>: AbandonableWait, @unchecked Sendable {
+final class MainCallWaiter<T: Sendable>: AbandonableWait, @unchecked Sendable {  // Safety: proof below
   // Safety: `state` is only touched with `lock` held; `gate` is thread-safe.
   private let lock = PthreadLock.make()
   private var state = State.pending

@@ -29,7 +29,7 @@ public struct LoopActivityEvent: Sendable, Hashable, CustomStringConvertible {
 /// One consumer (a second `makeAsyncIterator()` traps). It ends when the consuming task is
 /// cancelled or drops its iterator (the observer is invalidated), on `invalidate()`, or on the
 /// loop's shutdown (events already recorded are delivered first).
-public final class ActivitySequence: AsyncSequence, StoppableConsumption, @unchecked Sendable {
+public final class ActivitySequence: AsyncSequence, StoppableConsumption, @unchecked Sendable {  // Safety: proof below
   public typealias Element = LoopActivityEvent
   public typealias Failure = Never
   // Safety: `loop`, `observer` and `lock` are immutable after init. `machine` is only touched with

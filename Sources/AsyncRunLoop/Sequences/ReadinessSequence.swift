@@ -13,7 +13,7 @@
 /// (a second `makeAsyncIterator()` traps). It ends when the consuming task is cancelled or drops
 /// its iterator (the descriptor is deregistered), on `invalidate()`, or on the loop's shutdown
 /// (events already seen are delivered first).
-public final class ReadinessSequence: AsyncSequence, StoppableConsumption, @unchecked Sendable {
+public final class ReadinessSequence: AsyncSequence, StoppableConsumption, @unchecked Sendable {  // Safety: proof below
   public typealias Element = DescriptorEvents
   public typealias Failure = Never
   // Safety: `loop`, `source` and `lock` are immutable after init. `machine` is only touched with

@@ -12,7 +12,7 @@
 /// consuming task is cancelled or drops its iterator (the source leaves its loop, `onCancel` runs
 /// on the loop thread), `invalidate()` (signals already made are still delivered first), or the
 /// loop shuts down.
-public final class SignalSequence: AsyncSequence, StoppableConsumption, @unchecked Sendable {
+public final class SignalSequence: AsyncSequence, StoppableConsumption, @unchecked Sendable {  // Safety: proof below
   public typealias Element = Int
   public typealias Failure = Never
   // Safety: `loop`, `source` and `lock` are immutable after init. `machine` is only touched with

@@ -28,7 +28,9 @@
 ///   `next()` returns nil. `onCancel` runs once on the loop thread.
 /// - The loop shuts down: as `invalidate()`.
 /// - The sequence and its iterator are dropped: the source is invalidated.
-public final class SourceSequence<Element: Sendable>: AsyncSequence, StoppableConsumption, @unchecked Sendable {
+public final class SourceSequence<Element: Sendable>:  // Safety: proof below
+  AsyncSequence, StoppableConsumption, @unchecked Sendable
+{
   public typealias Failure = Never
   // Safety: `loop`, `source` and `lock` are immutable after init. `machine` is only touched with
   // `lock` held (every access below is between `lock.lock()` and `lock.unlock()` or inside

@@ -12,7 +12,7 @@
 /// cancelled or drops its iterator (the timer is invalidated and released), on `invalidate()` or
 /// the loop's shutdown (ticks already due are delivered first), and after the one tick of a
 /// one-shot timer.
-public final class TimerSequence: AsyncSequence, StoppableConsumption, @unchecked Sendable {
+public final class TimerSequence: AsyncSequence, StoppableConsumption, @unchecked Sendable {  // Safety: proof below
   public typealias Element = LoopTick
   public typealias Failure = Never
   // Safety: `loop`, `timer` and `lock` are immutable after init. `machine` is only touched with

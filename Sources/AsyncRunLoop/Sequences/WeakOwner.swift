@@ -3,7 +3,7 @@
 /// sequence weakly means dropping the sequence (and its iterator) frees it, and its `deinit`
 /// invalidates the member.
 @usableFromInline
-final class WeakOwner<Owner: AnyObject>: @unchecked Sendable {
+final class WeakOwner<Owner: AnyObject>: @unchecked Sendable {  // Safety: proof below
   // Safety: `value` is written once, in the owner's initializer, before the member is added to a
   // loop (the add goes through the loop's inbox lock, which orders the write before every read
   // on the loop thread); afterwards it is only read. The runtime zeroes weak references
