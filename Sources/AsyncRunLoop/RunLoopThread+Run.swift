@@ -65,12 +65,14 @@ extension RunLoopThread {
       applyControls()  // what the sources (and their resumed tasks) sent lands now, not a pass later
       runCollectedPerforms(in: contents.mode)
       runCollectedJobs()
-      let now = LoopClock.monotonicNanoseconds()
+      // Without a time limit there is no deadline to compare: skip the clock read (hot path).
+      let hasLimit = deadline != Int64.max
       // A handler of this pass may have emptied the mode (a source invalidated itself, a block
       // removed the last timer): nothing would wake the sleep, so poll and let the end of the pass
       // report finished.
       let mustPoll =
-        handledSource && returnAfterSourceHandled || deadline <= now || hasLocalWork
+        handledSource && returnAfterSourceHandled || hasLimit && deadline <= LoopClock.monotonicNanoseconds()
+        || hasLocalWork
         || isFinished(contents, keepsAlive: keepsAlive) || hasDeferredSource(in: contents)
         || !spareSignalled.isEmpty  // signals collected after step 4: the next pass fires them
       // A nested run in another mode (from a handler, block or job above) may have silenced
@@ -84,7 +86,7 @@ extension RunLoopThread {
       runCollectedJobs()
       // End of pass: CF's order — handled a source, timed out, stopped, finished.
       if returnAfterSourceHandled && handledSource { return .handledSource }
-      if deadline <= LoopClock.monotonicNanoseconds() { return .timedOut }
+      if hasLimit && deadline <= LoopClock.monotonicNanoseconds() { return .timedOut }
       if consumeStop() { return .stopped }
       if isFinished(contents, keepsAlive: keepsAlive) { return .finished }
     }

@@ -268,11 +268,10 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
   /// released. Jobs enqueued after that run on a fallback thread (see `enqueue`); `perform`
   /// refuses new blocks.
   public func shutdown() {
-    let (first, wake) = inboxLock.withLock { inbox.beginShutdown() }
+    // A non-owned loop's runs end now; it drains when its thread exits (or, for the main loop,
+    // when `runMainLoop()` returns).
+    let (_, wake) = inboxLock.withLock { inbox.beginShutdown() }
     perform(wake)
-    if first && !ownsThread && !isMainLoop && !isOnLoopThread {
-      // Nobody may be running a non-owned loop: let its next run (or its thread's exit) drain.
-    }
   }
 
   /// Shuts the loop down and waits until its thread has finished and is gone (joined). Any
