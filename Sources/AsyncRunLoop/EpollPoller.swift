@@ -2,14 +2,18 @@ import CAsyncRunLoop
 import Glibc
 
 /// The loop's kernel interface: one epoll instance watching a wake-up eventfd, one timerfd and the
-/// registered readiness descriptors.
+/// registered readiness descriptors; and a futex word, which the loop sleeps on instead when it
+/// watches no descriptor and no timer (only another thread can wake it then, and a futex wake-up
+/// costs less than an eventfd write read back through `epoll_wait`).
 ///
-/// Thread rules: `wake()` may be called from any thread; everything else is called only on the
+/// Thread rules: `wake(_:)` may be called from any thread; everything else is called only on the
 /// loop's thread (or during init/deinit, when no other thread can see the poller).
 final class EpollPoller: @unchecked Sendable {  // Safety: proof below
-  // Safety: the descriptors are immutable after init (wake() only writes to `wakeDescriptor`, a
-  // thread-safe syscall); `armedTimerDeadline` and `eventBuffer` are touched only by the loop
-  // thread, which every caller of the mutating methods is (see the loop's assertions).
+  // Safety: the descriptors and `futexWord` (the pointer) are immutable after init; `wake(_:)`
+  // only writes to `wakeDescriptor` (a thread-safe syscall) or changes `futexWord`'s pointee with
+  // an atomic add and wakes it (a thread-safe syscall). `armedTimerDeadline` and `eventBuffer` are
+  // touched only by the loop thread, which every caller of the other methods is (see the loop's
+  // assertions).
 
   /// The token epoll reports for the wake-up eventfd.
   static let wakeToken: UInt64 = 0
@@ -25,6 +29,8 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
   private let eventBuffer: UnsafeMutablePointer<epoll_event>
   /// The absolute CLOCK_MONOTONIC time the timerfd is armed for; `nil` when disarmed.
   private var armedTimerDeadline: Int64?
+  /// The word the loop sleeps on in futex mode; producers change it before waking it.
+  private let futexWord: UnsafeMutablePointer<UInt32>
 
   init() throws(SystemCallError) {
     let epoll = try SystemCall.epollCreate()
@@ -44,6 +50,8 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
       throw error
     }
     eventBuffer = .allocate(capacity: Int(Self.eventCapacity))
+    futexWord = .allocate(capacity: 1)
+    futexWord.initialize(to: 0)
   }
 
   deinit {
@@ -51,12 +59,31 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
     SystemCall.close(wakeDescriptor)
     SystemCall.close(epollDescriptor)
     eventBuffer.deallocate()
+    futexWord.deallocate()
   }
 
-  /// Makes a sleeping `wait` return. Any thread. Callers coalesce: see `LoopInbox.wakePending`.
+  /// Makes a loop that sleeps on `mechanism` return from its sleep. Any thread. Callers
+  /// coalesce: see `LoopInbox.wakePending`.
   @inline(__always)
-  func wake() {
-    SystemCall.signalEventDescriptor(wakeDescriptor)
+  func wake(_ mechanism: LoopInbox.SleepMechanism) {
+    switch mechanism {
+    case .epoll: SystemCall.signalEventDescriptor(wakeDescriptor)
+    case .futex: carl_futex_bump_and_wake(futexWord)
+    }
+  }
+
+  /// Whether the timerfd is armed (a timer or a run's time limit will wake the loop). Loop thread.
+  var isTimerArmed: Bool { armedTimerDeadline != nil }
+
+  /// The futex word's value before the loop decides to sleep on it. Read it under the same lock
+  /// as the decision (`LoopInbox.prepareToSleep(on:)`): a producer that wakes the loop changes
+  /// the word after that, so `sleepOnFutex(ticket:)` then returns at once. Loop thread.
+  func futexTicket() -> UInt32 { carl_futex_word_load(futexWord) }
+
+  /// Sleeps until a producer wakes the futex (at once if one did since `ticket` was read). May
+  /// return spuriously (a signal); the loop then makes an ordinary pass. Loop thread.
+  func sleepOnFutex(ticket: UInt32) {
+    carl_futex_wait(futexWord, ticket)
   }
 
   /// Arms the timerfd for an absolute monotonic deadline, or disarms it for `nil`.

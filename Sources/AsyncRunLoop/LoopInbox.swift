@@ -6,11 +6,11 @@ struct PerformRequest {
 
 /// Everything other threads hand to a loop: a pure state machine held under the loop's inbox
 /// lock. Each event is one mutating method whose result says what the caller must do after
-/// releasing the lock (write the wake-up eventfd, run a job elsewhere, ...).
+/// releasing the lock (wake the sleeping loop, run a job elsewhere, ...).
 ///
 /// Wake-ups are coalesced: `wakePending` is true while the loop is awake (it will look at the
-/// inbox before sleeping) or an eventfd write is already on its way. Only the producer that flips
-/// it from false to true writes the eventfd, so a busy loop costs producers no syscall at all.
+/// inbox before sleeping) or a wake-up is already on its way. Only the producer that flips
+/// it from false to true wakes the loop, so a busy loop costs producers no syscall at all.
 struct LoopInbox {
   enum Lifecycle {
     /// Accepting work.
@@ -37,19 +37,30 @@ struct LoopInbox {
   var wakeRequested = false
   /// See the type's comment. Starts true: a new loop is not asleep.
   private(set) var wakePending = true
+  /// How the loop sleeps (or last slept): the producer that wakes it must use the same way.
+  private(set) var sleepMechanism = SleepMechanism.epoll
 
-  enum WakeAction {
-    /// The loop is awake or already being woken.
-    case none
-    /// Write the eventfd (after releasing the lock).
-    case wakeLoop
+  /// The two ways a loop sleeps.
+  enum SleepMechanism: Equatable {
+    /// In `epoll_wait`, watching descriptors, its timerfd and the wake-up eventfd.
+    case epoll
+    /// On a futex word: the loop watches no descriptor and no timer, so only a producer can
+    /// wake it, and a futex wake-up is cheaper than an eventfd write read back through epoll.
+    case futex
   }
 
-  /// Flips `wakePending`; only the flipper writes.
+  enum WakeAction: Equatable {
+    /// The loop is awake or already being woken.
+    case none
+    /// Wake the sleeping loop the way it sleeps (after releasing the lock).
+    case wakeLoop(SleepMechanism)
+  }
+
+  /// Flips `wakePending`; only the flipper wakes the loop.
   private mutating func requestWake() -> WakeAction {
-    if wakePending { return .none }  // awake, or a write is on its way: coalesced
+    if wakePending { return .none }  // awake, or a wake-up is on its way: coalesced
     wakePending = true
-    return .wakeLoop
+    return .wakeLoop(sleepMechanism)
   }
 
   enum JobAction {
@@ -152,11 +163,12 @@ struct LoopInbox {
       || wakeRequested
   }
 
-  /// The loop is about to sleep: true if it may (nothing waiting), and from then on producers
-  /// write the eventfd. False means "poll instead": work is there.
-  mutating func prepareToSleep() -> Bool {
-    if hasWork { return false }
+  /// The loop is about to sleep on `mechanism`: true if it may (nothing waiting), and from then
+  /// on the first producer wakes it that way. False means "poll instead": work is there.
+  mutating func prepareToSleep(on mechanism: SleepMechanism) -> Bool {
+    if hasWork { return false }  // work arrived since the loop looked: no sleep
     wakePending = false
+    sleepMechanism = mechanism
     return true
   }
 

@@ -80,7 +80,7 @@ extension RunLoopThread {
       armDescriptors(for: contents)
       armTimerfd(contents, runDeadline: deadline)
       // 5–8: wait for readiness, timers, wake-ups or the limit; poll when work is waiting.
-      handledSource = waitAndHandleReadiness(contents, mayBlock: !mustPoll) || handledSource
+      handledSource = waitAndHandleReadiness(contents, mayBlock: !mustPoll, runDeadline: deadline) || handledSource
       fireDueTimers(in: contents)  // 9
       runCollectedPerforms(in: contents.mode)
       runCollectedJobs()
@@ -262,17 +262,50 @@ extension RunLoopThread {
   /// Steps 5–8. Polls (no sleep, no beforeWaiting/afterWaiting) when `mayBlock` is false or work
   /// arrived; otherwise tells observers, sleeps, and tells them it woke. Delivers readiness
   /// events. Returns whether a readiness source fired.
-  private func waitAndHandleReadiness(_ contents: ModeContents, mayBlock: Bool) -> Bool {
-    let sleeps = mayBlock && inboxLock.withLock { inbox.prepareToSleep() }
-    if sleeps { notifyObservers(contents, .beforeWaiting) }  // 6
-    var fired = false
-    let outcome = poller.wait(block: sleeps) { token, events in  // 7
-      fired = handleReadiness(token: token, events: events, contents: contents) || fired
+  ///
+  /// A loop that watches no descriptor and no timer can only be woken by another thread: it
+  /// sleeps on its futex word instead of in `epoll_wait`, and a poll asks the kernel nothing.
+  private func waitAndHandleReadiness(_ contents: ModeContents, mayBlock: Bool, runDeadline: Int64) -> Bool {
+    var mechanism = sleepMechanism
+    var ticket: UInt32 = 0
+    var sleeps =
+      mayBlock
+      && inboxLock.withLock {
+        guard inbox.prepareToSleep(on: mechanism) else { return false }
+        ticket = poller.futexTicket()  // with the decision: a later wake-up changes the word
+        return true
+      }
+    let announcesSleep = sleeps
+    if sleeps && contents.observedActivities.contains(.beforeWaiting) {
+      notifyObservers(contents, .beforeWaiting)  // 6
+      // The callouts may have added a timer or a descriptor, or moved a timer: watch them in
+      // this sleep. Producers were told how the loop sleeps; if that changed, poll instead and
+      // sleep the right way next pass.
+      armDescriptors(for: contents)
+      armTimerfd(contents, runDeadline: runDeadline)
+      if sleepMechanism != mechanism {
+        mechanism = .epoll
+        sleeps = false
+      }
     }
-    _ = outcome
+    var fired = false
+    switch mechanism {
+    case .futex:
+      if sleeps { poller.sleepOnFutex(ticket: ticket) }  // 7
+    case .epoll:
+      _ = poller.wait(block: sleeps) { token, events in  // 7
+        fired = handleReadiness(token: token, events: events, contents: contents) || fired
+      }
+    }
     applyControls(afterWake: true)  // awake again; this pass is the one a wake-up asked for
-    if sleeps { notifyObservers(contents, .afterWaiting) }  // 8
+    if announcesSleep { notifyObservers(contents, .afterWaiting) }  // 8
     return fired
+  }
+
+  /// How the loop would sleep now: on the futex when only another thread can wake it (no
+  /// descriptor registered, the timerfd disarmed), else in `epoll_wait`.
+  private var sleepMechanism: LoopInbox.SleepMechanism {
+    descriptorsByToken.isEmpty && !poller.isTimerArmed ? .futex : .epoll
   }
 
   /// Delivers one readiness event; silences a registration that is not in the running mode.

@@ -243,7 +243,7 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
   func perform(_ action: LoopInbox.WakeAction) {
     switch action {
     case .none: break
-    case .wakeLoop: poller.wake()
+    case .wakeLoop(let mechanism): poller.wake(mechanism)
     }
   }
 

@@ -4,6 +4,7 @@
 #define C_ASYNC_RUN_LOOP_H
 
 #include <errno.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -56,6 +57,26 @@ static inline struct epoll_event carl_epoll_event_make(uint32_t events, uint64_t
   e.events = events;
   e.data.u64 = token;
   return e;
+}
+
+// MARK: - Futex sleep (a loop that watches no descriptor and no timer sleeps on a futex word)
+
+/// Reads the futex word. Relaxed: the word only decides whether the sleep starts; everything the
+/// loop must see is published under its inbox lock.
+static inline uint32_t carl_futex_word_load(const uint32_t *_Nonnull word) {
+  return __atomic_load_n(word, __ATOMIC_RELAXED);
+}
+
+/// Sleeps while `*word == expected` (returns at once when it differs, on a wake-up or a signal).
+static inline void carl_futex_wait(uint32_t *_Nonnull word, uint32_t expected) {
+  syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, expected, NULL, NULL, 0);
+}
+
+/// Changes the word (so a sleeper that has not started waiting yet does not start) and wakes one
+/// sleeper.
+static inline void carl_futex_bump_and_wake(uint32_t *_Nonnull word) {
+  __atomic_fetch_add(word, 1, __ATOMIC_RELEASE);
+  syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
 // MARK: - libdispatch main-queue hooks (exported by libdispatch on Linux for CoreFoundation)

@@ -1,0 +1,89 @@
+import Testing
+
+@testable import AsyncRunLoop
+
+/// `LoopInbox` as a plain value: who wakes the loop, how, and what is refused after shutdown.
+/// (Each event's action is bound first: `#expect` cannot call a mutating method.)
+@Suite("LoopInbox state machine")
+struct LoopInboxTests {
+  static func request() -> PerformRequest { PerformRequest(modes: [.common], block: {}) }
+
+  @Test func anAwakeLoopIsNeverWoken() {
+    var inbox = LoopInbox()
+    let afterPerform = inbox.perform(Self.request())
+    let afterSignal = inbox.signal(InputSource { _ in })
+    let afterWakeUp = inbox.wakeUp()
+    #expect(afterPerform == LoopInbox.WakeAction.none)
+    #expect(afterSignal == .none)
+    #expect(afterWakeUp == .none)
+  }
+
+  @Test func onlyTheFirstProducerAfterTheLoopSleepsWakesIt() {
+    var inbox = LoopInbox()
+    let slept = inbox.prepareToSleep(on: .epoll)
+    let first = inbox.perform(Self.request())
+    let second = inbox.perform(Self.request())
+    let stop = inbox.stop()
+    inbox.didWake()
+    let afterWaking = inbox.wakeUp()
+    #expect(slept)
+    #expect(first == .wakeLoop(.epoll))
+    #expect(second == LoopInbox.WakeAction.none)  // coalesced: a wake-up is on its way
+    #expect(stop == .none)
+    #expect(afterWaking == .none)
+    #expect(inbox.performs.count == 2)
+  }
+
+  @Test func theWakeUpUsesTheWayTheLoopSleeps() {
+    var inbox = LoopInbox()
+    let sleptOnFutex = inbox.prepareToSleep(on: .futex)
+    let futexWake = inbox.signal(InputSource { _ in })
+    inbox.signalled.removeAll()
+    inbox.didWake()
+    let sleptInEpoll = inbox.prepareToSleep(on: .epoll)
+    let epollWake = inbox.wakeUp()
+    #expect(sleptOnFutex && sleptInEpoll)
+    #expect(futexWake == .wakeLoop(.futex))
+    #expect(epollWake == .wakeLoop(.epoll))
+  }
+
+  @Test func theLoopDoesNotSleepWhileAnythingWaits() {
+    var inbox = LoopInbox()
+    _ = inbox.perform(Self.request())
+    let sleptWithABlockWaiting = inbox.prepareToSleep(on: .futex)
+    let producerAfterRefusal = inbox.wakeUp()  // the loop is still awake: producers stay silent
+    inbox.performs.removeAll()
+    inbox.wakeRequested = false
+    _ = inbox.stop()
+    let sleptWithAStopWaiting = inbox.prepareToSleep(on: .futex)
+    #expect(!sleptWithABlockWaiting)
+    #expect(producerAfterRefusal == .none)
+    #expect(!sleptWithAStopWaiting)
+  }
+
+  @Test func shutdownRefusesBlocksKeepsControlsAndEndsWhenIdle() {
+    var inbox = LoopInbox()
+    let first = inbox.beginShutdown().first
+    let second = inbox.beginShutdown().first
+    let blockWhileDraining = inbox.perform(Self.request())
+    let controlWhileDraining = inbox.control {}
+    #expect(first && !second)  // twice: a no-op
+    #expect(blockWhileDraining == nil)
+    #expect(controlWhileDraining != nil)
+    guard case .keepDraining = inbox.terminate(force: false) else {
+      Issue.record("a waiting control must keep the loop draining")
+      return
+    }
+    inbox.controls.removeAll()
+    guard case .terminated(let leftover) = inbox.terminate(force: false) else {
+      Issue.record("an idle inbox must terminate")
+      return
+    }
+    let controlAfterTermination = inbox.control {}
+    let signalAfterTermination = inbox.signal(InputSource { _ in })
+    #expect(leftover.isEmpty)
+    #expect(controlAfterTermination == nil)
+    #expect(signalAfterTermination == .none)
+    #expect(inbox.signalled.isEmpty)
+  }
+}

@@ -1,0 +1,116 @@
+import Glibc
+import Testing
+
+@testable import AsyncRunLoop
+
+/// How a loop sleeps (SPEC §6 steps 6–8): in `epoll_wait` when it watches descriptors or a timer,
+/// on a futex word when only another thread can wake it; a change made by a beforeWaiting
+/// callout is watched in the very sleep that follows it. Each run has a long time limit only as a
+/// guard: a run that ends `.timedOut` slept through what should have woken it.
+@Suite("Sleep: futex and epoll sleeps, and what beforeWaiting changes")
+struct SleepTests {
+  /// A guard far beyond anything these runs wait for; reaching it means a lost wake-up.
+  static let guardLimit = Duration.seconds(20)
+
+  /// An input source that is never signalled: it keeps the mode alive without a descriptor or a
+  /// timer, so the loop sleeps on its futex.
+  static func keepAlive() -> InputSource { InputSource { _ in } }
+
+  @Test func aTimerAddedByABeforeWaitingCalloutWakesTheSleepThatFollows() {
+    let result = EngineTestThread.run { () -> RunLoopRunResult in
+      let loop = RunLoopThread.current
+      let keeper = Self.keepAlive()
+      loop.add(keeper, to: .default)
+      let observer = LoopObserver(activities: .beforeWaiting, repeats: false) { _, _ in
+        RunLoopThread.current.add(LoopTimer(after: .milliseconds(5)) { _ in RunLoopThread.current.stop() })
+      }
+      loop.add(observer, to: .default)
+      defer { keeper.invalidate() }
+      return loop.run(mode: .default, until: .now.advanced(by: Self.guardLimit))
+    }
+    #expect(result == .stopped)
+  }
+
+  @Test func aDescriptorAddedByABeforeWaitingCalloutWakesTheSleepThatFollows() throws {
+    let (readEnd, writeEnd) = DescriptorSourceTests.makePipe()
+    defer {
+      close(readEnd)
+      close(writeEnd)
+    }
+    DescriptorSourceTests.writeByte(writeEnd)  // readable before the loop sleeps
+    let result = EngineTestThread.run { () -> RunLoopRunResult in
+      let loop = RunLoopThread.current
+      let keeper = Self.keepAlive()
+      loop.add(keeper, to: .default)
+      let readable = DescriptorSource(descriptor: readEnd, interest: .readable) { source, _ in
+        DescriptorSourceTests.drain(readEnd)
+        source.invalidate()
+        RunLoopThread.current.stop()
+      }
+      let observer = LoopObserver(activities: .beforeWaiting, repeats: false) { _, _ in
+        try? RunLoopThread.current.add(readable, to: .default)
+      }
+      loop.add(observer, to: .default)
+      defer { keeper.invalidate() }
+      return loop.run(mode: .default, until: .now.advanced(by: Self.guardLimit))
+    }
+    #expect(result == .stopped)
+  }
+
+  @Test func aLoopWhoseCalloutRemovedItsOnlyTimerIsStillWokenByOtherThreads() {
+    // The loop announces an epoll sleep (its timer is armed), then the beforeWaiting callout
+    // removes the timer: it must not sleep on the futex while producers write the eventfd.
+    let result = EngineTestThread.run { () -> RunLoopRunResult in
+      let loop = RunLoopThread.current
+      let keeper = Self.keepAlive()
+      loop.add(keeper, to: .default)
+      let timer = LoopTimer(after: .seconds(3_600)) { _ in }
+      loop.add(timer, to: .default)
+      let producer = Locked<EngineTestThread?>(nil)
+      let observer = LoopObserver(activities: .beforeWaiting, repeats: false) { _, _ in
+        timer.invalidate()
+        let thread = EngineTestThread.start {
+          usleep(20_000)  // the loop is asleep by then (if it is not, the test proves less, not wrong)
+          loop.perform { RunLoopThread.current.stop() }
+        }
+        producer.withLock { $0 = thread }
+      }
+      loop.add(observer, to: .default)
+      let result = loop.run(mode: .default, until: .now.advanced(by: Self.guardLimit))
+      producer.withLock { $0 }?.join()
+      keeper.invalidate()
+      return result
+    }
+    #expect(result == .stopped)
+  }
+
+  @Test func aDescriptorAddedFromAnotherThreadWhileTheLoopSleepsOnTheFutexIsWatched() throws {
+    let loop = try RunLoopThread(name: "futex-to-epoll")
+    defer { loop.shutdownAndWait() }
+    let (readEnd, writeEnd) = DescriptorSourceTests.makePipe()
+    defer {
+      close(readEnd)
+      close(writeEnd)
+    }
+    // An executor-only loop watches nothing: it sleeps on its futex.
+    let asleep = Locked(false)
+    let watcher = LoopObserver(activities: [.beforeWaiting, .afterWaiting]) { _, activity in
+      asleep.withLock { $0 = activity == .beforeWaiting }
+    }
+    loop.add(watcher, to: .default)
+    loop.wakeUp()
+    #expect(waitUntil("the loop to sleep") { asleep.withLock { $0 } })
+    let fired = Locked(0)
+    let source = DescriptorSource(descriptor: readEnd, interest: .readable) { _, _ in
+      DescriptorSourceTests.drain(readEnd)
+      fired.withLock { $0 += 1 }
+    }
+    try loop.add(source, to: .default)  // wakes the futex sleep; the next sleep is in epoll
+    // Only the descriptor can wake the loop now: the write must reach it through epoll.
+    #expect(waitUntil("the loop to sleep again") { asleep.withLock { $0 } })
+    DescriptorSourceTests.writeByte(writeEnd)
+    #expect(waitUntil("the readable descriptor to fire") { fired.withLock { $0 } == 1 })
+    source.invalidate()
+    watcher.invalidate()
+  }
+}
