@@ -3,6 +3,8 @@ enum TargetReport {
   private enum Bound {
     case atMost(Double)
     case atLeast(Double)
+    /// Strictly below: "faster than a peer" is a ratio below 1.
+    case below(Double)
   }
 
   private struct Target: Sendable {
@@ -27,11 +29,31 @@ enum TargetReport {
   private static func p50Ratio(_ scenario: String, _ peer: String, _ base: String)
     -> @Sendable ([ScenarioResult]) -> Double?
   {
+    ratio(scenario, peer, base, \.p50)
+  }
+
+  /// `peer`'s `statistic` over `base`'s, in `scenario`.
+  private static func ratio(
+    _ scenario: String, _ peer: String, _ base: String, _ statistic: KeyPath<LatencySummary, Double> & Sendable
+  ) -> @Sendable ([ScenarioResult]) -> Double? {
     { results in
       guard let top = latency(results, scenario, peer), let bottom = latency(results, scenario, base) else {
         return nil
       }
-      return top.p50 / bottom.p50
+      return top[keyPath: statistic] / bottom[keyPath: statistic]
+    }
+  }
+
+  /// "asyncrunloop is faster than `peer`" at p50 (and at p99 when `alsoP99`): ratios below 1.
+  private static func fasterThan(_ scenario: String, _ peers: [String], alsoP99: Bool = false) -> [Target] {
+    peers.flatMap { peer in
+      let statistics: [(String, KeyPath<LatencySummary, Double> & Sendable)] =
+        alsoP99 ? [("p50", \.p50), ("p99", \.p99)] : [("p50", \.p50)]
+      return statistics.map { name, statistic in
+        Target(
+          label: "\(scenario) asyncrunloop \(name) / \(peer) \(name)", bound: .below(1),
+          measure: ratio(scenario, "asyncrunloop", peer, statistic))
+      }
     }
   }
 
@@ -41,15 +63,12 @@ enum TargetReport {
       measure: p50Ratio("wake-rtt", "asyncrunloop", "floor-epoll")),
     Target(
       label: "wake-rtt asyncrunloop p99 / floor-epoll p99", bound: .atMost(1.5),
-      measure: { results in
-        guard let top = latency(results, "wake-rtt", "asyncrunloop"),
-          let bottom = latency(results, "wake-rtt", "floor-epoll")
-        else { return nil }
-        return top.p99 / bottom.p99
-      }),
+      measure: ratio("wake-rtt", "asyncrunloop", "floor-epoll", \.p99)),
+  ] + fasterThan("wake-rtt", ["foundation-runloop", "dispatch-queue"]) + [
     Target(
       label: "actor-rtt asyncrunloop p50 / floor-epoll p50", bound: .atMost(1.2),
       measure: p50Ratio("actor-rtt", "asyncrunloop", "floor-epoll")),
+  ] + fasterThan("actor-rtt", ["dispatch-queue-executor"]) + [
     Target(
       label: "stream-rtt asyncrunloop p50 / floor-epoll p50", bound: .atMost(1.3),
       measure: p50Ratio("stream-rtt", "asyncrunloop", "floor-epoll")),
@@ -70,6 +89,7 @@ enum TargetReport {
     Target(
       label: "timer-1ms-lateness asyncrunloop p50 / floor-timerfd p50", bound: .atMost(1.3),
       measure: p50Ratio("timer-1ms-lateness", "asyncrunloop", "floor-timerfd")),
+  ] + fasterThan("timer-1ms-lateness", ["task-sleep", "dispatch-source-timer", "foundation-timer"], alsoP99: true) + [
     Target(
       label: "main-rtt asyncrunloop p50 / mainactor-foundation-runloop p50", bound: .atMost(0.7),
       measure: p50Ratio("main-rtt", "asyncrunloop", "mainactor-foundation-runloop")),
@@ -88,13 +108,16 @@ enum TargetReport {
         guard let figure = figure(results, "loops-1000", "asyncrunloop") else { return nil }
         return figure.extras.filter { $0.0.hasPrefix("leaked") }.reduce(0) { $0 + $1.1 }
       }),
+    Target(
+      label: "hop-allocations asyncrunloop per round trip", bound: .atMost(0),
+      measure: { figure($0, "hop-allocations", "asyncrunloop")?.value }),
   ]
 
   /// The targets table: measured value, bound, met or missed (n/a when a peer did not run).
   static func render(_ results: [ScenarioResult]) -> String {
     var lines = ["", "== targets"]
     for target in targets {
-      let label = padRight(target.label, 62)
+      let label = padRight(target.label, 66)
       guard let value = target.measure(results), !value.isNaN else {
         lines.append("   \(label) n/a (not measured)")
         continue
@@ -108,6 +131,9 @@ enum TargetReport {
       case .atLeast(let limit):
         met = value >= limit
         bound = "≥ \(formatFigure(limit))"
+      case .below(let limit):
+        met = value < limit
+        bound = "< \(formatFigure(limit))"
       }
       lines.append("   \(label) \(padLeft(formatFigure(value), 12))  \(padRight(bound, 12)) \(met ? "met" : "MISSED")")
     }
