@@ -57,61 +57,68 @@ enum TargetReport {
     }
   }
 
-  private static let targets: [Target] = [
-    Target(
-      label: "wake-rtt asyncrunloop p50 / floor-epoll p50", bound: .atMost(1.15),
-      measure: p50Ratio("wake-rtt", "asyncrunloop", "floor-epoll")),
-    Target(
-      label: "wake-rtt asyncrunloop p99 / floor-epoll p99", bound: .atMost(1.5),
-      measure: ratio("wake-rtt", "asyncrunloop", "floor-epoll", \.p99)),
-  ] + fasterThan("wake-rtt", ["foundation-runloop", "dispatch-queue"]) + [
-    Target(
-      label: "actor-rtt asyncrunloop p50 / floor-epoll p50", bound: .atMost(1.2),
-      measure: p50Ratio("actor-rtt", "asyncrunloop", "floor-epoll")),
-  ] + fasterThan("actor-rtt", ["dispatch-queue-executor"]) + [
-    Target(
-      label: "stream-rtt asyncrunloop p50 / floor-epoll p50", bound: .atMost(1.3),
-      measure: p50Ratio("stream-rtt", "asyncrunloop", "floor-epoll")),
-    Target(
-      label: "stream-rtt asyncrunloop p50 / asyncstream p50", bound: .atMost(0.6),
-      measure: p50Ratio("stream-rtt", "asyncrunloop", "asyncstream")),
-    Target(
-      label: "stream-throughput asyncrunloop elements/s", bound: .atLeast(5_000_000),
-      measure: { figure($0, "stream-throughput", "asyncrunloop")?.value }),
-    Target(
-      label: "stream-throughput asyncrunloop / asyncstream", bound: .atLeast(10),
-      measure: { results in
-        guard let top = figure(results, "stream-throughput", "asyncrunloop"),
-          let bottom = figure(results, "stream-throughput", "asyncstream")
-        else { return nil }
-        return top.value / bottom.value
-      }),
-    Target(
-      label: "timer-1ms-lateness asyncrunloop p50 / floor-timerfd p50", bound: .atMost(1.3),
-      measure: p50Ratio("timer-1ms-lateness", "asyncrunloop", "floor-timerfd")),
-  ] + fasterThan("timer-1ms-lateness", ["task-sleep", "dispatch-source-timer", "foundation-timer"], alsoP99: true) + [
-    Target(
-      label: "main-rtt asyncrunloop p50 / mainactor-foundation-runloop p50", bound: .atMost(0.7),
-      measure: p50Ratio("main-rtt", "asyncrunloop", "mainactor-foundation-runloop")),
-    Target(
-      label: "idle-cpu asyncrunloop ns (2 s window)", bound: .atMost(1_000_000),
-      measure: { figure($0, "idle-cpu", "asyncrunloop")?.value }),
-    Target(
-      label: "timers-100k asyncrunloop ns/timer", bound: .atMost(1_000),
-      measure: { figure($0, "timers-100k", "asyncrunloop")?.value }),
-    Target(
-      label: "loops-1000 asyncrunloop total ms", bound: .atMost(1_000),
-      measure: { figure($0, "loops-1000", "asyncrunloop")?.value }),
-    Target(
-      label: "loops-1000 leaked descriptors + threads", bound: .atMost(0),
-      measure: { results in
-        guard let figure = figure(results, "loops-1000", "asyncrunloop") else { return nil }
-        return figure.extras.filter { $0.0.hasPrefix("leaked") }.reduce(0) { $0 + $1.1 }
-      }),
-    Target(
-      label: "hop-allocations asyncrunloop per round trip", bound: .atMost(0),
-      measure: { figure($0, "hop-allocations", "asyncrunloop")?.value }),
-  ]
+  private static let targets: [Target] =
+    [
+      Target(
+        label: "wake-rtt asyncrunloop p50 / floor-epoll p50", bound: .atMost(1.15),
+        measure: p50Ratio("wake-rtt", "asyncrunloop", "floor-epoll")),
+      Target(
+        label: "wake-rtt asyncrunloop p99 / floor-epoll p99", bound: .atMost(1.5),
+        measure: ratio("wake-rtt", "asyncrunloop", "floor-epoll", \.p99)),
+    ]
+    + fasterThan("wake-rtt", ["foundation-runloop", "dispatch-queue"])
+    + [
+      Target(
+        label: "actor-rtt asyncrunloop p50 / floor-epoll p50", bound: .atMost(1.2),
+        measure: p50Ratio("actor-rtt", "asyncrunloop", "floor-epoll"))
+    ]
+    + fasterThan("actor-rtt", ["dispatch-queue-executor"])
+    + [
+      Target(
+        label: "stream-rtt asyncrunloop p50 / floor-epoll p50", bound: .atMost(1.3),
+        measure: p50Ratio("stream-rtt", "asyncrunloop", "floor-epoll")),
+      Target(
+        label: "stream-rtt asyncrunloop p50 / asyncstream p50", bound: .atMost(0.6),
+        measure: p50Ratio("stream-rtt", "asyncrunloop", "asyncstream")),
+      Target(
+        label: "stream-throughput asyncrunloop elements/s", bound: .atLeast(5_000_000),
+        measure: { figure($0, "stream-throughput", "asyncrunloop")?.value }),
+      Target(
+        label: "stream-throughput asyncrunloop / asyncstream", bound: .atLeast(10),
+        measure: { results in
+          guard let top = figure(results, "stream-throughput", "asyncrunloop"),
+            let bottom = figure(results, "stream-throughput", "asyncstream")
+          else { return nil }
+          return top.value / bottom.value
+        }),
+      Target(
+        label: "timer-1ms-lateness asyncrunloop p50 / floor-timerfd p50", bound: .atMost(1.3),
+        measure: p50Ratio("timer-1ms-lateness", "asyncrunloop", "floor-timerfd")),
+    ]
+    + fasterThan("timer-1ms-lateness", ["task-sleep", "dispatch-source-timer", "foundation-timer"], alsoP99: true)
+    + [
+      Target(
+        label: "main-rtt asyncrunloop p50 / mainactor-foundation-runloop p50", bound: .atMost(0.7),
+        measure: p50Ratio("main-rtt", "asyncrunloop", "mainactor-foundation-runloop")),
+      Target(
+        label: "idle-cpu asyncrunloop ns (2 s window)", bound: .atMost(1_000_000),
+        measure: { figure($0, "idle-cpu", "asyncrunloop")?.value }),
+      Target(
+        label: "timers-100k asyncrunloop ns/timer", bound: .atMost(1_000),
+        measure: { figure($0, "timers-100k", "asyncrunloop")?.value }),
+      Target(
+        label: "loops-1000 asyncrunloop total ms", bound: .atMost(1_000),
+        measure: { figure($0, "loops-1000", "asyncrunloop")?.value }),
+      Target(
+        label: "loops-1000 leaked descriptors + threads", bound: .atMost(0),
+        measure: { results in
+          guard let figure = figure(results, "loops-1000", "asyncrunloop") else { return nil }
+          return figure.extras.filter { $0.0.hasPrefix("leaked") }.reduce(0) { $0 + $1.1 }
+        }),
+      Target(
+        label: "hop-allocations asyncrunloop per round trip", bound: .atMost(0),
+        measure: { figure($0, "hop-allocations", "asyncrunloop")?.value }),
+    ]
 
   /// The targets table: measured value, bound, met or missed (n/a when a peer did not run).
   static func render(_ results: [ScenarioResult]) -> String {
