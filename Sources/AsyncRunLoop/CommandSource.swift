@@ -72,10 +72,12 @@ final class CommandBuffer<Command: Sendable>: @unchecked Sendable {  // Safety: 
   // Safety: `pending` and `isOpen` are only touched with `lock` held. `draining` is only touched
   // by `drain`, which runs on the loop thread (the source's perform and cancel routines, which
   // the loop never runs concurrently).
+  // No dynamic exclusivity checks (see `ModeContents`): no access spans a call out, except
+  // `drain`'s loop over `draining`, which iterates a copy of the array value.
   @usableFromInline let lock = PthreadLock.make()
-  @usableFromInline var pending: [Command] = []
-  @usableFromInline var isOpen = true
-  @usableFromInline var draining: [Command] = []
+  @exclusivity(unchecked) @usableFromInline var pending: [Command] = []
+  @exclusivity(unchecked) @usableFromInline var isOpen = true
+  @exclusivity(unchecked) @usableFromInline var draining: [Command] = []
 
   @usableFromInline init() {}
 

@@ -23,10 +23,12 @@ public final class InputSource: ModeMember, @unchecked Sendable {  // Safety: pr
   public let order: Int
 
   private let lock = PthreadLock.make()
-  private var state: SignalState
+  // No dynamic exclusivity checks (see `ModeContents`): `state` is only touched under `lock`,
+  // `memberships` only on the loop thread, and neither is accessed across a callout.
+  @exclusivity(unchecked) private var state: SignalState
 
   /// Loop thread: the modes of the attached loop that hold this source.
-  var memberships: [ModeContents] = []
+  @exclusivity(unchecked) var memberships: [ModeContents] = []
 
   /// Creates a source. The routines are called on the thread of the loop it is added to, and
   /// released once the source is invalidated.

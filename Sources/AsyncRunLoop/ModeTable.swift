@@ -11,20 +11,24 @@ protocol ModeMember: AnyObject {
 }
 
 /// The members of one mode on one loop. Loop thread only (owned by `ModeTable`).
+///
+/// Every pass reads these, so they skip dynamic exclusivity checks (a thread-local lookup each):
+/// they are confined to the loop thread, and the pass copies a list (or collects due timers)
+/// before calling out, so no access overlaps one made from a callout.
 final class ModeContents {
   let mode: RunLoopMode
   /// Custom sources, sorted by `order` (stable: equal orders keep insertion order).
-  var sources: [InputSource] = []
+  @exclusivity(unchecked) var sources: [InputSource] = []
   /// Readiness sources, in insertion order.
-  var descriptors: [DescriptorSource] = []
+  @exclusivity(unchecked) var descriptors: [DescriptorSource] = []
   /// Observers, sorted by `order` (stable).
-  var observers: [LoopObserver] = []
+  @exclusivity(unchecked) var observers: [LoopObserver] = []
   /// Union of the activities the observers want; lets a pass skip empty notifications cheaply.
-  var observedActivities: LoopActivity = []
+  @exclusivity(unchecked) var observedActivities: LoopActivity = []
   /// The timers in this mode.
-  var timerCount = 0
+  @exclusivity(unchecked) var timerCount = 0
   /// Those timers' pending fire dates (plus stale entries, see `TimerHeap`).
-  var timers = TimerHeap<TimerHeapPayload>()
+  @exclusivity(unchecked) var timers = TimerHeap<TimerHeapPayload>()
 
   init(mode: RunLoopMode) { self.mode = mode }
 
