@@ -23,13 +23,15 @@ enum BenchmarkDriver {
     let results = Scenario.runSelected(context)
     let seconds = Double(monotonicNanoseconds() - started) / 1e9
     let loadAfter = loadAverage()
-    print(TargetReport.render(results))
+    let verdicts = TargetReport.evaluate(results)
+    print(TargetReport.render(verdicts))
     print(
       "total time: \(String(format1: seconds)) s; load average (1 min) at the end: "
         + "\(loadAfter.map { formatFixed($0, decimals: 2) } ?? "?")")
     if let path = options.jsonPath {
       let json = JSONReport.render(
-        results, mode: options.mode, pin: pin.name, cpus: onlineCPUs, load: (loadBefore, loadAfter))
+        results, targets: verdicts, mode: options.mode, pin: pin.name, cpus: onlineCPUs,
+        load: (loadBefore, loadAfter))
       guard writeFile(path, json) else { return 1 }
       progress("wrote \(path)")
     }

@@ -2,12 +2,14 @@
 /// `{"schema":1,"mode":…,"pin":…,"cpus":N,"scenarios":{"<scenario>":{"<peer>":{…}}}}`, where a
 /// latency peer is `{"unit":"us","p50":…,"p90":…,"p99":…,"max":…,"n":…}` and a figure
 /// `{"unit":"ops/s|ns|ms|count","value":…}` plus its extras (`leaked_fds`, `leaked_threads`, …).
-/// Peers that are not available are left out.
+/// Peers that are not available are left out. After the scenarios, `"targets"` lists the issue's
+/// targets as checked in this run: `{"target":…,"bound":"≤ 1.15","value":…|null,"met":true|false|null}`.
 enum JSONReport {
   /// `load` (the 1-minute load average at start and end) is added as `"load_avg_1m"`, so a noisy
   /// run can be recognised.
   static func render(
-    _ results: [ScenarioResult], mode: RunMode, pin: String, cpus: Int, load: (Double?, Double?)
+    _ results: [ScenarioResult], targets: [TargetReport.Verdict], mode: RunMode, pin: String, cpus: Int,
+    load: (Double?, Double?)
   ) -> String {
     var scenarios: [String] = []
     for result in results {
@@ -30,11 +32,18 @@ enum JSONReport {
       }
       scenarios.append("    \(quoted(result.name)):{\(peers.joined(separator: ","))}")
     }
+    let verdicts = targets.map { verdict in
+      let met = verdict.outcome.map { $0.met ? "true" : "false" } ?? "null"
+      return "    {\"target\":\(quoted(verdict.label)),\"bound\":\(quoted(verdict.bound)),"
+        + "\"value\":\(number(verdict.outcome?.value ?? .nan)),\"met\":\(met)}"
+    }
     return """
       {"schema":1,"mode":\(quoted(mode.rawValue)),"pin":\(quoted(pin)),"cpus":\(cpus),\
       "load_avg_1m":{"start":\(number(load.0 ?? .nan)),"end":\(number(load.1 ?? .nan))},"scenarios":{
       \(scenarios.joined(separator: ",\n"))
-      }}
+      },"targets":[
+      \(verdicts.joined(separator: ",\n"))
+      ]}
 
       """
   }

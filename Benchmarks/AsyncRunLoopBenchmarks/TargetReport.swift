@@ -120,29 +120,41 @@ enum TargetReport {
         measure: { figure($0, "hop-allocations", "asyncrunloop")?.value }),
     ]
 
+  /// One target checked against a run.
+  struct Verdict {
+    let label: String
+    /// "≤ 1.15", "≥ 10", "< 1".
+    let bound: String
+    /// The measured value and whether it meets the bound; nil when a peer did not run.
+    let outcome: (value: Double, met: Bool)?
+  }
+
+  /// Every target, checked against `results`.
+  static func evaluate(_ results: [ScenarioResult]) -> [Verdict] {
+    targets.map { target in
+      let value = target.measure(results)
+      switch target.bound {
+      case .atMost(let limit):
+        return Verdict(label: target.label, bound: "≤ \(formatFigure(limit))", outcome: value.map { ($0, $0 <= limit) })
+      case .atLeast(let limit):
+        return Verdict(label: target.label, bound: "≥ \(formatFigure(limit))", outcome: value.map { ($0, $0 >= limit) })
+      case .below(let limit):
+        return Verdict(label: target.label, bound: "< \(formatFigure(limit))", outcome: value.map { ($0, $0 < limit) })
+      }
+    }
+  }
+
   /// The targets table: measured value, bound, met or missed (n/a when a peer did not run).
-  static func render(_ results: [ScenarioResult]) -> String {
+  static func render(_ verdicts: [Verdict]) -> String {
     var lines = ["", "== targets"]
-    for target in targets {
-      let label = padRight(target.label, 66)
-      guard let value = target.measure(results), !value.isNaN else {
+    for verdict in verdicts {
+      let label = padRight(verdict.label, 66)
+      guard let (value, met) = verdict.outcome, !value.isNaN else {
         lines.append("   \(label) n/a (not measured)")
         continue
       }
-      let met: Bool
-      let bound: String
-      switch target.bound {
-      case .atMost(let limit):
-        met = value <= limit
-        bound = "≤ \(formatFigure(limit))"
-      case .atLeast(let limit):
-        met = value >= limit
-        bound = "≥ \(formatFigure(limit))"
-      case .below(let limit):
-        met = value < limit
-        bound = "< \(formatFigure(limit))"
-      }
-      lines.append("   \(label) \(padLeft(formatFigure(value), 12))  \(padRight(bound, 12)) \(met ? "met" : "MISSED")")
+      lines.append(
+        "   \(label) \(padLeft(formatFigure(value), 12))  \(padRight(verdict.bound, 12)) \(met ? "met" : "MISSED")")
     }
     return lines.joined(separator: "\n")
   }

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Prints the README's Performance table (Markdown) from a benchmark JSON report.
+"""Prints the README's Performance tables (Markdown) from a benchmark JSON report.
 
 Usage: python3 Benchmarks/scripts/readme_table.py results.json
 Each latency peer gets p50 / p99 in µs and its p50 ratio to the scenario's floor (floor-epoll,
 or floor-timerfd for the timer scenario, or the Foundation peer for main-rtt); figures get their
-value and unit. Nothing is typed by hand: paste the output as it is.
+value and unit. Then the issue's targets as the run checked them. Nothing is typed by hand:
+paste the output as it is.
 """
 import json
 import sys
@@ -31,6 +32,16 @@ def main(path):
                 extras = ", ".join(f"{k} {v:g}" for k, v in stats.items() if k not in ("unit", "value"))
                 value = f"{stats['value']:,.0f} {stats['unit']}"
                 print(f"| {scenario} | {peer} | {value} | | {extras} |")
+    targets = report.get("targets", [])
+    if targets:
+        print("\nTargets, as this run checked them:\n")
+        print("| target | measured | bound | |")
+        print("|---|---:|---|---|")
+        for target in targets:
+            value = target["value"]
+            measured = "not measured" if value is None else f"{value:,.2f}"
+            verdict = {True: "met", False: "**missed**", None: ""}[target["met"]]
+            print(f"| {target['target']} | {measured} | {target['bound']} | {verdict} |")
 
 
 if __name__ == "__main__":
