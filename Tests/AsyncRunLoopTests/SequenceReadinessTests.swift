@@ -19,7 +19,7 @@ struct SequenceReadinessStateMachineTests {
       Issue.record("a repeat while unread did not pause")
       return
     }
-    guard case .events(.readable, true) = machine.take() else {
+    guard case .took([.readable], true) = machine.takeBatch() else {
       Issue.record("taking did not ask to resume the registration")
       return
     }
@@ -31,11 +31,11 @@ struct SequenceReadinessStateMachineTests {
     var machine = Machine()
     _ = machine.ready(.readable)
     _ = machine.ready(.readable)
-    _ = machine.take()
+    _ = machine.takeBatch()
     _ = machine.ready(.writable)  // arrived (a mode switch re-armed it) before the resume ran
     let stillPaused = !machine.registrationCheck()
     #expect(stillPaused)
-    guard case .events(.writable, true) = machine.take() else {
+    guard case .took([.writable], true) = machine.takeBatch() else {
       Issue.record("the next take did not resume the registration")
       return
     }
@@ -45,7 +45,7 @@ struct SequenceReadinessStateMachineTests {
     var machine = Machine()
     _ = machine.suspendConsumer("c")
     guard case .resumeConsumer("c") = machine.ready([.readable, .hangUp]),
-      case .events([.readable, .hangUp], false) = machine.take()
+      case .took([[.readable, .hangUp]], false) = machine.takeBatch()
     else {
       Issue.record("the events were not handed over")
       return
@@ -55,8 +55,8 @@ struct SequenceReadinessStateMachineTests {
   @Test func invalidationDeliversWhatWasSeenThenEnds() {
     var machine = Machine()
     _ = machine.ready(.error)
-    _ = machine.sourceInvalidated()
-    guard case .events(.error, false) = machine.take(), case .end = machine.take() else {
+    _ = machine.memberEnded()
+    guard case .took([.error], false) = machine.takeBatch(), case .end = machine.takeBatch() else {
       Issue.record("did not drain, then end")
       return
     }

@@ -17,11 +17,11 @@ struct SequenceSignalStateMachineTests {
     }
     #expect(actions == [true, false, false, false, false])  // only the first signals the source
     _ = machine.release()
-    guard case .signals(5) = machine.take() else {
+    guard case .took([5], _) = machine.takeBatch() else {
       Issue.record("five signals did not become one element of 5")
       return
     }
-    guard case .suspend = machine.take() else {
+    guard case .suspend = machine.takeBatch() else {
       Issue.record("an element without a signal")
       return
     }
@@ -40,11 +40,11 @@ struct SequenceSignalStateMachineTests {
   @Test func signalsAreHeldUntilTheLoopReleasesThem() {
     var machine = Machine()
     _ = machine.signal()
-    guard case .suspend = machine.take(), case .suspended = machine.suspendConsumer("c") else {
+    guard case .suspend = machine.takeBatch(), case .suspended = machine.suspendConsumer("c") else {
       Issue.record("took signals the loop had not released")
       return
     }
-    guard case .resumeConsumer("c") = machine.release(), case .signals(1) = machine.take() else {
+    guard machine.release() == "c", case .took([1], _) = machine.takeBatch() else {
       Issue.record("the release did not hand the signal over")
       return
     }
@@ -54,12 +54,12 @@ struct SequenceSignalStateMachineTests {
     var machine = Machine()
     _ = machine.signal()
     _ = machine.signal()
-    guard case .invalidateSource = machine.invalidate(), case .refused = machine.signal() else {
+    guard machine.invalidate(), case .refused = machine.signal() else {
       Issue.record("signals after invalidate were taken")
       return
     }
-    _ = machine.sourceDetached()
-    guard case .signals(2) = machine.take(), case .end = machine.take() else {
+    _ = machine.memberEnded()
+    guard case .took([2], _) = machine.takeBatch(), case .end = machine.takeBatch() else {
       Issue.record("did not drain, then end")
       return
     }
@@ -68,11 +68,11 @@ struct SequenceSignalStateMachineTests {
   @Test func stoppingResumesTheConsumerOnceAndInvalidatesOnce() {
     var machine = Machine()
     _ = machine.suspendConsumer("c")
-    guard case .stop("c", true) = machine.stopConsuming(), case .none = machine.stopConsuming() else {
+    guard case .stop("c", true, _) = machine.stopConsuming(), case .none = machine.stopConsuming() else {
       Issue.record("stop was not once")
       return
     }
-    guard case .refused = machine.signal(), case .end = machine.take() else {
+    guard case .refused = machine.signal(), case .end = machine.takeBatch() else {
       Issue.record("a stopped sequence went on")
       return
     }

@@ -100,12 +100,12 @@ struct SequenceSourceStateMachineTests {
     #expect(machine.waitingProducerCount == 2)
     _ = machine.release()
     var batch = ElementBatch<Int>()
-    guard case .took(let resumed, let signal) = machine.take(into: &batch) else {
+    guard case .took(let effect) = machine.take(into: &batch) else {
       Issue.record("take failed")
       return
     }
-    #expect(resumed == ["p3", "p4"])  // oldest producer first; both fit after the batch left
-    #expect(signal)
+    #expect(effect.producers == ["p3", "p4"])  // oldest producer first; both fit after the batch left
+    #expect(effect.signalSource)
     #expect(batch.count == 2)
     #expect(machine.bufferedCount == 2)
     batch.removeAll()
@@ -189,7 +189,7 @@ struct SequenceSourceStateMachineTests {
       return
     }
     #expect(Self.post([3], to: &machine) == [.terminated])
-    guard case .end(nil, _, _) = machine.sourceDetached() else {
+    guard case .end(nil, _) = machine.memberEnded() else {
       Issue.record("detach did not end the sequence")
       return
     }
@@ -210,12 +210,12 @@ struct SequenceSourceStateMachineTests {
     var machine = Machine(buffering: .unbounded)
     _ = machine.suspendConsumer("consumer")
     _ = machine.invalidate()
-    guard case .end(let consumer, _, _) = machine.sourceDetached() else {
+    guard case .end(let consumer, _) = machine.memberEnded() else {
       Issue.record("detach did not end")
       return
     }
     #expect(consumer == "consumer")
-    guard case .none = machine.sourceDetached() else {
+    guard case .none = machine.memberEnded() else {
       Issue.record("a second detach notice resumed again")
       return
     }
@@ -224,7 +224,7 @@ struct SequenceSourceStateMachineTests {
   @Test func theLoopsShutdownEndsTheSequenceAfterWhatWasPosted() {
     var machine = Machine(buffering: .unbounded)
     _ = Self.post([1, 2, 3], to: &machine)
-    _ = machine.sourceDetached()  // shutdown: no invalidate() first
+    _ = machine.memberEnded()  // shutdown: no invalidate() first
     #expect(Self.post([4], to: &machine) == [.terminated])
     #expect(Self.releaseAndTake(&machine) == [1, 2, 3])
   }

@@ -107,7 +107,7 @@ struct SequenceTimerStateMachineTests {
 
   @Test func aWaitingConsumerIsResumedByTheNextFire() {
     var machine = Machine(schedule: TickSchedule(firstDue: 10, interval: 10, policy: .skip))
-    guard case .suspend = machine.take(), case .suspended = machine.suspendConsumer("c") else {
+    guard case .suspend = machine.takeBatch(), case .suspended = machine.suspendConsumer("c") else {
       Issue.record("a consumer with nothing due did not wait")
       return
     }
@@ -115,11 +115,12 @@ struct SequenceTimerStateMachineTests {
       Issue.record("the fire did not resume the consumer and reschedule")
       return
     }
-    guard case .tick(let tick) = machine.take() else {
+    guard case .took(let ticks, _) = machine.takeBatch() else {
       Issue.record("no tick after the fire")
       return
     }
-    #expect(tick == LoopTick(scheduled: LoopClock.Instant(nanoseconds: 10)))
+    #expect(ticks.count == 1)
+    #expect(ticks.first == LoopTick(scheduled: LoopClock.Instant(nanoseconds: 10)))
   }
 
   @Test func ticksDueBeforeTheTimerEndsAreDeliveredThenTheSequenceEnds() {
@@ -128,11 +129,11 @@ struct SequenceTimerStateMachineTests {
       Issue.record("a one-shot asked to reschedule")
       return
     }
-    guard case .end(nil) = machine.timerInvalidated() else {
+    guard case .end(nil, _) = machine.memberEnded() else {
       Issue.record("invalidation did not end the machine")
       return
     }
-    guard case .tick = machine.take(), case .end = machine.take() else {
+    guard case .took = machine.takeBatch(), case .end = machine.takeBatch() else {
       Issue.record("the last tick was not delivered before the end")
       return
     }
@@ -141,7 +142,7 @@ struct SequenceTimerStateMachineTests {
   @Test func invalidationWakesAWaitingConsumerToEnd() {
     var machine = Machine(schedule: TickSchedule(firstDue: 10, interval: 10, policy: .skip))
     _ = machine.suspendConsumer("c")
-    guard case .end("c") = machine.timerInvalidated(), case .end = machine.take() else {
+    guard case .end("c", _) = machine.memberEnded(), case .end = machine.takeBatch() else {
       Issue.record("a waiting consumer was not ended")
       return
     }
@@ -154,11 +155,11 @@ struct SequenceTimerStateMachineTests {
   @Test func stoppingInvalidatesTheTimerOnce() {
     var machine = Machine(schedule: TickSchedule(firstDue: 10, interval: 10, policy: .burst))
     _ = machine.suspendConsumer("c")
-    guard case .stop("c", true) = machine.stopConsuming(), case .none = machine.stopConsuming() else {
+    guard case .stop("c", true, _) = machine.stopConsuming(), case .none = machine.stopConsuming() else {
       Issue.record("stop did not resume once and invalidate once")
       return
     }
-    guard case .none = machine.timerInvalidated() else {
+    guard case .none = machine.memberEnded() else {
       Issue.record("the invalidation that follows a stop resumed again")
       return
     }

@@ -29,18 +29,20 @@ public struct LoopActivityEvent: Sendable, Hashable, CustomStringConvertible {
 /// One consumer (a second `makeAsyncIterator()` traps). It ends when the consuming task is
 /// cancelled or drops its iterator (the observer is invalidated), on `invalidate()`, or on the
 /// loop's shutdown (events already recorded are delivered first).
-public final class ActivitySequence: AsyncSequence, StoppableConsumption, @unchecked Sendable {  // Safety: proof below
+public final class ActivitySequence: AsyncSequence, SingleConsumerStorage, @unchecked Sendable {  // Safety: proof below
   public typealias Element = LoopActivityEvent
   public typealias Failure = Never
+  /// The single consumer's iterator. Not `Sendable`: iterate from one task.
+  public typealias Iterator = SingleConsumerIterator<ActivitySequence>
   // Safety: `loop`, `observer` and `lock` are immutable after init. `machine` is only touched with
-  // `lock` held; continuations are resumed after the lock is released.
+  // `lock` held, here and in `SingleConsumerStorage`'s shared consumer code; continuations are resumed after the lock is released.
 
   /// The observed loop.
   public let loop: RunLoopThread
   /// The underlying observer.
   let observer: LoopObserver
-  private let lock = PthreadLock.make()
-  private var machine: ActivitySequenceStateMachine<UnsafeContinuation<Void, Never>>
+  @usableFromInline let lock = PthreadLock.make()
+  @usableFromInline var machine: ActivitySequenceStateMachine<UnsafeContinuation<Void, Never>>
 
   init(loop: RunLoopThread, activities: LoopActivity, order: Int, bufferLimit: Int) {
     let owner = WeakOwner<ActivitySequence>()
@@ -49,7 +51,7 @@ public final class ActivitySequence: AsyncSequence, StoppableConsumption, @unche
     self.observer = LoopObserver(
       activities: activities, repeats: true, order: order,
       callout: { _, activity in owner.value?.observed(activity) },
-      onInvalidate: { owner.value?.observerInvalidated() })
+      onInvalidate: { owner.value?.memberEnded() })
     owner.value = self
   }
 
@@ -71,120 +73,29 @@ public final class ActivitySequence: AsyncSequence, StoppableConsumption, @unche
   private func observed(_ activity: LoopActivity) {
     let event = LoopActivityEvent(activity: activity, instant: .now)
     lock.lock()
-    let action = machine.observed(event)
+    let consumer = machine.observed(event)
     lock.unlock()
-    switch action {
-    case .recorded: break
-    case .resumeConsumer(let consumer): consumer.resume()
-    }
+    consumer?.resume()
   }
 
-  /// The observer was invalidated (any thread).
-  private func observerInvalidated() {
-    lock.lock()
-    let action = machine.observerInvalidated()
-    lock.unlock()
-    switch action {
-    case .none: break
-    case .end(let consumer): consumer?.resume()
-    }
-  }
-
-  /// The consumer stopped (cancelled, or dropped its iterator). Any thread; idempotent.
   @usableFromInline
-  func stopConsuming() {
-    lock.lock()
-    let action = machine.stopConsuming()
-    lock.unlock()
-    switch action {
-    case .none:
-      break
-    case .stop(let consumer, let invalidateObserver):
-      consumer?.resume()
-      if invalidateObserver { observer.invalidate() }
-    }
-  }
-
-  /// The consumer's batch ran out: takes the next batch, suspending until the loop records one.
-  fileprivate func nextBatch(
-    _ batch: inout ElementBatch<LoopActivityEvent>, isolation actor: isolated (any Actor)?
-  ) async -> LoopActivityEvent? {
-    batch.removeAll()
-    while true {
-      if Task.isCancelled {
-        stopConsuming()
-        return nil
-      }
-      lock.lock()
-      let action = machine.take(into: &batch)
-      lock.unlock()
-      switch action {
-      case .took:
-        return batch.popFirst()
-      case .end:
-        return nil
-      case .suspend:
-        await waitForConsumerWake(
-          isolation: actor,
-          register: { continuation in
-            lock.lock()
-            defer { lock.unlock() }
-            switch machine.suspendConsumer(continuation) {
-            case .suspended: return true
-            case .resume: return false
-            }
-          },
-          onCancel: { self.stopConsuming() })
-      }
-    }
-  }
-
-  /// The single consumer's iterator. Not `Sendable`: iterate from one task.
-  public struct Iterator: AsyncIteratorProtocol {
-    private let lifetime: ConsumerLifetime<ActivitySequence>
-    private var batch = ElementBatch<LoopActivityEvent>()
-
-    fileprivate init(_ sequence: ActivitySequence) { lifetime = ConsumerLifetime(sequence) }
-
-    /// The next recorded activity, or nil once the sequence has ended or the task was cancelled.
-    public mutating func next(isolation actor: isolated (any Actor)? = #isolation) async -> LoopActivityEvent? {
-      if let event = batch.popFirst(), !Task.isCancelled { return event }
-      return await lifetime.storage.nextBatch(&batch, isolation: actor)
-    }
-
-    public mutating func next() async -> LoopActivityEvent? {
-      await next(isolation: nil)
-    }
-  }
+  func detachMember() { observer.invalidate() }
 
   /// Makes the iterator of the sequence's single consumer. Traps when called a second time.
-  public func makeAsyncIterator() -> Iterator {
-    let first = lock.withLock { machine.makeIterator() }
-    precondition(first, singleConsumerViolation("ActivitySequence"))
-    return Iterator(self)
-  }
+  public func makeAsyncIterator() -> Iterator { makeSingleConsumerIterator() }
 }
 
 /// The cross-thread state of an `ActivitySequence`: a pure state machine held under its lock,
-/// generic over the consumer's waiter handle. A bounded buffer that drops its oldest events.
-struct ActivitySequenceStateMachine<Consumer> {
-  private enum State {
-    /// Recording; the consumer is not suspended.
-    case open
-    /// Recording; the consumer waits for events.
-    case consumerWaiting(Consumer)
-    /// The observer was invalidated: recorded events are delivered, then the sequence ends.
-    case ended
-    /// The consumer stopped.
-    case cancelled
-  }
-
-  private var state = State.open
+/// generic over the consumer's waiter handle. A bounded buffer that drops its oldest events; who
+/// waits and how it ends is the shared `ConsumerLifecycle` (the observer's invalidation ends it
+/// after the events already recorded).
+@usableFromInline
+struct ActivitySequenceStateMachine<Consumer>: SingleConsumerStateMachine {
+  @usableFromInline var lifecycle = ConsumerLifecycle<Consumer>(sequenceName: "ActivitySequence")
   private var buffer = ElementBatch<LoopActivityEvent>()
   private let bufferLimit: Int
   /// Events dropped because the buffer was full.
   private(set) var droppedCount = 0
-  private var iteratorMade = false
 
   init(bufferLimit: Int) {
     precondition(bufferLimit >= 1, "AsyncRunLoop: an ActivitySequence needs a buffer limit of at least 1")
@@ -194,124 +105,31 @@ struct ActivitySequenceStateMachine<Consumer> {
   /// Events recorded and not yet taken.
   var bufferedCount: Int { buffer.count }
 
-  /// `makeAsyncIterator()`: false when an iterator was made before.
-  mutating func makeIterator() -> Bool {
-    if iteratorMade { return false }  // second consumer: the caller traps
-    iteratorMade = true
-    return true
-  }
-
-  enum ObservedAction {
-    case recorded
-    /// Resume the waiting consumer.
-    case resumeConsumer(Consumer)
-  }
-
   /// The loop reached an activity (loop thread).
-  mutating func observed(_ event: LoopActivityEvent) -> ObservedAction {
-    switch state {
-    case .open:
-      record(event)  // the consumer takes it when it asks
-      return .recorded
-    case .consumerWaiting(let consumer):
-      record(event)
-      state = .open  // hand over
-      return .resumeConsumer(consumer)
-    case .ended, .cancelled:
-      return .recorded  // a callout that raced the end: ignored
-    }
+  /// - Returns: the consumer to resume, if it waited.
+  mutating func observed(_ event: LoopActivityEvent) -> Consumer? {
+    guard lifecycle.isAccepting else { return nil }  // a callout that raced the end: ignored
+    record(event)  // the consumer takes it when it asks
+    return lifecycle.delivered(hasElements: hasElements)
   }
 
-  enum TakeAction {
-    /// `batch` now holds events.
-    case took
-    /// Nothing recorded: suspend.
-    case suspend
-    /// The sequence has ended.
-    case end
+  // MARK: SingleConsumerStateMachine
+
+  @usableFromInline
+  var hasElements: Bool { !buffer.isEmpty }
+
+  /// Everything recorded, in one batch (an O(1) swap: `batch` has no slots).
+  @usableFromInline
+  mutating func moveElements(into batch: inout ElementBatch<LoopActivityEvent>) {
+    _ = batch.moveAll(from: &buffer)
   }
 
-  /// The consumer's batch ran out (it must have no slots) and it asks for more.
-  mutating func take(into batch: inout ElementBatch<LoopActivityEvent>) -> TakeAction {
-    switch state {
-    case .open:
-      guard !buffer.isEmpty else { return .suspend }  // wait for the loop
-      _ = batch.moveAll(from: &buffer)  // O(1) swap
-      return .took
-    case .ended:
-      guard !buffer.isEmpty else { return .end }  // drained: end
-      _ = batch.moveAll(from: &buffer)
-      return .took
-    case .cancelled:
-      return .end  // stopped
-    case .consumerWaiting:
-      preconditionFailure(concurrentNextViolation("ActivitySequence"))
-    }
-  }
+  /// Plain values: released under the lock, nothing runs.
+  @usableFromInline
+  mutating func discardAll() { buffer = ElementBatch() }
 
-  enum SuspendAction {
-    case suspended
-    /// Something changed since `take`: resume at once.
-    case resume
-  }
-
-  /// The consumer found nothing and is about to wait.
-  mutating func suspendConsumer(_ consumer: Consumer) -> SuspendAction {
-    switch state {
-    case .open:
-      guard buffer.isEmpty else { return .resume }  // recorded meanwhile
-      state = .consumerWaiting(consumer)  // wait for the loop
-      return .suspended
-    case .ended, .cancelled:
-      return .resume  // ended meanwhile
-    case .consumerWaiting:
-      preconditionFailure(concurrentNextViolation("ActivitySequence"))
-    }
-  }
-
-  enum StopAction {
-    case none
-    /// Resume the consumer if it waits; invalidate the observer when asked.
-    case stop(consumer: Consumer?, invalidateObserver: Bool)
-  }
-
-  /// The consumer stopped (cancelled, or dropped its iterator).
-  mutating func stopConsuming() -> StopAction {
-    defer { buffer = ElementBatch() }
-    switch state {
-    case .open:
-      state = .cancelled  // invalidate the observer
-      return .stop(consumer: nil, invalidateObserver: true)
-    case .consumerWaiting(let consumer):
-      state = .cancelled  // end the wait and invalidate the observer
-      return .stop(consumer: consumer, invalidateObserver: true)
-    case .ended:
-      state = .cancelled  // the observer is gone already
-      return .stop(consumer: nil, invalidateObserver: false)
-    case .cancelled:
-      return .none  // twice: no-op
-    }
-  }
-
-  enum InvalidatedAction {
-    case none
-    /// Resume the consumer if it waits: it drains and ends.
-    case end(consumer: Consumer?)
-  }
-
-  /// The observer was invalidated (`invalidate()`, the loop's shutdown).
-  mutating func observerInvalidated() -> InvalidatedAction {
-    switch state {
-    case .open:
-      state = .ended  // deliver what was recorded, then end
-      return .end(consumer: nil)
-    case .consumerWaiting(let consumer):
-      state = .ended  // nothing recorded (it waited): wake it to end
-      return .end(consumer: consumer)
-    case .ended, .cancelled:
-      return .none  // ending already
-    }
-  }
+  @usableFromInline
+  mutating func finishBuffering() {}
 
   /// Appends `event`, dropping the oldest one when the buffer is full.
   private mutating func record(_ event: LoopActivityEvent) {

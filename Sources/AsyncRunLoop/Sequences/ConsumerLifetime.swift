@@ -10,16 +10,17 @@ protocol StoppableConsumption: AnyObject, Sendable {
 /// `return`, a throw, or the iterator went out of scope) its deinit stops the consumption, as
 /// `AsyncStream`'s iterator does. Not shared between tasks: an iterator is not `Sendable`.
 @usableFromInline
-final class ConsumerLifetime<Storage: StoppableConsumption> {
-  @usableFromInline let storage: Storage
+final class ConsumerLifetime {
+  @usableFromInline let storage: any StoppableConsumption
 
   @usableFromInline
-  init(_ storage: Storage) { self.storage = storage }
+  init(_ storage: any StoppableConsumption) { self.storage = storage }
 
   deinit { storage.stopConsuming() }
 }
 
 /// The message every sequence traps with when a second iterator is made.
+@usableFromInline
 func singleConsumerViolation(_ sequence: String) -> String {
   "AsyncRunLoop: a \(sequence) has a single consumer; makeAsyncIterator() was called a second time. "
     + "Iterate it from one task only (fan out from that task if several need the elements)."

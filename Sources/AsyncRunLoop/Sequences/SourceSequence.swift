@@ -29,11 +29,13 @@
 /// - The loop shuts down: as `invalidate()`.
 /// - The sequence and its iterator are dropped: the source is invalidated.
 public final class SourceSequence<Element: Sendable>:  // Safety: proof below
-  AsyncSequence, StoppableConsumption, @unchecked Sendable
+  AsyncSequence, SingleConsumerStorage, @unchecked Sendable
 {
   public typealias Failure = Never
+  /// The single consumer's iterator. Not `Sendable`: iterate from one task.
+  public typealias Iterator = SingleConsumerIterator<SourceSequence<Element>>
   // Safety: `loop`, `source` and `lock` are immutable after init. `machine` is only touched with
-  // `lock` held (every access below is between `lock.lock()` and `lock.unlock()` or inside
+  // `lock` held, here and in `SingleConsumerStorage`'s shared consumer code (every access below is between `lock.lock()` and `lock.unlock()` or inside
   // `lock.withLock`); continuations are resumed and the source signalled after the lock is
   // released.
 
@@ -65,7 +67,7 @@ public final class SourceSequence<Element: Sendable>:  // Safety: proof below
     self.source = InputSource(
       order: order, schedule: schedule,
       cancel: { _, loop in
-        owner.value?.sourceDetached()  // release what was accepted; the consumer drains and ends
+        owner.value?.memberEnded()  // release what was accepted; the consumer drains and ends
         onCancel?(loop)
       },
       perform: { _ in owner.value?.release() })
@@ -142,7 +144,7 @@ public final class SourceSequence<Element: Sendable>:  // Safety: proof below
       source.invalidate()
       // A source that never reached its loop (its add is still queued, or the loop is gone) gets
       // no cancel routine: end the consumer after whatever is queued for the loop.
-      if !loop.onLoopThread({ [self] in sourceDetached() }) { sourceDetached() }
+      if !loop.onLoopThread({ [self] in memberEnded() }) { memberEnded() }
     }
   }
 
@@ -179,108 +181,29 @@ public final class SourceSequence<Element: Sendable>:  // Safety: proof below
     }
   }
 
-  /// The cancel routine (loop thread), or the end of an `invalidate()` of a source that never
-  /// reached its loop (any thread).
-  @usableFromInline
-  func sourceDetached() {
-    lock.lock()
-    let action = machine.sourceDetached()
-    lock.unlock()
-    switch action {
-    case .none:
-      break
-    case .end(let consumer, let producers, _):
-      for producer in producers { producer.continuation.resume(returning: .terminated) }
-      consumer?.resume()
-    }
-  }
+  // MARK: Consumer (the shared parts are in `SingleConsumerStorage`)
 
-  // MARK: Consumer
-
-  /// The consumer stopped (cancelled, or dropped its iterator). Any thread; idempotent.
-  @usableFromInline
-  func stopConsuming() {
-    lock.lock()
-    let action = machine.stopConsuming()
-    lock.unlock()
-    switch action {
-    case .none:
-      break
-    case .stop(let consumer, let invalidateSource, let discarded):
-      consumer?.resume()
-      for producer in discarded.producers { producer.continuation.resume(returning: .terminated) }
-      if invalidateSource { source.invalidate() }
-    }
-  }
-
-  /// The consumer's batch ran out: takes the next batch, suspending until the loop releases one.
-  /// The consumer's task.
+  /// Taking a batch made room: resume the producers whose elements joined the buffer.
   @inlinable
-  func nextBatch(
-    _ batch: inout ElementBatch<Element>, isolation actor: isolated (any Actor)?
-  ) async -> Element? {
-    batch.removeAll()  // release the consumed values outside the lock
-    while true {
-      if Task.isCancelled {
-        stopConsuming()
-        return nil
-      }
-      lock.lock()
-      let action = machine.take(into: &batch)
-      lock.unlock()
-      switch action {
-      case .took(let producers, let signalSource):
-        for producer in producers { producer.resume(returning: .enqueued) }
-        if signalSource { source.signal() }
-        return batch.popFirst()
-      case .end:
-        return nil
-      case .suspend:
-        await waitForConsumerWake(
-          isolation: actor,
-          register: { continuation in
-            lock.lock()
-            defer { lock.unlock() }
-            switch machine.suspendConsumer(continuation) {
-            case .suspended: return true
-            case .resume: return false
-            }
-          },
-          onCancel: { self.stopConsuming() })
-      }
-    }
+  func tookElements(_ effect: (producers: [UnsafeContinuation<SourcePostResult, Never>], signalSource: Bool)) {
+    for producer in effect.producers { producer.resume(returning: .enqueued) }
+    if effect.signalSource { source.signal() }
   }
 
-  /// The single consumer's iterator. Not `Sendable`: iterate from one task.
-  public struct Iterator: AsyncIteratorProtocol {
-    @usableFromInline let lifetime: ConsumerLifetime<SourceSequence<Element>>
-    /// The batch taken from the sequence; elements are handed out from here without a lock.
-    @usableFromInline var batch = ElementBatch<Element>()
-
-    fileprivate init(_ sequence: SourceSequence<Element>) {
-      lifetime = ConsumerLifetime(sequence)
-    }
-
-    /// The next element, or nil once the sequence has ended or the task was cancelled.
-    /// `@inlinable`: the per-element path is specialized for the element type in the caller.
-    @inlinable
-    public mutating func next(isolation actor: isolated (any Actor)? = #isolation) async -> Element? {
-      if let element = batch.popFirst(), !Task.isCancelled { return element }
-      return await lifetime.storage.nextBatch(&batch, isolation: actor)
-    }
-
-    @inlinable
-    public mutating func next() async -> Element? {
-      await next(isolation: nil)
-    }
+  /// Producers that still waited learn that their element was not taken; discarded elements are
+  /// released here, after the lock.
+  @usableFromInline
+  func dispose(_ leftovers: Machine.Discarded) {
+    for producer in leftovers.producers { producer.continuation.resume(returning: .terminated) }
   }
+
+  @usableFromInline
+  func detachMember() { source.invalidate() }
 
   /// Makes the iterator of the sequence's single consumer. Traps when called a second time.
-  public func makeAsyncIterator() -> Iterator {
-    let first = lock.withLock { machine.makeIterator() }
-    precondition(first, singleConsumerViolation("SourceSequence"))
-    return Iterator(self)
-  }
+  /// `@inlinable`: the iterator's per-batch path is then specialized for the element type.
+  @inlinable
+  public func makeAsyncIterator() -> Iterator { makeSingleConsumerIterator() }
 }
 
 extension RunLoopThread {

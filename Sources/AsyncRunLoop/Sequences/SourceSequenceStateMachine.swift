@@ -12,34 +12,18 @@
 /// Generic over the waiter handles (`Consumer`, `Producer`): the sequence uses continuations,
 /// tests use plain tokens, so the machine is tested as a value with no tasks or threads.
 ///
-/// Lifecycle: `open` ⇄ `consumerWaiting` → (`invalidate()`) `closing` → (the loop detached the
-/// source) `closed` → the consumer drains `released` and ends. The loop detaching the source
-/// without `invalidate()` (its shutdown) goes from `open`/`consumerWaiting` to `closed` directly.
-/// The consumer stopping (cancelled, iterator dropped) goes to `cancelled` from anywhere, which
-/// discards everything.
+/// The lifecycle (who waits, how the sequence ends) is the shared `ConsumerLifecycle`: `open` ⇄
+/// `consumerWaiting` → (`invalidate()`) `closing` → (the loop detached the source) `ended` → the
+/// consumer drains `released` and ends; the loop detaching the source without `invalidate()` (its
+/// shutdown) ends it directly; the consumer stopping cancels it from anywhere, which discards
+/// everything. This type adds the buffers, the overflow policy and the waiting producers.
 ///
 /// The per-element and per-batch paths (`post`, `release`, `take`, `suspendConsumer` and what they
 /// touch) are `@usableFromInline`/`@inlinable`, not `private`: `SourceSequence` inlines them into
 /// the client so that they are specialized for the element type (unspecialized, each call paid
 /// several generic-metadata lookups).
 @usableFromInline
-struct SourceSequenceStateMachine<Element, Consumer, Producer> {
-  @usableFromInline
-  enum State {
-    /// Accepting elements; the consumer is not suspended (it is running, or has not asked yet).
-    case open
-    /// Accepting elements; the consumer is suspended until the loop releases some.
-    case consumerWaiting(Consumer)
-    /// `invalidate()` was called: posts are refused; the loop has yet to detach the source and
-    /// release what was accepted. The consumer may be suspended meanwhile.
-    case closing(consumer: Consumer?)
-    /// The source left its loop and everything accepted was released: the consumer takes what is
-    /// left, then the sequence ends.
-    case closed
-    /// The consumer stopped (task cancelled, iterator dropped): everything is discarded.
-    case cancelled
-  }
-
+struct SourceSequenceStateMachine<Element, Consumer, Producer>: SingleConsumerStateMachine {
   /// An async producer waiting for room (`.bounded` only), with the element it brings.
   @usableFromInline
   struct WaitingProducer {
@@ -49,6 +33,7 @@ struct SourceSequenceStateMachine<Element, Consumer, Producer> {
   }
 
   /// What to hand back to the caller to release after the lock is released.
+  @usableFromInline
   struct Discarded {
     var storages: [[Element]] = []
     var producers: [WaitingProducer] = []
@@ -62,7 +47,7 @@ struct SourceSequenceStateMachine<Element, Consumer, Producer> {
     case dropNewest
   }
 
-  @usableFromInline var state = State.open
+  @usableFromInline var lifecycle = ConsumerLifecycle<Consumer>(sequenceName: "SourceSequence")
   @usableFromInline var posted = ElementBatch<Element>()
   @usableFromInline var released = ElementBatch<Element>()
   /// Async producers waiting for room, oldest first. Non-empty only while the buffer is full.
@@ -72,7 +57,6 @@ struct SourceSequenceStateMachine<Element, Consumer, Producer> {
   /// Elements dropped by `.dropOldest` / `.dropNewest`.
   @usableFromInline var droppedCount = 0
   private var nextProducerID: UInt64 = 0
-  private var iteratorMade = false
 
   @usableFromInline
   init(buffering: SourceBuffering) {
@@ -93,13 +77,6 @@ struct SourceSequenceStateMachine<Element, Consumer, Producer> {
 
   // MARK: Events
 
-  /// `makeAsyncIterator()`: returns false when an iterator was made before (one consumer only).
-  mutating func makeIterator() -> Bool {
-    if iteratorMade { return false }  // second consumer: the caller traps
-    iteratorMade = true
-    return true
-  }
-
   /// A fresh identity for an async producer about to wait (its cancellation handler names it).
   mutating func makeProducerID() -> UInt64 {
     nextProducerID &+= 1
@@ -118,12 +95,8 @@ struct SourceSequenceStateMachine<Element, Consumer, Producer> {
   /// A producer posts an element without waiting (any thread).
   @inlinable
   mutating func post(_ element: Element) -> PostAction {
-    switch state {
-    case .open, .consumerWaiting:
-      return admit(element)  // still accepting
-    case .closing, .closed, .cancelled:
-      return .refused(.terminated)  // ended: nothing is taken any more
-    }
+    guard lifecycle.isAccepting else { return .refused(.terminated) }  // ended: nothing is taken any more
+    return admit(element)
   }
 
   enum SendAction {
@@ -140,19 +113,15 @@ struct SourceSequenceStateMachine<Element, Consumer, Producer> {
   mutating func suspendProducer(
     id: UInt64, element: Element, continuation: Producer, isCancelled: Bool
   ) -> SendAction {
-    switch state {
-    case .open, .consumerWaiting:
-      if isCancelled { return .resume(.full, signalSource: false) }  // cancelled before it waited
-      if bufferedCount < capacity {
-        let wasEmpty = posted.isEmpty
-        posted.append(element)  // room appeared since `post` answered `.full`
-        return .resume(.enqueued, signalSource: wasEmpty)
-      }
-      waitingProducers.append(WaitingProducer(id: id, element: element, continuation: continuation))  // waits
-      return .suspended
-    case .closing, .closed, .cancelled:
-      return .resume(.terminated, signalSource: false)  // ended while it was about to wait
+    guard lifecycle.isAccepting else { return .resume(.terminated, signalSource: false) }  // ended meanwhile
+    if isCancelled { return .resume(.full, signalSource: false) }  // cancelled before it waited
+    if bufferedCount < capacity {
+      let wasEmpty = posted.isEmpty
+      posted.append(element)  // room appeared since `post` answered `.full`
+      return .resume(.enqueued, signalSource: wasEmpty)
     }
+    waitingProducers.append(WaitingProducer(id: id, element: element, continuation: continuation))  // waits
+    return .suspended
   }
 
   enum ProducerCancelAction {
@@ -162,14 +131,11 @@ struct SourceSequenceStateMachine<Element, Consumer, Producer> {
     case resume(WaitingProducer)
   }
 
-  /// A waiting producer's task was cancelled.
+  /// A waiting producer's task was cancelled. (Producers only wait while the sequence accepts;
+  /// every other state resumed them already, so the queue is the whole truth.)
   mutating func cancelProducer(id: UInt64) -> ProducerCancelAction {
-    switch state {
-    case .open, .consumerWaiting, .closing, .closed, .cancelled:
-      // Producers only wait in `open`/`consumerWaiting`; every other state resumed them already.
-      guard let index = waitingProducers.firstIndex(where: { $0.id == id }) else { return .none }
-      return .resume(waitingProducers.remove(at: index))  // leaves the queue untaken
-    }
+    guard let index = waitingProducers.firstIndex(where: { $0.id == id }) else { return .none }
+    return .resume(waitingProducers.remove(at: index))  // leaves the queue untaken
   }
 
   @usableFromInline
@@ -181,115 +147,12 @@ struct SourceSequenceStateMachine<Element, Consumer, Producer> {
   }
 
   /// The loop fired the source (loop thread, in one of its modes): what was posted becomes
-  /// available to the consumer.
+  /// available to the consumer. (Once the sequence ended or stopped, `posted` is empty.)
   @inlinable
   mutating func release() -> ReleaseAction {
-    switch state {
-    case .open:
-      return .none(discard: released.moveAll(from: &posted))  // the consumer takes it when it asks
-    case .consumerWaiting(let consumer):
-      let discard = released.moveAll(from: &posted)
-      guard !released.isEmpty else { return .none(discard: discard) }  // a stale signal: nothing new
-      state = .open  // hand over: the consumer runs again
-      return .resumeConsumer(consumer, discard: discard)
-    case .closing(let consumer):
-      let discard = released.moveAll(from: &posted)
-      guard let consumer, !released.isEmpty else { return .none(discard: discard) }  // nobody waits
-      state = .closing(consumer: nil)  // the consumer runs again; the detach is still to come
-      return .resumeConsumer(consumer, discard: discard)
-    case .closed, .cancelled:
-      return .none(discard: nil)  // ended: `posted` is empty already
-    }
-  }
-
-  @usableFromInline
-  enum TakeAction {
-    /// `batch` now holds elements. Resume these producers (their elements were taken) with
-    /// `.enqueued`, and signal the source when asked.
-    case took(producers: [Producer], signalSource: Bool)
-    /// Nothing to take: the consumer suspends (`suspendConsumer`).
-    case suspend
-    /// The sequence has ended: the consumer returns nil.
-    case end
-  }
-
-  /// The consumer's batch ran out and it asks for more (the consumer's task). `batch` must have
-  /// no slots (the consumer emptied it outside the lock).
-  @inlinable
-  mutating func take(into batch: inout ElementBatch<Element>) -> TakeAction {
-    switch state {
-    case .open:
-      guard !released.isEmpty else { return .suspend }  // nothing released yet: wait for the loop
-      _ = batch.moveAll(from: &released)  // O(1) swap: `batch` has no slots
-      return admitWaitingProducers()  // room freed: waiting producers' elements join `posted`
-    case .closing(consumer: .none):
-      guard !released.isEmpty else { return .suspend }  // wait for the loop's detach
-      _ = batch.moveAll(from: &released)
-      return .took(producers: [], signalSource: false)  // nobody waits in `closing`
-    case .closed:
-      guard !released.isEmpty else { return .end }  // drained: the sequence ends
-      _ = batch.moveAll(from: &released)
-      return .took(producers: [], signalSource: false)
-    case .cancelled:
-      return .end  // stopped: nothing more
-    case .consumerWaiting, .closing(consumer: .some):
-      preconditionFailure(concurrentNextViolation("SourceSequence"))
-    }
-  }
-
-  @usableFromInline
-  enum SuspendAction {
-    /// The consumer waits; a later event resumes it.
-    case suspended
-    /// Something changed since `take`: resume the consumer at once (it takes again).
-    case resume
-  }
-
-  /// The consumer found nothing and is about to wait.
-  @inlinable
-  mutating func suspendConsumer(_ continuation: Consumer) -> SuspendAction {
-    switch state {
-    case .open:
-      guard released.isEmpty else { return .resume }  // released meanwhile: take it
-      state = .consumerWaiting(continuation)  // wait for the loop to release
-      return .suspended
-    case .closing(consumer: .none):
-      guard released.isEmpty else { return .resume }
-      state = .closing(consumer: continuation)  // wait for the loop's detach
-      return .suspended
-    case .closed, .cancelled:
-      return .resume  // ended meanwhile: take sees the end
-    case .consumerWaiting, .closing(consumer: .some):
-      preconditionFailure(concurrentNextViolation("SourceSequence"))
-    }
-  }
-
-  enum StopAction {
-    /// Already stopped.
-    case none
-    /// Resume the consumer if it waits, resume every producer with `.terminated`, invalidate the
-    /// source when asked, and release `discarded` after unlocking.
-    case stop(consumer: Consumer?, invalidateSource: Bool, discarded: Discarded)
-  }
-
-  /// The consumer stopped: its task was cancelled, or it dropped its iterator.
-  mutating func stopConsuming() -> StopAction {
-    switch state {
-    case .open:
-      state = .cancelled  // discard everything; the source must leave its loop
-      return .stop(consumer: nil, invalidateSource: true, discarded: discardAll())
-    case .consumerWaiting(let consumer):
-      state = .cancelled  // the cancellation handler ends the wait
-      return .stop(consumer: consumer, invalidateSource: true, discarded: discardAll())
-    case .closing(let consumer):
-      state = .cancelled  // invalidated already: no need to invalidate again
-      return .stop(consumer: consumer, invalidateSource: false, discarded: discardAll())
-    case .closed:
-      state = .cancelled  // the source is gone already; drop what was not taken
-      return .stop(consumer: nil, invalidateSource: false, discarded: discardAll())
-    case .cancelled:
-      return .none  // stopping twice is a no-op
-    }
+    let discard = released.moveAll(from: &posted)
+    guard let consumer = lifecycle.delivered(hasElements: !released.isEmpty) else { return .none(discard: discard) }
+    return .resumeConsumer(consumer, discard: discard)
   }
 
   enum InvalidateAction {
@@ -302,42 +165,49 @@ struct SourceSequenceStateMachine<Element, Consumer, Producer> {
 
   /// `invalidate()`: refuse later posts; what was accepted is still delivered.
   mutating func invalidate() -> InvalidateAction {
-    switch state {
-    case .open:
-      state = .closing(consumer: nil)  // the loop's detach releases the rest
-      return .invalidateSource(producers: takeWaitingProducers())
-    case .consumerWaiting(let consumer):
-      state = .closing(consumer: consumer)  // the consumer keeps waiting for the detach
-      return .invalidateSource(producers: takeWaitingProducers())
-    case .closing, .closed, .cancelled:
-      return .none  // ending already
-    }
+    guard lifecycle.close() else { return .none }  // ending already
+    return .invalidateSource(producers: takeWaitingProducers())
   }
 
-  enum DetachAction {
-    /// Ended already: nothing to do.
-    case none
-    /// Resume the consumer if it waits and every producer with `.terminated`; release `discard`
-    /// after unlocking.
-    case end(consumer: Consumer?, producers: [WaitingProducer], discard: [Element]?)
+  // MARK: SingleConsumerStateMachine
+
+  /// True when the loop has released elements the consumer has not taken.
+  @inlinable
+  var hasElements: Bool { !released.isEmpty }
+
+  /// The consumer takes everything released (an O(1) swap: `batch` has no slots); room freed, so
+  /// waiting producers' elements join `posted`. Returns those producers (resume them with
+  /// `.enqueued`) and whether to signal the source.
+  @inlinable
+  mutating func moveElements(
+    into batch: inout ElementBatch<Element>
+  ) -> (producers: [Producer], signalSource: Bool) {
+    _ = batch.moveAll(from: &released)
+    return admitWaitingProducers()
   }
 
-  /// The source left its loop (its cancel routine on the loop thread; or the source never reached
-  /// a loop): everything accepted is released, and the sequence ends once the consumer took it.
-  mutating func sourceDetached() -> DetachAction {
-    switch state {
-    case .open:
-      state = .closed  // the loop shut down (or removed the source) without invalidate()
-      return .end(consumer: nil, producers: takeWaitingProducers(), discard: released.moveAll(from: &posted))
-    case .consumerWaiting(let consumer):
-      state = .closed  // as above; wake the consumer to drain and end
-      return .end(consumer: consumer, producers: takeWaitingProducers(), discard: released.moveAll(from: &posted))
-    case .closing(let consumer):
-      state = .closed  // the detach that invalidate() asked for
-      return .end(consumer: consumer, producers: [], discard: released.moveAll(from: &posted))
-    case .closed, .cancelled:
-      return .none  // a second detach notice (cancel routine and fallback): no-op
-    }
+  /// The consumer stopped: every buffer and every waiting producer is discarded.
+  @usableFromInline
+  mutating func discardAll() -> Discarded {
+    var discarded = Discarded()
+    discarded.producers = takeWaitingProducers()
+    var dropped = ElementBatch<Element>()
+    swap(&dropped, &posted)
+    discarded.storages.append(dropped.elements)
+    dropped = ElementBatch()
+    swap(&dropped, &released)
+    discarded.storages.append(dropped.elements)
+    return discarded
+  }
+
+  /// The source left its loop (its cancel routine on the loop thread; or it never reached a loop):
+  /// everything accepted is released; producers still waiting (no `invalidate()` first) end.
+  @usableFromInline
+  mutating func finishBuffering() -> Discarded {
+    var leftovers = Discarded()
+    leftovers.producers = takeWaitingProducers()
+    if let storage = released.moveAll(from: &posted) { leftovers.storages.append(storage) }
+    return leftovers
   }
 
   // MARK: Helpers (not events)
@@ -368,8 +238,8 @@ struct SourceSequenceStateMachine<Element, Consumer, Producer> {
   /// After the consumer took a batch: moves waiting producers' elements into `posted` while there
   /// is room, oldest producer first.
   @inlinable
-  mutating func admitWaitingProducers() -> TakeAction {
-    guard !waitingProducers.isEmpty else { return .took(producers: [], signalSource: false) }
+  mutating func admitWaitingProducers() -> (producers: [Producer], signalSource: Bool) {
+    guard !waitingProducers.isEmpty else { return ([], false) }
     var resumed: [Producer] = []
     var signalSource = false
     while bufferedCount < capacity, !waitingProducers.isEmpty {
@@ -378,23 +248,11 @@ struct SourceSequenceStateMachine<Element, Consumer, Producer> {
       posted.append(producer.element)
       resumed.append(producer.continuation)
     }
-    return .took(producers: resumed, signalSource: signalSource)
+    return (resumed, signalSource)
   }
 
   private mutating func takeWaitingProducers() -> [WaitingProducer] {
     defer { waitingProducers = [] }
     return waitingProducers
-  }
-
-  private mutating func discardAll() -> Discarded {
-    var discarded = Discarded()
-    discarded.producers = takeWaitingProducers()
-    var dropped = ElementBatch<Element>()
-    swap(&dropped, &posted)
-    discarded.storages.append(dropped.elements)
-    dropped = ElementBatch()
-    swap(&dropped, &released)
-    discarded.storages.append(dropped.elements)
-    return discarded
   }
 }

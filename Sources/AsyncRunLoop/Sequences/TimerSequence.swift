@@ -12,18 +12,20 @@
 /// cancelled or drops its iterator (the timer is invalidated and released), on `invalidate()` or
 /// the loop's shutdown (ticks already due are delivered first), and after the one tick of a
 /// one-shot timer.
-public final class TimerSequence: AsyncSequence, StoppableConsumption, @unchecked Sendable {  // Safety: proof below
+public final class TimerSequence: AsyncSequence, SingleConsumerStorage, @unchecked Sendable {  // Safety: proof below
   public typealias Element = LoopTick
   public typealias Failure = Never
+  /// The single consumer's iterator. Not `Sendable`: iterate from one task.
+  public typealias Iterator = SingleConsumerIterator<TimerSequence>
   // Safety: `loop`, `timer` and `lock` are immutable after init. `machine` is only touched with
-  // `lock` held; continuations are resumed and the timer rescheduled after the lock is released.
+  // `lock` held, here and in `SingleConsumerStorage`'s shared consumer code; continuations are resumed and the timer rescheduled after the lock is released.
 
   /// The loop whose timer this is.
   public let loop: RunLoopThread
   /// The underlying timer (its handler turns fires into ticks).
   let timer: LoopTimer
-  private let lock = PthreadLock.make()
-  private var machine: TimerSequenceStateMachine<UnsafeContinuation<Void, Never>>
+  @usableFromInline let lock = PthreadLock.make()
+  @usableFromInline var machine: TimerSequenceStateMachine<UnsafeContinuation<Void, Never>>
 
   init(
     loop: RunLoopThread, firstDue: LoopClock.Instant, interval: Duration?, tolerance: Duration,
@@ -37,7 +39,7 @@ public final class TimerSequence: AsyncSequence, StoppableConsumption, @unchecke
     self.timer = LoopTimer(
       fireAt: firstDue, repeatingEvery: interval, tolerance: tolerance,
       handler: { timer in owner.value?.timerFired(timer) },
-      onInvalidate: { owner.value?.timerInvalidated() })
+      onInvalidate: { owner.value?.memberEnded() })
     owner.value = self
   }
 
@@ -70,114 +72,23 @@ public final class TimerSequence: AsyncSequence, StoppableConsumption, @unchecke
     }
   }
 
-  /// The timer was invalidated (any thread).
-  private func timerInvalidated() {
-    lock.lock()
-    let action = machine.timerInvalidated()
-    lock.unlock()
-    switch action {
-    case .none: break
-    case .end(let consumer): consumer?.resume()
-    }
-  }
-
-  /// The consumer stopped (cancelled, or dropped its iterator). Any thread; idempotent.
   @usableFromInline
-  func stopConsuming() {
-    lock.lock()
-    let action = machine.stopConsuming()
-    lock.unlock()
-    switch action {
-    case .none:
-      break
-    case .stop(let consumer, let invalidateTimer):
-      consumer?.resume()
-      if invalidateTimer { timer.invalidate(waitForRunningCallout: false) }
-    }
-  }
-
-  /// The consumer's task: the next tick, suspending until the timer fires.
-  fileprivate func next(isolation actor: isolated (any Actor)?) async -> LoopTick? {
-    while true {
-      if Task.isCancelled {
-        stopConsuming()
-        return nil
-      }
-      lock.lock()
-      let action = machine.take()
-      lock.unlock()
-      switch action {
-      case .tick(let tick):
-        return tick
-      case .end:
-        return nil
-      case .suspend:
-        await waitForConsumerWake(
-          isolation: actor,
-          register: { continuation in
-            lock.lock()
-            defer { lock.unlock() }
-            switch machine.suspendConsumer(continuation) {
-            case .suspended: return true
-            case .resume: return false
-            }
-          },
-          onCancel: { self.stopConsuming() })
-      }
-    }
-  }
-
-  /// The single consumer's iterator. Not `Sendable`: iterate from one task.
-  public struct Iterator: AsyncIteratorProtocol {
-    private let lifetime: ConsumerLifetime<TimerSequence>
-
-    fileprivate init(_ sequence: TimerSequence) { lifetime = ConsumerLifetime(sequence) }
-
-    /// The next tick, or nil once the sequence has ended or the task was cancelled.
-    public mutating func next(isolation actor: isolated (any Actor)? = #isolation) async -> LoopTick? {
-      await lifetime.storage.next(isolation: actor)
-    }
-
-    public mutating func next() async -> LoopTick? {
-      await next(isolation: nil)
-    }
-  }
+  func detachMember() { timer.invalidate(waitForRunningCallout: false) }
 
   /// Makes the iterator of the sequence's single consumer. Traps when called a second time.
-  public func makeAsyncIterator() -> Iterator {
-    let first = lock.withLock { machine.makeIterator() }
-    precondition(first, singleConsumerViolation("TimerSequence"))
-    return Iterator(self)
-  }
+  public func makeAsyncIterator() -> Iterator { makeSingleConsumerIterator() }
 }
 
 /// The cross-thread state of a `TimerSequence`: a pure state machine held under its lock, generic
-/// over the consumer's waiter handle. The tick arithmetic lives in `TickSchedule`; this adds who
-/// waits and how the sequence ends.
-struct TimerSequenceStateMachine<Consumer> {
-  private enum State {
-    /// The timer runs; the consumer is not suspended.
-    case running
-    /// The timer runs; the consumer waits for a tick.
-    case consumerWaiting(Consumer)
-    /// The timer was invalidated: ticks already due are delivered, then the sequence ends.
-    case ended
-    /// The consumer stopped.
-    case cancelled
-  }
-
-  private var state = State.running
+/// over the consumer's waiter handle. The tick arithmetic lives in `TickSchedule`, who waits and
+/// how the sequence ends in the shared `ConsumerLifecycle`: the timer's invalidation (one-shot
+/// done, `invalidate()`, the loop's shutdown) ends it after the ticks already due are taken.
+@usableFromInline
+struct TimerSequenceStateMachine<Consumer>: SingleConsumerStateMachine {
+  @usableFromInline var lifecycle = ConsumerLifecycle<Consumer>(sequenceName: "TimerSequence")
   private(set) var schedule: TickSchedule
-  private var iteratorMade = false
 
   init(schedule: TickSchedule) { self.schedule = schedule }
-
-  /// `makeAsyncIterator()`: false when an iterator was made before.
-  mutating func makeIterator() -> Bool {
-    if iteratorMade { return false }  // second consumer: the caller traps
-    iteratorMade = true
-    return true
-  }
 
   enum FireAction {
     /// Ended or stopped: nothing to do.
@@ -189,104 +100,28 @@ struct TimerSequenceStateMachine<Consumer> {
 
   /// The timer fired at `now` (loop thread).
   mutating func fire(now: Int64) -> FireAction {
-    switch state {
-    case .running:
-      return .fired(nextFireDate: schedule.fire(now: now), resume: nil)  // the tick waits for the consumer
-    case .consumerWaiting(let consumer):
-      let next = schedule.fire(now: now)
-      state = .running  // hand the tick over
-      return .fired(nextFireDate: next, resume: consumer)
-    case .ended, .cancelled:
-      return .ignore  // a callout that raced the end
-    }
+    guard lifecycle.isAccepting else { return .ignore }  // a callout that raced the end
+    let next = schedule.fire(now: now)
+    return .fired(nextFireDate: next, resume: lifecycle.delivered(hasElements: hasElements))
   }
 
-  enum TakeAction {
-    case tick(LoopTick)
-    /// No tick is due yet: suspend.
-    case suspend
-    /// The sequence has ended.
-    case end
+  // MARK: SingleConsumerStateMachine
+
+  @usableFromInline
+  var hasElements: Bool { schedule.hasReadyTick }
+
+  /// One element: the next ready tick.
+  @usableFromInline
+  mutating func moveElements(into batch: inout ElementBatch<LoopTick>) {
+    if let tick = schedule.take() { batch.append(tick) }
   }
 
-  /// The consumer asks for the next tick.
-  mutating func take() -> TakeAction {
-    switch state {
-    case .running:
-      guard let tick = schedule.take() else { return .suspend }  // wait for the timer
-      return .tick(tick)
-    case .ended:
-      guard let tick = schedule.take() else { return .end }  // drained: end
-      return .tick(tick)
-    case .cancelled:
-      return .end  // stopped
-    case .consumerWaiting:
-      preconditionFailure(concurrentNextViolation("TimerSequence"))
-    }
-  }
+  /// Ticks not taken stay in the schedule, which nobody reads any more.
+  @usableFromInline
+  mutating func discardAll() {}
 
-  enum SuspendAction {
-    case suspended
-    /// Something changed since `take`: resume at once.
-    case resume
-  }
-
-  /// The consumer found no tick and is about to wait.
-  mutating func suspendConsumer(_ consumer: Consumer) -> SuspendAction {
-    switch state {
-    case .running:
-      guard !schedule.hasReadyTick else { return .resume }  // fired meanwhile
-      state = .consumerWaiting(consumer)  // wait for the timer
-      return .suspended
-    case .ended, .cancelled:
-      return .resume  // ended meanwhile
-    case .consumerWaiting:
-      preconditionFailure(concurrentNextViolation("TimerSequence"))
-    }
-  }
-
-  enum StopAction {
-    case none
-    /// Resume the consumer if it waits; invalidate the timer when asked.
-    case stop(consumer: Consumer?, invalidateTimer: Bool)
-  }
-
-  /// The consumer stopped (cancelled, or dropped its iterator).
-  mutating func stopConsuming() -> StopAction {
-    switch state {
-    case .running:
-      state = .cancelled  // release the timer
-      return .stop(consumer: nil, invalidateTimer: true)
-    case .consumerWaiting(let consumer):
-      state = .cancelled  // end the wait and release the timer
-      return .stop(consumer: consumer, invalidateTimer: true)
-    case .ended:
-      state = .cancelled  // the timer is gone already
-      return .stop(consumer: nil, invalidateTimer: false)
-    case .cancelled:
-      return .none  // twice: no-op
-    }
-  }
-
-  enum InvalidatedAction {
-    case none
-    /// Resume the consumer if it waits: it drains and ends.
-    case end(consumer: Consumer?)
-  }
-
-  /// The timer was invalidated (one-shot done, `invalidate()`, the loop's shutdown).
-  mutating func timerInvalidated() -> InvalidatedAction {
-    switch state {
-    case .running:
-      state = .ended  // deliver what is due, then end
-      return .end(consumer: nil)
-    case .consumerWaiting(let consumer):
-      state = .ended  // nothing is due (it waited): wake it to end
-      return .end(consumer: consumer)
-    case .ended, .cancelled:
-      return .none  // ending already
-    }
-  }
+  @usableFromInline
+  mutating func finishBuffering() {}
 }
 
 extension RunLoopThread {

@@ -1,0 +1,157 @@
+/// The iterator of this module's async sequences (`SourceSequence`, `SignalSequence`,
+/// `TimerSequence`, `ReadinessSequence`, `ActivitySequence`; each names it `Iterator`). It belongs
+/// to the sequence's single consumer. Not `Sendable`: iterate from one task.
+///
+/// It takes everything the sequence has ready in one go into a local batch, hands elements out from
+/// there without a lock, and suspends only when that batch is empty. Dropping it (`break` out of
+/// `for await`) stops the consumption, as does cancelling the consuming task.
+public struct SingleConsumerIterator<Base: AsyncSequence>: AsyncIteratorProtocol {
+  public typealias Element = Base.Element
+  /// The sequence's `nextBatch`, made where the sequence's type is known (for `SourceSequence`,
+  /// in the client: it is then specialized for the element type).
+  @usableFromInline typealias NextBatch = (inout ElementBatch<Element>, isolated (any Actor)?) async -> Element?
+
+  @usableFromInline let lifetime: ConsumerLifetime
+  @usableFromInline let nextBatch: NextBatch
+  /// The batch taken from the sequence; elements are handed out from here without a lock.
+  @usableFromInline var batch = ElementBatch<Element>()
+
+  @usableFromInline
+  init(_ storage: any StoppableConsumption, nextBatch: @escaping NextBatch) {
+    lifetime = ConsumerLifetime(storage)
+    self.nextBatch = nextBatch
+  }
+
+  /// The next element, or nil once the sequence has ended or the task was cancelled.
+  /// `@inlinable`: the per-element path is specialized for the element type in the caller.
+  @inlinable
+  public mutating func next(isolation actor: isolated (any Actor)? = #isolation) async -> Element? {
+    if let element = batch.popFirst(), !Task.isCancelled { return element }
+    return await nextBatch(&batch, actor)
+  }
+
+  /// The next element, or nil once the sequence has ended or the task was cancelled.
+  @inlinable
+  public mutating func next() async -> Element? {
+    await next(isolation: nil)
+  }
+}
+
+/// A sequence class whose cross-thread state is a `SingleConsumerStateMachine` under a
+/// `PthreadLock`: the consumer side (`nextBatch`, `stopConsuming`, `makeSingleConsumerIterator`)
+/// and the member's end (`memberEnded`) are implemented once, below. Each sequence supplies the
+/// side effects that are its own, which run after the lock is released.
+@usableFromInline
+protocol SingleConsumerStorage: StoppableConsumption {
+  associatedtype Element
+  associatedtype Machine: SingleConsumerStateMachine
+  where Machine.Element == Element, Machine.Consumer == UnsafeContinuation<Void, Never>
+
+  /// Guards `machine`.
+  var lock: PthreadLock { get }
+  /// Only touched with `lock` held.
+  var machine: Machine { get set }
+
+  /// After the consumer took a batch (the consumer's task, lock released).
+  func tookElements(_ effect: Machine.TakeEffect)
+  /// Resumes or releases what the machine handed back (any thread, lock released).
+  func dispose(_ leftovers: Machine.Leftovers)
+  /// The consumer stopped while the member was still on its loop: take it off (any thread).
+  func detachMember()
+}
+
+extension SingleConsumerStorage where Machine.TakeEffect == Void {
+  @inlinable
+  func tookElements(_ effect: Void) {}
+}
+
+extension SingleConsumerStorage where Machine.Leftovers == Void {
+  @usableFromInline
+  func dispose(_ leftovers: Void) {}
+}
+
+extension SingleConsumerStorage {
+  /// The consumer's batch ran out: takes the next batch, suspending until there is one. Returns
+  /// its first element, or nil once the sequence has ended or the task was cancelled. The
+  /// consumer's task.
+  @inlinable
+  func nextBatch(_ batch: inout ElementBatch<Element>, isolation actor: isolated (any Actor)?) async -> Element? {
+    batch.removeAll()  // release the consumed values outside the lock
+    while true {
+      if Task.isCancelled {
+        stopConsuming()
+        return nil
+      }
+      lock.lock()
+      let action = machine.take(into: &batch)
+      lock.unlock()
+      switch action {
+      case .took(let effect):
+        tookElements(effect)
+        return batch.popFirst()
+      case .end:
+        return nil
+      case .suspend:
+        await waitForConsumerWake(
+          isolation: actor,
+          register: { continuation in
+            lock.lock()
+            defer { lock.unlock() }
+            switch machine.suspendConsumer(continuation) {
+            case .suspended: return true
+            case .resume: return false
+            }
+          },
+          onCancel: { self.stopConsuming() })
+      }
+    }
+  }
+
+  /// The consumer stopped (cancelled, or dropped its iterator). Any thread; idempotent.
+  @usableFromInline
+  func stopConsuming() {
+    lock.lock()
+    let action = machine.stopConsuming()
+    lock.unlock()
+    switch action {
+    case .none:
+      break
+    case .stop(let consumer, let detach, let leftovers):
+      consumer?.resume()
+      dispose(leftovers)
+      if detach { detachMember() }
+    }
+  }
+
+  /// The member is gone (invalidated, detached from its loop, the loop shut down): what was
+  /// accepted is still delivered, then the sequence ends. Any thread; idempotent.
+  @usableFromInline
+  func memberEnded() {
+    lock.lock()
+    let action = machine.memberEnded()
+    lock.unlock()
+    switch action {
+    case .none:
+      break
+    case .end(let consumer, let leftovers):
+      dispose(leftovers)
+      consumer?.resume()
+    }
+  }
+
+  /// Makes the iterator of the sequence's single consumer. Traps when called a second time.
+  /// `@inlinable`: a generic sequence's `nextBatch` is then specialized in the client.
+  @inlinable
+  func makeSingleConsumerIterator<Base: AsyncSequence>() -> SingleConsumerIterator<Base>
+  where Base.Element == Element {
+    claimSingleConsumer()
+    return SingleConsumerIterator(self) { batch, actor in await self.nextBatch(&batch, isolation: actor) }
+  }
+
+  /// Traps unless this is the first iterator.
+  @usableFromInline
+  func claimSingleConsumer() {
+    let (first, name) = lock.withLock { (machine.makeIterator(), machine.lifecycle.sequenceName) }
+    precondition(first, singleConsumerViolation("\(name)"))
+  }
+}
