@@ -180,11 +180,11 @@ struct SequenceSourceStateMachineTests {
   @Test func invalidateRefusesPostsButDeliversWhatWasAccepted() {
     var machine = Machine(buffering: .unbounded)
     _ = Self.post([1, 2], to: &machine)
-    guard case .invalidateSource = machine.invalidate() else {
+    guard machine.close() != nil else {
       Issue.record("invalidate did not ask to invalidate the source")
       return
     }
-    guard case .none = machine.invalidate() else {
+    guard machine.close() == nil else {
       Issue.record("second invalidate was not a no-op")
       return
     }
@@ -209,7 +209,7 @@ struct SequenceSourceStateMachineTests {
   @Test func aWaitingConsumerIsWokenByTheDetachThatFollowsInvalidate() {
     var machine = Machine(buffering: .unbounded)
     _ = machine.suspendConsumer("consumer")
-    _ = machine.invalidate()
+    _ = machine.close()
     guard case .end(let consumer, _) = machine.memberEnded() else {
       Issue.record("detach did not end")
       return
@@ -234,8 +234,8 @@ struct SequenceSourceStateMachineTests {
     _ = Self.post([1], to: &machine)
     let id = machine.makeProducerID()
     _ = machine.suspendProducer(id: id, element: 2, continuation: "p", isCancelled: false)
-    guard case .invalidateSource(let producers) = machine.invalidate() else { return }
-    #expect(producers.map(\.continuation) == ["p"])
+    guard let leftovers = machine.close() else { return }
+    #expect(leftovers.producers.map(\.continuation) == ["p"])
     #expect(machine.waitingProducerCount == 0)
   }
 
@@ -269,7 +269,7 @@ struct SequenceSourceStateMachineTests {
 
   @Test func stoppingAfterInvalidateDoesNotInvalidateAgain() {
     var machine = Machine(buffering: .unbounded)
-    _ = machine.invalidate()
+    _ = machine.close()
     guard case .stop(_, false, _) = machine.stopConsuming() else {
       Issue.record("asked to invalidate twice")
       return

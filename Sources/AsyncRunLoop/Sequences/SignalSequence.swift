@@ -12,7 +12,7 @@
 /// consuming task is cancelled or drops its iterator (the source leaves its loop, `onCancel` runs
 /// on the loop thread), `invalidate()` (signals already made are still delivered first), or the
 /// loop shuts down.
-public final class SignalSequence: AsyncSequence, SingleConsumerStorage, @unchecked Sendable {  // Safety: proof below
+public final class SignalSequence: AsyncSequence, InputSourceSequence, @unchecked Sendable {  // Safety: proof below
   public typealias Element = Int
   public typealias Failure = Never
   /// The single consumer's iterator. Not `Sendable`: iterate from one task.
@@ -22,7 +22,7 @@ public final class SignalSequence: AsyncSequence, SingleConsumerStorage, @unchec
 
   /// The loop the source is scheduled on.
   public let loop: RunLoopThread
-  let source: InputSource
+  @usableFromInline let source: InputSource
   @usableFromInline let lock = PthreadLock.make()
   @usableFromInline var machine = SignalSequenceStateMachine<UnsafeContinuation<Void, Never>>()
 
@@ -31,16 +31,8 @@ public final class SignalSequence: AsyncSequence, SingleConsumerStorage, @unchec
     onCancel: (@Sendable (RunLoopThread) -> Void)?
   ) {
     let owner = WeakOwner<SignalSequence>()
-    var schedule: (@Sendable (InputSource, RunLoopThread, RunLoopMode) -> Void)?
-    if let onSchedule { schedule = { _, loop, mode in onSchedule(loop, mode) } }
     self.loop = loop
-    self.source = InputSource(
-      order: order, schedule: schedule,
-      cancel: { _, loop in
-        owner.value?.memberEnded()
-        onCancel?(loop)
-      },
-      perform: { _ in owner.value?.release() })
+    self.source = SignalSequence.makeSource(owner: owner, order: order, onSchedule: onSchedule, onCancel: onCancel)
     owner.value = self
   }
 
@@ -70,26 +62,16 @@ public final class SignalSequence: AsyncSequence, SingleConsumerStorage, @unchec
 
   /// Ends the sequence after the signals already made are delivered; the source leaves its loop
   /// and `onCancel` runs on the loop thread (if it was scheduled). Any thread; idempotent.
-  public func invalidate() {
-    lock.lock()
-    let closed = machine.invalidate()
-    lock.unlock()
-    guard closed else { return }  // ending already
-    source.invalidate()
-    // A source that never reached its loop gets no cancel routine: end after what is queued.
-    if !loop.onLoopThread({ [self] in memberEnded() }) { memberEnded() }
-  }
+  public func invalidate() { closeThroughLoop() }
 
   /// The perform routine (loop thread): the signals counted so far are released.
-  private func release() {
+  @usableFromInline
+  func release() {
     lock.lock()
     let consumer = machine.release()
     lock.unlock()
     consumer?.resume()
   }
-
-  @usableFromInline
-  func detachMember() { source.invalidate() }
 
   /// Makes the iterator of the sequence's single consumer. Traps when called a second time.
   public func makeAsyncIterator() -> Iterator { makeSingleConsumerIterator() }
@@ -103,7 +85,7 @@ public final class SignalSequence: AsyncSequence, SingleConsumerStorage, @unchec
 /// shared `ConsumerLifecycle`, as in `SourceSequenceStateMachine`: `invalidate()` closes it, the
 /// source's detach ends it (the consumer drains, then ends), the consumer stopping cancels it.
 @usableFromInline
-struct SignalSequenceStateMachine<Consumer>: SingleConsumerStateMachine {
+struct SignalSequenceStateMachine<Consumer>: ClosableStateMachine {
   @usableFromInline var lifecycle = ConsumerLifecycle<Consumer>(sequenceName: "SignalSequence")
   /// Signals since the loop last fired the source.
   private(set) var pendingSignals = 0
@@ -133,10 +115,6 @@ struct SignalSequenceStateMachine<Consumer>: SingleConsumerStateMachine {
     return lifecycle.delivered(hasElements: hasElements)
   }
 
-  /// `invalidate()`: refuse later signals; the ones made are still delivered. Returns true when
-  /// the caller must invalidate the source (its detach releases the pending signals).
-  mutating func invalidate() -> Bool { lifecycle.close() }
-
   // MARK: SingleConsumerStateMachine
 
   @usableFromInline
@@ -151,6 +129,10 @@ struct SignalSequenceStateMachine<Consumer>: SingleConsumerStateMachine {
 
   @usableFromInline
   mutating func discardAll() { (pendingSignals, releasedSignals) = (0, 0) }
+
+  /// Nobody waits to signal.
+  @usableFromInline
+  mutating func stopAccepting() {}
 
   /// The source left its loop: the pending signals are released.
   @usableFromInline

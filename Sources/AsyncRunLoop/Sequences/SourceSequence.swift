@@ -29,7 +29,7 @@
 /// - The loop shuts down: as `invalidate()`.
 /// - The sequence and its iterator are dropped: the source is invalidated.
 public final class SourceSequence<Element: Sendable>:  // Safety: proof below
-  AsyncSequence, SingleConsumerStorage, @unchecked Sendable
+  AsyncSequence, InputSourceSequence, @unchecked Sendable
 {
   public typealias Failure = Never
   /// The single consumer's iterator. Not `Sendable`: iterate from one task.
@@ -60,17 +60,10 @@ public final class SourceSequence<Element: Sendable>:  // Safety: proof below
     onCancel: (@Sendable (RunLoopThread) -> Void)?
   ) {
     let owner = WeakOwner<SourceSequence<Element>>()
-    var schedule: (@Sendable (InputSource, RunLoopThread, RunLoopMode) -> Void)?
-    if let onSchedule { schedule = { _, loop, mode in onSchedule(loop, mode) } }
     self.loop = loop
     self.machine = Machine(buffering: buffering)
-    self.source = InputSource(
-      order: order, schedule: schedule,
-      cancel: { _, loop in
-        owner.value?.memberEnded()  // release what was accepted; the consumer drains and ends
-        onCancel?(loop)
-      },
-      perform: { _ in owner.value?.release() })
+    self.source = SourceSequence<Element>.makeSource(
+      owner: owner, order: order, onSchedule: onSchedule, onCancel: onCancel)
     owner.value = self
   }
 
@@ -132,21 +125,7 @@ public final class SourceSequence<Element: Sendable>:  // Safety: proof below
   /// `.terminated`, and what was accepted is still delivered before `next()` returns nil. The
   /// source leaves its loop and `onCancel` runs on the loop thread (if the source was scheduled).
   /// Any thread; idempotent.
-  public func invalidate() {
-    lock.lock()
-    let action = machine.invalidate()
-    lock.unlock()
-    switch action {
-    case .none:
-      return
-    case .invalidateSource(let producers):
-      for producer in producers { producer.continuation.resume(returning: .terminated) }
-      source.invalidate()
-      // A source that never reached its loop (its add is still queued, or the loop is gone) gets
-      // no cancel routine: end the consumer after whatever is queued for the loop.
-      if !loop.onLoopThread({ [self] in memberEnded() }) { memberEnded() }
-    }
-  }
+  public func invalidate() { closeThroughLoop() }
 
   /// Elements buffered and not yet taken by the consumer. Any thread.
   public var bufferedCount: Int { lock.withLock { machine.bufferedCount } }
@@ -196,9 +175,6 @@ public final class SourceSequence<Element: Sendable>:  // Safety: proof below
   func dispose(_ leftovers: Machine.Discarded) {
     for producer in leftovers.producers { producer.continuation.resume(returning: .terminated) }
   }
-
-  @usableFromInline
-  func detachMember() { source.invalidate() }
 
   /// Makes the iterator of the sequence's single consumer. Traps when called a second time.
   /// `@inlinable`: the iterator's per-batch path is then specialized for the element type.

@@ -23,7 +23,7 @@
 /// the client so that they are specialized for the element type (unspecialized, each call paid
 /// several generic-metadata lookups).
 @usableFromInline
-struct SourceSequenceStateMachine<Element, Consumer, Producer>: SingleConsumerStateMachine {
+struct SourceSequenceStateMachine<Element, Consumer, Producer>: ClosableStateMachine {
   /// An async producer waiting for room (`.bounded` only), with the element it brings.
   @usableFromInline
   struct WaitingProducer {
@@ -155,20 +155,6 @@ struct SourceSequenceStateMachine<Element, Consumer, Producer>: SingleConsumerSt
     return .resumeConsumer(consumer, discard: discard)
   }
 
-  enum InvalidateAction {
-    /// Already ending.
-    case none
-    /// Resume these producers with `.terminated` (their elements were not taken), then
-    /// invalidate the source; its detach releases what was accepted.
-    case invalidateSource(producers: [WaitingProducer])
-  }
-
-  /// `invalidate()`: refuse later posts; what was accepted is still delivered.
-  mutating func invalidate() -> InvalidateAction {
-    guard lifecycle.close() else { return .none }  // ending already
-    return .invalidateSource(producers: takeWaitingProducers())
-  }
-
   // MARK: SingleConsumerStateMachine
 
   /// True when the loop has released elements the consumer has not taken.
@@ -198,6 +184,15 @@ struct SourceSequenceStateMachine<Element, Consumer, Producer>: SingleConsumerSt
     swap(&dropped, &released)
     discarded.storages.append(dropped.elements)
     return discarded
+  }
+
+  /// `invalidate()` closed the sequence: producers waiting for room are answered `.terminated`
+  /// (their elements were not taken); what was accepted is still delivered.
+  @usableFromInline
+  mutating func stopAccepting() -> Discarded {
+    var leftovers = Discarded()
+    leftovers.producers = takeWaitingProducers()
+    return leftovers
   }
 
   /// The source left its loop (its cancel routine on the loop thread; or it never reached a loop):
