@@ -1,3 +1,4 @@
+import Glibc
 import Testing
 
 @testable import AsyncRunLoop
@@ -159,5 +160,47 @@ struct SequenceLifecycleTests {
       _ = lifecycle.suspend("first", hasElements: false)
       _ = lifecycle.take(hasElements: false)
     }
+  }
+}
+
+/// The five sequences share one iterator type; each still names it `Iterator`, and explicit
+/// iteration reads as before.
+@Suite("Sequence: every sequence's iterator")
+struct SequenceIteratorTests {
+  @Test func everySequenceKeepsItsIteratorNameAndEndsAfterInvalidate() async throws {
+    let loop = try RunLoopThread(name: "seq-iterators")
+    defer { loop.shutdownAndWait() }
+    let (readEnd, writeEnd) = try SequenceReadinessTests.makePipe()
+    defer {
+      close(readEnd)
+      close(writeEnd)
+    }
+    let source = loop.sourceSequence(of: Int.self)
+    let signals = loop.signalSequence()
+    let ticks = loop.timer(every: .seconds(60))
+    let readiness = try loop.readiness(of: readEnd)
+    let activities = loop.activities([.entry])
+    _ = source.post(1)
+    source.invalidate()
+    signals.invalidate()
+    ticks.invalidate()
+    readiness.invalidate()
+    activities.invalidate()
+    let ended = try await withWatchdog(timeout: .seconds(10), "iterators end") { () async -> Bool in
+      var sourceIterator: SourceSequence<Int>.Iterator = source.makeAsyncIterator()
+      var signalIterator: SignalSequence.Iterator = signals.makeAsyncIterator()
+      var timerIterator: TimerSequence.Iterator = ticks.makeAsyncIterator()
+      var readinessIterator: ReadinessSequence.Iterator = readiness.makeAsyncIterator()
+      var activityIterator: ActivitySequence.Iterator = activities.makeAsyncIterator()
+      let first = await sourceIterator.next()
+      let afterFirst = await sourceIterator.next()
+      let signalEnd = await signalIterator.next()
+      let tickEnd = await timerIterator.next(isolation: nil)
+      let readinessEnd = await readinessIterator.next()
+      let activityEnd = await activityIterator.next()
+      return first == 1 && afterFirst == nil && signalEnd == nil && tickEnd == nil && readinessEnd == nil
+        && activityEnd == nil
+    }
+    #expect(ended == true)
   }
 }
