@@ -29,6 +29,9 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
   private let eventBuffer: UnsafeMutablePointer<epoll_event>
   /// The absolute CLOCK_MONOTONIC time the timerfd is armed for; `nil` when disarmed.
   private var armedTimerDeadline: Int64?
+  /// The timerfd expired and was not read: it stays readable until the next `timerfd_settime`
+  /// (which resets its expiration count), so `setTimer` must make that call even to disarm.
+  private var timerExpiredUnread = false
   /// The word the loop sleeps on in futex mode; producers change it before waking it.
   private let futexWord: UnsafeMutablePointer<UInt32>
 
@@ -40,7 +43,11 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
       opened.append(wake)
       let timer = try SystemCall.timerDescriptor()
       opened.append(timer)
-      try SystemCall.epollControl(epoll, EPOLL_CTL_ADD, wake, events: UInt32(EPOLLIN.rawValue), token: Self.wakeToken)
+      // Edge-triggered, and never read: every write is a new edge, so a wake-up needs no read
+      // back (one system call less per wake-up). The counter only grows by one per coalesced
+      // wake-up; saturating it would take 2^64 - 2 of them.
+      try SystemCall.epollControl(
+        epoll, EPOLL_CTL_ADD, wake, events: UInt32(EPOLLIN.rawValue) | UInt32(EPOLLET.rawValue), token: Self.wakeToken)
       try SystemCall.epollControl(epoll, EPOLL_CTL_ADD, timer, events: UInt32(EPOLLIN.rawValue), token: Self.timerToken)
       epollDescriptor = epoll
       wakeDescriptor = wake
@@ -89,8 +96,9 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
   /// Arms the timerfd for an absolute monotonic deadline, or disarms it for `nil`.
   /// Skips the syscall when the timer is already armed for exactly that time. Loop thread.
   func setTimer(deadline: Int64?) {
-    guard deadline != armedTimerDeadline else { return }
+    guard deadline != armedTimerDeadline || timerExpiredUnread else { return }
     armedTimerDeadline = deadline
+    timerExpiredUnread = false
     // An absolute deadline in the past fires at once (no EINVAL, unlike a negative relative
     // time); 0 would mean "disarm", so the earliest real deadline is 1 ns.
     let value = deadline.map { max($0, 1) } ?? 0
@@ -128,9 +136,11 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
     var timerExpired = false
   }
 
-  /// Waits for events (blocking when `block` is true, polling otherwise), drains the wake-up and
-  /// timer descriptors, and reports each readiness event to `handleReadiness(token, events)`.
-  /// Loop thread.
+  /// Waits for events (blocking when `block` is true, polling otherwise) and reports each
+  /// readiness event to `handleReadiness(token, events)`. Neither the wake-up eventfd nor the
+  /// timerfd is read (a system call each, before the loop gets to the timer or the work): the
+  /// eventfd is edge-triggered, and the expired timerfd is reset by the next `setTimer`, which the
+  /// loop calls before every wait. Loop thread.
   func wait(block: Bool, _ handleReadiness: (UInt64, UInt32) -> Void) -> WaitOutcome {
     var outcome = WaitOutcome()
     let count: Int
@@ -145,12 +155,11 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
       let token = withUnsafePointer(to: event) { carl_epoll_event_token($0) }
       switch token {
       case Self.wakeToken:
-        SystemCall.drainCounter(wakeDescriptor)
         outcome.wasWoken = true
       case Self.timerToken:
-        SystemCall.drainCounter(timerDescriptor)
         // The kernel disarms a one-shot timerfd once it expires.
         armedTimerDeadline = nil
+        timerExpiredUnread = true
         outcome.timerExpired = true
       default:
         handleReadiness(token, event.events)

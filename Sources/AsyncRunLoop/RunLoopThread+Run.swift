@@ -81,7 +81,8 @@ extension RunLoopThread {
       armTimerfd(contents, runDeadline: deadline)
       // 5–8: wait for readiness, timers, wake-ups or the limit; poll when work is waiting.
       handledSource = waitAndHandleReadiness(contents, mayBlock: !mustPoll, runDeadline: deadline) || handledSource
-      fireDueTimers(in: contents)  // 9
+      // What the timers sent (jobs of the tasks they resumed) lands now, not a pass later.
+      if fireDueTimers(in: contents) { applyControls() }  // 9
       runCollectedPerforms(in: contents.mode)
       runCollectedJobs()
       // End of pass: CF's order — handled a source, timed out, stopped, finished.
@@ -320,9 +321,10 @@ extension RunLoopThread {
   }
 
   /// Step 9: fires the mode's due timers in (date, scheduling) order. Due timers are collected
-  /// first, then fired, so a timer scheduled by a callout waits for the next pass.
-  private func fireDueTimers(in contents: ModeContents) {
-    guard !contents.timers.isEmpty else { return }
+  /// first, then fired, so a timer scheduled by a callout waits for the next pass. Returns
+  /// whether any fired.
+  private func fireDueTimers(in contents: ModeContents) -> Bool {
+    guard !contents.timers.isEmpty else { return false }
     let now = LoopClock.monotonicNanoseconds()
     dueTimers.removeAll(keepingCapacity: true)
     while let first = contents.timers.first, first.deadline <= now {
@@ -331,8 +333,10 @@ extension RunLoopThread {
       guard first.payload.generation == timer.generation else { continue }  // stale entry
       dueTimers.append((timer, first.deadline, timer.generation))
     }
+    var fired = false
     for (timer, fireDate, generation) in dueTimers {
       guard timer.generation == generation else { continue }  // moved or removed by a callout
+      fired = true
       timer.fire()
       guard timer.generation == generation else { continue }  // the callout moved or removed it
       if timer.advanceAfterFire(firedAt: fireDate, now: LoopClock.monotonicNanoseconds()) {
@@ -342,6 +346,7 @@ extension RunLoopThread {
       }
     }
     dueTimers.removeAll(keepingCapacity: true)
+    return fired
   }
 
   /// Drops stale entries from the top of the mode's timer heap; compacts it when stale entries
