@@ -7,12 +7,6 @@ import Testing
 /// process). Not run under ThreadSanitizer.
 @Suite("Crash: preconditions trap with a clear message")
 struct CrashTests {
-  private static func check(_ result: ExitTest.Result?, mentions message: String) {
-    guard let result else { return }  // the exit test itself recorded the failure
-    let stderr = String(decoding: result.standardErrorContent, as: UTF8.self)
-    #expect(stderr.contains(message), "stderr was: \(stderr)")
-  }
-
   @Test func assumeIsolatedOffTheLoopTraps() async {
     let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
       let loop = try RunLoopThread(name: "crash-assume")
@@ -20,7 +14,7 @@ struct CrashTests {
       probe.touchWithoutChecking()  // assumeIsolated on the test's thread: traps
     }
     // The runtime reports it (the executor answers "not isolated" and the runtime traps).
-    Self.check(result, mentions: "Incorrect actor executor assumption")
+    expectStandardError(of: result, mentions: "Incorrect actor executor assumption")
   }
 
   @Test func checkIsolatedOffTheLoopTrapsNamingTheLoop() async {
@@ -28,7 +22,7 @@ struct CrashTests {
       let loop = try RunLoopThread(name: "crash-check")
       loop.checkIsolated()
     }
-    Self.check(result, mentions: "expected to run on loop 'crash-check'")
+    expectStandardError(of: result, mentions: "expected to run on loop 'crash-check'")
   }
 
   @Test func checkIsolatedOnAnotherLoopsThreadTraps() async {
@@ -37,7 +31,7 @@ struct CrashTests {
       let other = try RunLoopThread(name: "crash-other")
       _ = try other.performAndWait { loop.checkIsolated() }
     }
-    Self.check(result, mentions: "expected to run on loop 'crash-mine'")
+    expectStandardError(of: result, mentions: "expected to run on loop 'crash-mine'")
   }
 
   @Test func runOnTheWrongThreadTrapsNamingTheLoop() async {
@@ -45,7 +39,7 @@ struct CrashTests {
       let loop = try RunLoopThread(name: "crash-run")
       loop.run(mode: .default, for: .milliseconds(1))
     }
-    Self.check(result, mentions: "must be called on the thread of loop 'crash-run'")
+    expectStandardError(of: result, mentions: "must be called on the thread of loop 'crash-run'")
   }
 
   @Test func runningTheCommonPseudoModeTraps() async {
@@ -53,7 +47,7 @@ struct CrashTests {
       let loop = try RunLoopThread(name: "crash-common")
       _ = try loop.performAndWait { loop.run(mode: .common, for: .milliseconds(1)) }
     }
-    Self.check(result, mentions: ".common is a set of modes")
+    expectStandardError(of: result, mentions: ".common is a set of modes")
   }
 
   @Test func readingCommonModesOffTheLoopTraps() async {
@@ -61,7 +55,7 @@ struct CrashTests {
       let loop = try RunLoopThread(name: "crash-modes")
       _ = loop.commonModes
     }
-    Self.check(result, mentions: "must be called on the thread of loop 'crash-modes'")
+    expectStandardError(of: result, mentions: "must be called on the thread of loop 'crash-modes'")
   }
 
   @Test func schedulingOneSourceOnTwoLoopsTraps() async {
@@ -73,7 +67,7 @@ struct CrashTests {
       _ = try first.performAndWait { 0 }
       _ = try second.performAndWait { second.add(source) }
     }
-    Self.check(result, mentions: "scheduled on one loop at a time")
+    expectStandardError(of: result, mentions: "scheduled on one loop at a time")
   }
 
   @Test func schedulingOneDescriptorSourceOnTwoLoopsTraps() async {
@@ -86,6 +80,6 @@ struct CrashTests {
       _ = try first.performAndWait { 0 }
       _ = try second.performAndWait { try second.add(source) }
     }
-    Self.check(result, mentions: "scheduled on one loop at a time")
+    expectStandardError(of: result, mentions: "scheduled on one loop at a time")
   }
 }

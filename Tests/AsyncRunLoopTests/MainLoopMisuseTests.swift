@@ -8,12 +8,6 @@ import Testing
 /// the test process, whose main thread never runs the main loop.
 @Suite("MainLoop misuse fails clearly")
 struct MainLoopMisuseTests {
-  private static func check(_ result: ExitTest.Result?, mentions message: String) {
-    guard let result else { return }  // the exit test itself recorded the failure
-    let stderr = String(decoding: result.standardErrorContent, as: UTF8.self)
-    #expect(stderr.contains(message), "stderr was: \(stderr)")
-  }
-
   /// Why the main-loop tests launch a fixture process: an exit test's body runs in a child process,
   /// but on one of its pool threads, not on its main thread — also when the body is @MainActor
   /// (the child's main thread is given to libdispatch, which drains the main queue elsewhere).
@@ -30,14 +24,14 @@ struct MainLoopMisuseTests {
     let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
       runMainLoop()
     }
-    Self.check(result, mentions: "runMainLoop() must be called on the process's main thread")
+    expectStandardError(of: result, mentions: "runMainLoop() must be called on the process's main thread")
   }
 
   @Test func runningTheMainLoopOffTheMainThreadTraps() async {
     let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
       RunLoopThread.main.run(mode: .default, for: .milliseconds(1))
     }
-    Self.check(result, mentions: "must be called on the thread of loop 'main'")
+    expectStandardError(of: result, mentions: "must be called on the thread of loop 'main'")
   }
 
   @Test func runOnMainAndWaitThrowsWhenTheMainLoopIsNotRunning() {

@@ -41,6 +41,16 @@ func withWatchdog<T: Sendable>(
   }
 }
 
+/// Expects the standard error of an exit test's child process to contain `message`. A nil
+/// `result` means the exit test itself already recorded the failure.
+func expectStandardError(
+  of result: ExitTest.Result?, mentions message: String, sourceLocation: SourceLocation = #_sourceLocation
+) {
+  guard let result else { return }
+  let stderr = String(decoding: result.standardErrorContent, as: UTF8.self)
+  #expect(stderr.contains(message), "stderr was: \(stderr)", sourceLocation: sourceLocation)
+}
+
 /// A thread-safe box for test bookkeeping.
 typealias Locked<Value> = LockedValue<Value>
 
