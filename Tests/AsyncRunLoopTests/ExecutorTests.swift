@@ -47,6 +47,24 @@ func execShutdown(_ loop: RunLoopThread) async {
   await execOnNewThread { loop.shutdownAndWait() }
 }
 
+/// Runs `tasks` concurrent tasks that each await `call` `times` times in a row while `alongside`
+/// (if given) runs on a thread of its own; returns when every task and the thread are done.
+func execConcurrently(
+  tasks: Int, times: Int, _ call: @escaping @Sendable () async -> Void,
+  alongside: (@Sendable () -> Void)? = nil
+) async {
+  await withTaskGroup(of: Void.self) { group in
+    for _ in 0..<tasks {
+      group.addTask {
+        for _ in 0..<times { await call() }
+      }
+    }
+    if let alongside {
+      group.addTask { await execOnNewThread(alongside) }
+    }
+  }
+}
+
 /// An actor pinned to a loop that counts its calls and whether each ran on the loop's thread
 /// (checked against the thread id taken on the loop, independently of `isOnLoopThread`).
 actor ExecCounter: LoopActor {
@@ -148,13 +166,7 @@ struct ExecutorTests {
     let counter = try ExecCounter(loop: loop)
     let perTask = 20_000 * stressFactor
     let result = try await withWatchdog(timeout: .seconds(240), "4 × \(perTask) actor calls") {
-      await withTaskGroup(of: Void.self) { group in
-        for _ in 0..<4 {
-          group.addTask {
-            for _ in 0..<perTask { await counter.increment() }
-          }
-        }
-      }
+      await execConcurrently(tasks: 4, times: perTask) { await counter.increment() }
       return await (counter.count, counter.offLoop)
     }
     #expect(result?.0 == 4 * perTask)

@@ -35,13 +35,7 @@ struct ReliabilityTests {
     }
     let perTask = 20_000 * stressFactor
     let result = try await withWatchdog(timeout: .seconds(240), "actor calls under load") {
-      await withTaskGroup(of: Void.self) { group in
-        for _ in 0..<4 {
-          group.addTask {
-            for _ in 0..<perTask { await counter.increment() }
-          }
-        }
-      }
+      await execConcurrently(tasks: 4, times: perTask) { await counter.increment() }
       return await (counter.count, counter.offLoop)
     }
     poster.join()
@@ -64,13 +58,7 @@ struct ReliabilityTests {
     let log = ExecTimerLog(capacity: timerCount)
     let start = LoopClock.Instant.now.advanced(by: .milliseconds(30))
     let jobs = Task {
-      await withTaskGroup(of: Void.self) { group in
-        for _ in 0..<2 {
-          group.addTask {
-            for _ in 0..<(10_000 * stressFactor) { await counter.increment() }
-          }
-        }
-      }
+      await execConcurrently(tasks: 2, times: 10_000 * stressFactor) { await counter.increment() }
     }
     try loop.performAndWait {
       for index in 0..<timerCount {
@@ -123,13 +111,7 @@ struct ReliabilityTests {
     let distant = LoopTimer(after: .seconds(60)) { _ in timerFired.store(true, ordering: .relaxed) }
     loop.add(distant)
     let perTask = 10_000 * stressFactor
-    await withTaskGroup(of: Void.self) { group in
-      for _ in 0..<4 {
-        group.addTask {
-          for _ in 0..<perTask { await counter.increment() }
-        }
-      }
-    }
+    await execConcurrently(tasks: 4, times: perTask) { await counter.increment() }
     #expect(await counter.count == 4 * perTask)
     let distantFired = timerFired.load(ordering: .relaxed)
     #expect(!distantFired)  // the burst was not held back until the distant timer
@@ -207,18 +189,11 @@ struct ReliabilityTests {
       let counter = try ExecCounter(loop: loop)
       let perTask = 1_000
       let total = try await withWatchdog(timeout: .seconds(60), "round \(round)") {
-        await withTaskGroup(of: Void.self) { group in
-          for _ in 0..<3 {
-            group.addTask {
-              for _ in 0..<perTask { await counter.incrementChecked() }
-            }
-          }
-          group.addTask {
-            await execOnNewThread {
-              while counter.progress.withLock({ $0 }) < (round % 12) * 250 { usleep(20) }  // < 3,000
-              loop.shutdownAndWait()
-            }
-          }
+        await execConcurrently(tasks: 3, times: perTask) {
+          await counter.incrementChecked()
+        } alongside: {
+          while counter.progress.withLock({ $0 }) < (round % 12) * 250 { usleep(20) }  // < 3,000
+          loop.shutdownAndWait()
         }
         return await counter.count
       }

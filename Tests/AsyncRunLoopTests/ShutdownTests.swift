@@ -11,19 +11,12 @@ struct ShutdownTests {
     let counter = try ExecCounter(loop: loop)
     let perTask = 5_000 * stressFactor
     let total = try await withWatchdog(timeout: .seconds(120), "calls around a shutdown") {
-      await withTaskGroup(of: Void.self) { group in
-        for _ in 0..<4 {
-          group.addTask {
-            for _ in 0..<perTask { await counter.incrementChecked() }
-          }
-        }
-        group.addTask {
-          // Shut down from another thread while the callers are still sending.
-          await execOnNewThread {
-            while counter.progress.withLock({ $0 }) < perTask { usleep(50) }
-            loop.shutdownAndWait()
-          }
-        }
+      await execConcurrently(tasks: 4, times: perTask) {
+        await counter.incrementChecked()
+      } alongside: {
+        // Shut down from another thread while the callers are still sending.
+        while counter.progress.withLock({ $0 }) < perTask { usleep(50) }
+        loop.shutdownAndWait()
       }
       return await counter.count
     }
@@ -64,13 +57,7 @@ struct ShutdownTests {
     let counter = try ExecCounter(loop: loop)
     let perTask = 2_000 * stressFactor
     let total = try await withWatchdog(timeout: .seconds(60), "calls around a shutdown from a job") {
-      await withTaskGroup(of: Void.self) { group in
-        for _ in 0..<4 {
-          group.addTask {
-            for _ in 0..<perTask { await counter.incrementShuttingDown(at: perTask) }
-          }
-        }
-      }
+      await execConcurrently(tasks: 4, times: perTask) { await counter.incrementShuttingDown(at: perTask) }
       return await counter.count
     }
     #expect(total == 4 * perTask)
@@ -244,13 +231,7 @@ struct ShutdownTests {
     await execShutdown(loop)
     let calls = 500 * stressFactor
     let total = try await withWatchdog(timeout: .seconds(60), "calls after shutdown") {
-      await withTaskGroup(of: Void.self) { group in
-        for _ in 0..<4 {
-          group.addTask {
-            for _ in 0..<calls { await counter.incrementChecked() }  // checkIsolated passes there
-          }
-        }
-      }
+      await execConcurrently(tasks: 4, times: calls) { await counter.incrementChecked() }  // checkIsolated passes there
       return await counter.count
     }
     #expect(total == 1 + 4 * calls)

@@ -15,18 +15,11 @@ struct StressTests {
       let counter = try ExecCounter(loop: loop)
       let perTask = 300
       let total = try await withWatchdog(timeout: .seconds(60), "round \(round)") {
-        await withTaskGroup(of: Void.self) { group in
-          for _ in 0..<3 {
-            group.addTask {
-              for _ in 0..<perTask { await counter.incrementChecked() }
-            }
-          }
-          group.addTask {
-            await execOnNewThread {
-              usleep(UInt32((round * 37) % 300))
-              loop.shutdownAndWait()
-            }
-          }
+        await execConcurrently(tasks: 3, times: perTask) {
+          await counter.incrementChecked()
+        } alongside: {
+          usleep(UInt32((round * 37) % 300))
+          loop.shutdownAndWait()
         }
         return await counter.count
       }
