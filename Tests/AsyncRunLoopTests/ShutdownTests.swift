@@ -119,30 +119,12 @@ struct ShutdownTests {
     let ended = Locked<Set<String>>([])
     let consumers = try await withWatchdog(timeout: .seconds(60), "sequence consumers after shutdown") {
       await withTaskGroup(of: Void.self) { group in
-        group.addTask {
-          for await _ in repeating {}
-          ended.withLock { _ = $0.insert("timer(every:)") }
-        }
-        group.addTask {
-          for await _ in oneShot {}
-          ended.withLock { _ = $0.insert("timer(after:)") }
-        }
-        group.addTask {
-          for await _ in signals {}
-          ended.withLock { _ = $0.insert("signalSequence") }
-        }
-        group.addTask {
-          for await _ in elements {}
-          ended.withLock { _ = $0.insert("sourceSequence") }
-        }
-        group.addTask {
-          for await _ in readiness {}
-          ended.withLock { _ = $0.insert("readiness") }
-        }
-        group.addTask {
-          for await _ in activities {}
-          ended.withLock { _ = $0.insert("activities") }
-        }
+        group.addTask { await Self.consume(repeating, thenRecord: "timer(every:)", in: ended) }
+        group.addTask { await Self.consume(oneShot, thenRecord: "timer(after:)", in: ended) }
+        group.addTask { await Self.consume(signals, thenRecord: "signalSequence", in: ended) }
+        group.addTask { await Self.consume(elements, thenRecord: "sourceSequence", in: ended) }
+        group.addTask { await Self.consume(readiness, thenRecord: "readiness", in: ended) }
+        group.addTask { await Self.consume(activities, thenRecord: "activities", in: ended) }
         group.addTask {
           await execOnNewThread {
             usleep(5_000)  // let the consumers start waiting
@@ -154,6 +136,14 @@ struct ShutdownTests {
     }
     #expect(
       consumers == ["timer(every:)", "timer(after:)", "signalSequence", "sourceSequence", "readiness", "activities"])
+  }
+
+  /// Iterates `sequence` until it ends, then inserts `name` into `ended`.
+  private static func consume<Sequence: AsyncSequence & Sendable>(
+    _ sequence: Sequence, thenRecord name: String, in ended: Locked<Set<String>>
+  ) async where Sequence.Failure == Never {
+    for await _ in sequence {}
+    ended.withLock { _ = $0.insert(name) }
   }
 
   @Test func sequencesMadeOnADeadLoopEndAtOnce() async throws {
