@@ -74,7 +74,7 @@ struct CrashTests {
     let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
       let first = try RunLoopThread(name: "crash-fd-a")
       let second = try RunLoopThread(name: "crash-fd-b")
-      let descriptors = try execPipe()
+      let descriptors = makePipe()
       let source = DescriptorSource(descriptor: descriptors.read) { _, _ in }
       try first.add(source)
       _ = try first.performAndWait { 0 }

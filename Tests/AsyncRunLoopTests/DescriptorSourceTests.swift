@@ -6,50 +6,19 @@ import Testing
 /// Readiness ("version 1") sources on file descriptors (SPEC §3).
 @Suite("DescriptorSource")
 struct DescriptorSourceTests {
-  /// A pipe whose ends do not block.
-  static func makePipe() -> (read: Int32, write: Int32) {
-    var descriptors: [Int32] = [-1, -1]
-    let rc = pipe(&descriptors)
-    precondition(rc == 0, "pipe failed: \(errno)")
-    for descriptor in descriptors {
-      _ = fcntl(descriptor, F_SETFL, fcntl(descriptor, F_GETFL) | O_NONBLOCK)
-      _ = fcntl(descriptor, F_SETFD, FD_CLOEXEC)
-    }
-    return (descriptors[0], descriptors[1])
-  }
-
-  /// Writes one byte.
-  static func writeByte(_ descriptor: Int32) {
-    var byte: UInt8 = 42
-    let written = write(descriptor, &byte, 1)
-    precondition(written == 1, "write failed: \(errno)")
-  }
-
-  /// Reads until the pipe is empty; returns how many bytes were read (0 at end of file).
-  @discardableResult
-  static func drain(_ descriptor: Int32) -> Int {
-    var buffer = [UInt8](repeating: 0, count: 256)
-    var total = 0
-    while true {
-      let count = read(descriptor, &buffer, buffer.count)
-      if count <= 0 { return total }
-      total += count
-    }
-  }
-
   @Test func readablePipeFiresTheHandlerOnTheLoopThread() throws {
     let loop = try RunLoopThread(name: "fd-readable")
-    let (readEnd, writeEnd) = Self.makePipe()
+    let (readEnd, writeEnd) = makePipe()
     let events = Locked<[DescriptorEvents]>([])
     let offThread = Locked(0)
     let source = DescriptorSource(descriptor: readEnd, interest: .readable) { _, occurred in
       if !loop.isOnLoopThread { offThread.withLock { $0 += 1 } }
-      Self.drain(readEnd)
+      drainDescriptor(readEnd)
       events.withLock { $0.append(occurred) }
     }
     try loop.add(source, to: .default)  // from this thread: registered on the loop's next pass
     try loop.performAndWait {}
-    Self.writeByte(writeEnd)
+    writeByte(writeEnd)
     waitUntil("the readable event") { events.withLock { $0.count } >= 1 }
     #expect(events.withLock { $0[0] }.contains(.readable))
     #expect(offThread.withLock { $0 } == 0)
@@ -64,7 +33,7 @@ struct DescriptorSourceTests {
 
   @Test func writablePipeFiresTheHandler() throws {
     let loop = try RunLoopThread(name: "fd-writable")
-    let (readEnd, writeEnd) = Self.makePipe()
+    let (readEnd, writeEnd) = makePipe()
     let events = Locked<[DescriptorEvents]>([])
     let source = DescriptorSource(descriptor: writeEnd, interest: .writable) { source, occurred in
       events.withLock { $0.append(occurred) }
@@ -82,20 +51,20 @@ struct DescriptorSourceTests {
 
   @Test func removalStopsEventsAndAddingAgainResumesThem() throws {
     let loop = try RunLoopThread(name: "fd-remove")
-    let (readEnd, writeEnd) = Self.makePipe()
+    let (readEnd, writeEnd) = makePipe()
     let fired = Locked(0)
     let source = DescriptorSource(descriptor: readEnd) { _, _ in
-      Self.drain(readEnd)
+      drainDescriptor(readEnd)
       fired.withLock { $0 += 1 }
     }
     try loop.add(source, to: .default)
     try loop.performAndWait {}
-    Self.writeByte(writeEnd)
+    writeByte(writeEnd)
     waitUntil("the first event") { fired.withLock { $0 } == 1 }
 
     loop.remove(source, from: .default)
     try loop.performAndWait {}  // the removal is applied before this block runs
-    Self.writeByte(writeEnd)
+    writeByte(writeEnd)
     // Two more passes, each waiting on epoll after the write: a registration would report it.
     try loop.performAndWait {}
     try loop.performAndWait {}
@@ -112,7 +81,7 @@ struct DescriptorSourceTests {
 
   @Test func aClosedDescriptorWhoseNumberIsReusedNeverDeliversToTheOldRegistration() throws {
     let loop = try RunLoopThread(name: "fd-reuse")
-    let (oldRead, oldWrite) = Self.makePipe()
+    let (oldRead, oldWrite) = makePipe()
     let oldFired = Locked(0)
     let newFired = Locked(0)
     let oldSource = DescriptorSource(descriptor: oldRead) { source, _ in
@@ -123,23 +92,23 @@ struct DescriptorSourceTests {
 
     // Close the old read end *while registered* and reuse its number for a new pipe, in one
     // atomic step (dup2), so that no other test's descriptor can take the number in between.
-    let (newRead, newWrite) = Self.makePipe()
+    let (newRead, newWrite) = makePipe()
     #expect(dup2(newRead, oldRead) == oldRead)
     close(newRead)
     close(oldWrite)
     let reused = oldRead
     let newSource = DescriptorSource(descriptor: reused) { _, _ in
-      Self.drain(reused)
+      drainDescriptor(reused)
       newFired.withLock { $0 += 1 }
     }
     try loop.performAndWait { try loop.add(newSource, to: .default) }
-    Self.writeByte(newWrite)
+    writeByte(newWrite)
     waitUntil("the new registration's event") { newFired.withLock { $0 } == 1 }
 
     // Removing the old registration must not deregister the new one, which shares its number.
     oldSource.invalidate()
     try loop.performAndWait {}
-    Self.writeByte(newWrite)
+    writeByte(newWrite)
     waitUntil("the new registration's second event") { newFired.withLock { $0 } == 2 }
     #expect(oldFired.withLock { $0 } == 0)
     newSource.invalidate()
@@ -192,10 +161,10 @@ struct DescriptorSourceTests {
     let log = EngineTestThread.run { () -> [String] in
       let loop = RunLoopThread.current
       let note = EngineEventLog()
-      let (readEnd, writeEnd) = Self.makePipe()
+      let (readEnd, writeEnd) = makePipe()
       loop.add(LoopTimer(after: .seconds(3_600)) { _ in }, to: .default)
       let source = DescriptorSource(descriptor: readEnd) { _, _ in
-        Self.drain(readEnd)
+        drainDescriptor(readEnd)
         note("readable")
       }
       do {
@@ -203,10 +172,10 @@ struct DescriptorSourceTests {
       } catch {
         note("add failed: \(error)")
       }
-      Self.writeByte(writeEnd)
+      writeByte(writeEnd)
       note("\(loop.run(mode: .default, until: .now.advanced(by: .milliseconds(30))))")
       note("\(loop.run(mode: "modal", until: .now.advanced(by: .seconds(60)), returnAfterSourceHandled: true))")
-      Self.writeByte(writeEnd)
+      writeByte(writeEnd)
       note("\(loop.run(mode: .default, until: .now.advanced(by: .milliseconds(30))))")
       note("\(loop.run(mode: "modal", until: .now.advanced(by: .seconds(60)), returnAfterSourceHandled: true))")
       source.invalidate()
@@ -222,16 +191,16 @@ struct DescriptorSourceTests {
     // run must listen to it again before it next sleeps, not only at the start of its next pass.
     let result = EngineTestThread.run { () -> RunLoopRunResult in
       let loop = RunLoopThread.current
-      let (readEnd, writeEnd) = Self.makePipe()
+      let (readEnd, writeEnd) = makePipe()
       loop.add(LoopTimer(after: .seconds(3_600)) { _ in }, to: .default)
       loop.add(LoopTimer(after: .seconds(3_600)) { _ in }, to: "modal")
       let source = DescriptorSource(descriptor: readEnd) { _, _ in
-        Self.drain(readEnd)
+        drainDescriptor(readEnd)
         RunLoopThread.current.stop()
       }
       try? loop.add(source, to: .default)
       let modal = InputSource { _ in
-        Self.writeByte(writeEnd)  // ready now, but the nested mode does not hold the source
+        writeByte(writeEnd)  // ready now, but the nested mode does not hold the source
         _ = RunLoopThread.current.run(mode: "modal", until: .now.advanced(by: .milliseconds(50)))
       }
       loop.add(modal, to: .default)

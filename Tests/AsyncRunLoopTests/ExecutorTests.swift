@@ -210,18 +210,18 @@ struct ExecutorTests {
     loop.add(LoopTimer(after: .zero) { _ in record("timer") })
     loop.add(LoopObserver(activities: .beforeTimers, repeats: false) { _, _ in record("observer") })
     loop.perform { record("perform") }
-    let descriptors = try execPipe()
+    let descriptors = makePipe()
     defer {
       close(descriptors.read)
       close(descriptors.write)
     }
     let readiness = DescriptorSource(descriptor: descriptors.read) { source, _ in
-      execDrain(source.descriptor)
+      drainDescriptor(source.descriptor)
       record("descriptor")
       source.invalidate()
     }
     try loop.add(readiness)
-    execWrite(descriptors.write)
+    writeByte(descriptors.write)
 
     waitUntil("every callout ran") { outcomes.withLock { $0.count } == 5 }
     #expect(
@@ -405,29 +405,6 @@ struct ExecutorTests {
 }
 
 // MARK: - Small POSIX helpers
-
-/// A non-blocking pipe.
-func execPipe() throws -> (read: Int32, write: Int32) {
-  var descriptors: [Int32] = [0, 0]
-  guard pipe(&descriptors) == 0 else { throw SystemCallError(call: "pipe", errno: errno) }
-  for descriptor in descriptors {
-    _ = fcntl(descriptor, F_SETFL, fcntl(descriptor, F_GETFL) | O_NONBLOCK)
-    _ = fcntl(descriptor, F_SETFD, FD_CLOEXEC)
-  }
-  return (descriptors[0], descriptors[1])
-}
-
-/// Writes one byte.
-func execWrite(_ descriptor: Int32) {
-  var byte: UInt8 = 1
-  _ = write(descriptor, &byte, 1)
-}
-
-/// Reads until the descriptor would block.
-func execDrain(_ descriptor: Int32) {
-  var buffer = [UInt8](repeating: 0, count: 256)
-  while read(descriptor, &buffer, buffer.count) > 0 {}
-}
 
 /// Asks the kernel to give the next new thread the id `tid` (if it is free), by setting the pid
 /// namespace's last allocated pid. Needs root; silently does nothing otherwise.

@@ -280,8 +280,8 @@ struct ReliabilityTests {
   /// the new one does, and removing the old one does not silence the new.
   @Test func aDescriptorClosedWhileRegisteredAndItsNumberReusedNeverFiresTheOldHandler() async throws {
     let loop = try RunLoopThread(name: "rel-fd-reuse")
-    let old = try execPipe()
-    let fresh = try execPipe()
+    let old = makePipe()
+    let fresh = makePipe()
     var oldWriteOpen = true
     defer {
       close(old.read)
@@ -292,7 +292,7 @@ struct ReliabilityTests {
     let oldFires = Locked(0)
     let newFires = Locked(0)
     let oldSource = DescriptorSource(descriptor: old.read) { source, _ in
-      execDrain(source.descriptor)
+      drainDescriptor(source.descriptor)
       oldFires.withLock { $0 += 1 }
     }
     try loop.performAndWait { try loop.add(oldSource) }
@@ -302,15 +302,15 @@ struct ReliabilityTests {
     close(old.write)  // nobody may write into a pipe without a reader (SIGPIPE)
     oldWriteOpen = false
     let newSource = DescriptorSource(descriptor: old.read) { source, _ in
-      execDrain(source.descriptor)
+      drainDescriptor(source.descriptor)
       newFires.withLock { $0 += 1 }
     }
     try loop.performAndWait { try loop.add(newSource) }
-    execWrite(fresh.write)
+    writeByte(fresh.write)
     waitUntil("the new registration fires") { newFires.withLock { $0 } == 1 }
     loop.remove(oldSource)  // must not deregister the number the new source now owns
     _ = try loop.performAndWait { 0 }
-    execWrite(fresh.write)
+    writeByte(fresh.write)
     waitUntil("the new registration still fires") { newFires.withLock { $0 } == 2 }
     #expect(oldFires.withLock { $0 } == 0)
     newSource.invalidate()
@@ -463,7 +463,7 @@ struct ReliabilityTests {
     let source = InputSource(cancel: { _, _ in cancels.withLock { $0 += 1 } }, perform: { _ in })
     let timer = LoopTimer(after: .seconds(3_600)) { _ in }
     let observer = LoopObserver(activities: .beforeWaiting) { _, _ in }
-    let descriptors = try execPipe()
+    let descriptors = makePipe()
     defer {
       close(descriptors.read)
       close(descriptors.write)

@@ -170,7 +170,7 @@ struct SequenceIteratorTests {
   @Test func everySequenceKeepsItsIteratorNameAndEndsAfterInvalidate() async throws {
     let loop = try RunLoopThread(name: "seq-iterators")
     defer { loop.shutdownAndWait() }
-    let (readEnd, writeEnd) = try SequenceReadinessTests.makePipe()
+    let (readEnd, writeEnd) = makePipe()
     defer {
       close(readEnd)
       close(writeEnd)

@@ -68,34 +68,10 @@ struct SequenceReadinessStateMachineTests {
 /// Readiness sequences on real loops, with pipes and socket pairs.
 @Suite("Sequence: readiness sequences on a loop")
 struct SequenceReadinessTests {
-  /// A non-blocking pipe: (read end, write end).
-  static func makePipe() throws -> (Int32, Int32) {
-    var fds: [Int32] = [0, 0]
-    try #require(pipe(&fds) == 0)
-    for fd in fds { _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) }
-    return (fds[0], fds[1])
-  }
-
-  static func writeByte(_ fd: Int32) {
-    var byte: UInt8 = 1
-    _ = write(fd, &byte, 1)
-  }
-
-  /// Reads until `EAGAIN`; returns the number of bytes read.
-  static func drain(_ fd: Int32) -> Int {
-    var buffer = [UInt8](repeating: 0, count: 256)
-    var total = 0
-    while true {
-      let count = read(fd, &buffer, buffer.count)
-      if count <= 0 { return total }
-      total += count
-    }
-  }
-
   @Test func aPipeBecomingReadableIsDeliveredAndTheConsumerReadsIt() async throws {
     let loop = try RunLoopThread(name: "seq-ready")
     defer { loop.shutdownAndWait() }
-    let (readEnd, writeEnd) = try Self.makePipe()
+    let (readEnd, writeEnd) = makePipe()
     defer {
       close(readEnd)
       close(writeEnd)
@@ -104,7 +80,7 @@ struct SequenceReadinessTests {
     let writer = SequenceTestThread.start {
       for _ in 0..<3 {
         usleep(5_000)
-        Self.writeByte(writeEnd)
+        writeByte(writeEnd)
       }
     }
     let bytes = try await withWatchdog(timeout: .seconds(10), "three bytes") {
@@ -112,7 +88,7 @@ struct SequenceReadinessTests {
         var bytes = 0
         for await events in readiness {
           #expect(events.contains(.readable))
-          bytes += Self.drain(readEnd)
+          bytes += drainDescriptor(readEnd)
           if bytes == 3 { break }
         }
         return bytes
@@ -143,7 +119,7 @@ struct SequenceReadinessTests {
   @Test func anOffLoopConsumerThatHasNotReadDoesNotMakeTheLoopSpin() async throws {
     let loop = try RunLoopThread(name: "seq-nospin")
     defer { loop.shutdownAndWait() }
-    let (readEnd, writeEnd) = try Self.makePipe()
+    let (readEnd, writeEnd) = makePipe()
     defer {
       close(readEnd)
       close(writeEnd)
@@ -155,7 +131,7 @@ struct SequenceReadinessTests {
     loop.add(observer, to: .common)
     defer { observer.invalidate() }
     let readiness = try loop.readiness(of: readEnd)
-    Self.writeByte(writeEnd)
+    writeByte(writeEnd)
     let first = try await withWatchdog(timeout: .seconds(10), "first event") { () async -> Bool in
       var iterator = readiness.makeAsyncIterator()
       guard await iterator.next() != nil else { return false }
@@ -164,8 +140,8 @@ struct SequenceReadinessTests {
       try? await Task.sleep(for: .milliseconds(100))
       let spun = passes.load(ordering: .relaxed) - before
       #expect(spun < 20, "the loop woke \(spun) times for a descriptor nobody read")
-      _ = Self.drain(readEnd)
-      Self.writeByte(writeEnd)
+      _ = drainDescriptor(readEnd)
+      writeByte(writeEnd)
       guard await iterator.next() != nil else { return false }  // resumed after the take
       return true
     }
@@ -175,7 +151,7 @@ struct SequenceReadinessTests {
   @Test func cancelInvalidateAndShutdownEachEndAWaitingConsumer() async throws {
     for ending in SequenceEnding.allCases {
       let loop = try RunLoopThread(name: "seq-ready-\(ending)")
-      let (readEnd, writeEnd) = try Self.makePipe()
+      let (readEnd, writeEnd) = makePipe()
       let readiness = try loop.readiness(of: readEnd)
       let consumer = Task { () async -> Int in
         var count = 0

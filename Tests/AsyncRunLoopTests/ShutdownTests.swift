@@ -105,7 +105,7 @@ struct ShutdownTests {
 
   @Test func everyKindOfSequenceConsumerEndsWhenTheLoopShutsDown() async throws {
     let loop = try RunLoopThread(name: "sd-sequences")
-    let descriptors = try execPipe()
+    let descriptors = makePipe()
     defer {
       close(descriptors.read)
       close(descriptors.write)
@@ -165,7 +165,7 @@ struct ShutdownTests {
 
   @Test func pendingMembersAreInvalidatedAndReleasedByShutdown() async throws {
     let loop = try RunLoopThread(name: "sd-release")
-    let descriptors = try execPipe()
+    let descriptors = makePipe()
     defer {
       close(descriptors.read)
       close(descriptors.write)

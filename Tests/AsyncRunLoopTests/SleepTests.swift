@@ -32,18 +32,18 @@ struct SleepTests {
   }
 
   @Test func aDescriptorAddedByABeforeWaitingCalloutWakesTheSleepThatFollows() throws {
-    let (readEnd, writeEnd) = DescriptorSourceTests.makePipe()
+    let (readEnd, writeEnd) = makePipe()
     defer {
       close(readEnd)
       close(writeEnd)
     }
-    DescriptorSourceTests.writeByte(writeEnd)  // readable before the loop sleeps
+    writeByte(writeEnd)  // readable before the loop sleeps
     let result = EngineTestThread.run { () -> RunLoopRunResult in
       let loop = RunLoopThread.current
       let keeper = Self.keepAlive()
       loop.add(keeper, to: .default)
       let readable = DescriptorSource(descriptor: readEnd, interest: .readable) { source, _ in
-        DescriptorSourceTests.drain(readEnd)
+        drainDescriptor(readEnd)
         source.invalidate()
         RunLoopThread.current.stop()
       }
@@ -87,7 +87,7 @@ struct SleepTests {
   @Test func aDescriptorAddedFromAnotherThreadWhileTheLoopSleepsOnTheFutexIsWatched() throws {
     let loop = try RunLoopThread(name: "futex-to-epoll")
     defer { loop.shutdownAndWait() }
-    let (readEnd, writeEnd) = DescriptorSourceTests.makePipe()
+    let (readEnd, writeEnd) = makePipe()
     defer {
       close(readEnd)
       close(writeEnd)
@@ -102,13 +102,13 @@ struct SleepTests {
     #expect(waitUntil("the loop to sleep") { asleep.withLock { $0 } })
     let fired = Locked(0)
     let source = DescriptorSource(descriptor: readEnd, interest: .readable) { _, _ in
-      DescriptorSourceTests.drain(readEnd)
+      drainDescriptor(readEnd)
       fired.withLock { $0 += 1 }
     }
     try loop.add(source, to: .default)  // wakes the futex sleep; the next sleep is in epoll
     // Only the descriptor can wake the loop now: the write must reach it through epoll.
     #expect(waitUntil("the loop to sleep again") { asleep.withLock { $0 } })
-    DescriptorSourceTests.writeByte(writeEnd)
+    writeByte(writeEnd)
     #expect(waitUntil("the readable descriptor to fire") { fired.withLock { $0 } == 1 })
     source.invalidate()
     watcher.invalidate()

@@ -51,6 +51,40 @@ func expectStandardError(
   #expect(stderr.contains(message), "stderr was: \(stderr)", sourceLocation: sourceLocation)
 }
 
+// MARK: - Pipes
+
+/// A pipe whose ends do not block and close on exec: (read end, write end). Traps if the pipe
+/// cannot be made (callable from the plain, non-throwing closures that engine-thread tests run).
+func makePipe() -> (read: Int32, write: Int32) {
+  var descriptors: [Int32] = [-1, -1]
+  let rc = pipe(&descriptors)
+  precondition(rc == 0, "pipe failed: \(errno)")
+  for descriptor in descriptors {
+    _ = fcntl(descriptor, F_SETFL, fcntl(descriptor, F_GETFL) | O_NONBLOCK)
+    _ = fcntl(descriptor, F_SETFD, FD_CLOEXEC)
+  }
+  return (descriptors[0], descriptors[1])
+}
+
+/// Writes one byte; traps if it was not written.
+func writeByte(_ descriptor: Int32) {
+  var byte: UInt8 = 1
+  let written = write(descriptor, &byte, 1)
+  precondition(written == 1, "write failed: \(errno)")
+}
+
+/// Reads until the descriptor would block (or is at end of file); returns how many bytes were read.
+@discardableResult
+func drainDescriptor(_ descriptor: Int32) -> Int {
+  var buffer = [UInt8](repeating: 0, count: 256)
+  var total = 0
+  while true {
+    let count = read(descriptor, &buffer, buffer.count)
+    if count <= 0 { return total }
+    total += count
+  }
+}
+
 /// A thread-safe box for test bookkeeping.
 typealias Locked<Value> = LockedValue<Value>
 
