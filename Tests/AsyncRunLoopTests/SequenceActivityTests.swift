@@ -95,15 +95,7 @@ struct SequenceActivityTests {
         for await _ in activities { count += 1 }
         return count
       }
-      try await Task.sleep(for: .milliseconds(20))
-      switch ending {
-      case .cancel: consumer.cancel()
-      case .invalidate: activities.invalidate()
-      case .shutdown: loop.shutdown()
-      }
-      _ = try await withWatchdog(timeout: .seconds(10), "activity consumer after \(ending)") {
-        await consumer.value
-      }
+      _ = try await ending.end(consumer, invalidate: activities.invalidate, loop: loop, "activity consumer")
       await eventually("observer invalidated after \(ending)") { !activities.observer.isValid }
       loop.shutdownAndWait()
     }

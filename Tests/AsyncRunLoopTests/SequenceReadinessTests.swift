@@ -158,15 +158,7 @@ struct SequenceReadinessTests {
         for await _ in readiness { count += 1 }
         return count
       }
-      try await Task.sleep(for: .milliseconds(20))
-      switch ending {
-      case .cancel: consumer.cancel()
-      case .invalidate: readiness.invalidate()
-      case .shutdown: loop.shutdown()
-      }
-      let count = try await withWatchdog(timeout: .seconds(10), "readiness consumer after \(ending)") {
-        await consumer.value
-      }
+      let count = try await ending.end(consumer, invalidate: readiness.invalidate, loop: loop, "readiness consumer")
       #expect(count == 0, "\(ending)")
       await eventually("deregistered after \(ending)") { !readiness.source.isValid }
       loop.shutdownAndWait()

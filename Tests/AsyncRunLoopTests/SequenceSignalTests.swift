@@ -146,15 +146,7 @@ struct SequenceSignalTests {
         return sum
       }
       signals.signal()
-      try await Task.sleep(for: .milliseconds(20))
-      switch ending {
-      case .cancel: consumer.cancel()
-      case .invalidate: signals.invalidate()
-      case .shutdown: loop.shutdown()
-      }
-      let sum = try await withWatchdog(timeout: .seconds(10), "signal consumer after \(ending)") {
-        await consumer.value
-      }
+      let sum = try await ending.end(consumer, invalidate: signals.invalidate, loop: loop, "signal consumer")
       #expect(sum == 1, "\(ending)")
       #expect(!signals.signal(), "\(ending)")
       await eventually("cancel routine after \(ending)") { cancels.count == 1 }

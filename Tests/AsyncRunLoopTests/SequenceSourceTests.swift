@@ -374,6 +374,24 @@ enum SequenceEnding: String, CaseIterable {
   case invalidate
   /// The loop shuts down.
   case shutdown
+
+  /// Lets `consumer` start waiting (20 ms), ends it this way (cancelling it, calling `invalidate`
+  /// or shutting `loop` down) and awaits its result; nil if it is still running after 10 s (the
+  /// watchdog then records "`what` after `self`").
+  func end<Result: Sendable>(
+    _ consumer: Task<Result, Never>, invalidate: () -> Void, loop: RunLoopThread, _ what: String,
+    sourceLocation: SourceLocation = #_sourceLocation
+  ) async throws -> Result? {
+    try await Task.sleep(for: .milliseconds(20))
+    switch self {
+    case .cancel: consumer.cancel()
+    case .invalidate: invalidate()
+    case .shutdown: loop.shutdown()
+    }
+    return try await withWatchdog(timeout: .seconds(10), "\(what) after \(self)", sourceLocation: sourceLocation) {
+      await consumer.value
+    }
+  }
 }
 
 /// Records calls of a routine and whether each ran on the loop thread.
