@@ -26,14 +26,7 @@ actor LoopPinger: LoopActor {
 
   /// `count` round trips to `ponger`, in microseconds.
   func ping(_ ponger: LoopPonger, count: Int) async -> [Double] {
-    var samples: [Double] = []
-    samples.reserveCapacity(count)
-    for _ in 0..<count {
-      let start = monotonicNanoseconds()
-      total &+= await ponger.pong()
-      samples.append(microseconds(from: start, to: monotonicNanoseconds()))
-    }
-    return samples
+    await sampleRoundTrips(count) { total &+= await ponger.pong() }
   }
 
   /// `count` round trips inside an mtrace window (see `AllocationTrace`).
@@ -82,14 +75,7 @@ actor QueuePinger {
   init(executor: DispatchQueueExecutor) { self.executor = executor }
 
   func ping(_ ponger: QueuePonger, count: Int) async -> [Double] {
-    var samples: [Double] = []
-    samples.reserveCapacity(count)
-    for _ in 0..<count {
-      let start = monotonicNanoseconds()
-      total &+= await ponger.pong()
-      samples.append(microseconds(from: start, to: monotonicNanoseconds()))
-    }
-    return samples
+    await sampleRoundTrips(count) { total &+= await ponger.pong() }
   }
 }
 
@@ -196,14 +182,8 @@ final class AsyncRunLoopTaskActorRTT: LatencySession {
   func measure(_ count: Int) -> [Double] {
     let ponger = self.ponger
     return blockingAwait {
-      var samples: [Double] = []
-      samples.reserveCapacity(count)
       var total = 0
-      for _ in 0..<count {
-        let start = monotonicNanoseconds()
-        total &+= await ponger.pong()
-        samples.append(microseconds(from: start, to: monotonicNanoseconds()))
-      }
+      let samples = await sampleRoundTrips(count) { total &+= await ponger.pong() }
       return withExtendedLifetime(total) { samples }
     }
   }
@@ -218,14 +198,8 @@ final class DispatchTaskActorRTT: LatencySession {
   func measure(_ count: Int) -> [Double] {
     let ponger = self.ponger
     return blockingAwait {
-      var samples: [Double] = []
-      samples.reserveCapacity(count)
       var total = 0
-      for _ in 0..<count {
-        let start = monotonicNanoseconds()
-        total &+= await ponger.pong()
-        samples.append(microseconds(from: start, to: monotonicNanoseconds()))
-      }
+      let samples = await sampleRoundTrips(count) { total &+= await ponger.pong() }
       return withExtendedLifetime(total) { samples }
     }
   }
