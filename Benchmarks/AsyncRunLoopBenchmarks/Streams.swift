@@ -178,7 +178,7 @@ enum StreamScenarios {
       peers: [
         PeerSpec(name: "asyncrunloop", open: { SourceSequenceRTT(pin: pin) }),
         PeerSpec(name: "asyncstream", open: { AsyncStreamRTT(pin: pin) }),
-        PeerSpec(name: "floor-epoll", open: { FloorEpollWake(pin: pin) }),
+        PeerSpec(name: "floor-epoll", open: { FloorWake(pin: pin, sleepingIn: .epoll) }),
         PeerSpec(name: "asyncstream-default-executor", open: { AsyncStreamRTT(pin: pin, onLoop: false) }),
       ],
       samples: context.mode.latencySamples, warmUp: context.mode.latencyWarmUp,

@@ -52,57 +52,48 @@ final class StopFlag: Sendable {
   var isSet: Bool { flag.load(ordering: .acquiring) }
 }
 
-/// floor-eventfd: the server thread blocks in read() on its request eventfd and writes the reply.
-final class FloorEventfdWake: LatencySession {
-  private let request = EventDoorbell()
+/// The floors: a server thread that sleeps on its request eventfd and writes the reply. The
+/// client side and the shutdown are the same for both; only where the server sleeps differs.
+final class FloorWake: LatencySession {
+  /// Where the server thread sleeps.
+  enum Sleep {
+    /// floor-eventfd: blocks in read() on its (blocking) request eventfd.
+    case read
+    /// floor-epoll: sleeps in epoll_wait on its (non-blocking) request eventfd, as a run loop
+    /// does, then reads it.
+    case epoll
+  }
+
+  private let request: EventDoorbell
   private let reply = ReplyDoorbell()
   private let stop = StopFlag()
   private let server: PlainThread
 
-  init(pin: PinPlan) {
-    server = PlainThread(name: "floor-eventfd", cpu: pin.serverCPU) { [request, reply, stop] in
-      while true {
-        request.wait()
-        if stop.isSet { return }
-        reply.ring()
+  init(pin: PinPlan, sleepingIn sleep: Sleep) {
+    switch sleep {
+    case .read:
+      let request = EventDoorbell()
+      self.request = request
+      server = PlainThread(name: "floor-eventfd", cpu: pin.serverCPU) { [reply, stop] in
+        while true {
+          request.wait()
+          if stop.isSet { return }
+          reply.ring()
+        }
       }
-    }
-  }
-
-  func measure(_ count: Int) -> [Double] {
-    sampleRoundTrips(count, settle: reply.waitUntilRingerSleeps) {
-      request.ring()
-      reply.wait()
-    }
-  }
-
-  func close() {
-    stop.set()
-    request.ring()
-    server.join()
-    request.close()
-    reply.close()
-  }
-}
-
-/// floor-epoll: the server thread sleeps in epoll_wait on its request eventfd (as a run loop
-/// does), reads it, and writes the reply.
-final class FloorEpollWake: LatencySession {
-  private let request = EventDoorbell(nonBlocking: true)
-  private let reply = ReplyDoorbell()
-  private let stop = StopFlag()
-  private let server: PlainThread
-
-  init(pin: PinPlan) {
-    let epoll = EpollWaiter(watching: request.descriptor)
-    server = PlainThread(name: "floor-epoll", cpu: pin.serverCPU) { [request, reply, stop] in
-      while true {
-        epoll.wait()
-        request.drain()
-        if stop.isSet { break }
-        reply.ring()
+    case .epoll:
+      let request = EventDoorbell(nonBlocking: true)
+      self.request = request
+      let epoll = EpollWaiter(watching: request.descriptor)
+      server = PlainThread(name: "floor-epoll", cpu: pin.serverCPU) { [reply, stop] in
+        while true {
+          epoll.wait()
+          request.drain()
+          if stop.isSet { break }
+          reply.ring()
+        }
+        epoll.close()
       }
-      epoll.close()
     }
   }
 
@@ -246,8 +237,8 @@ enum WakeScenarios {
       ],
       peers: [
         PeerSpec(name: "asyncrunloop", open: { AsyncRunLoopWake(pin: pin) }),
-        PeerSpec(name: "floor-eventfd", open: { FloorEventfdWake(pin: pin) }),
-        PeerSpec(name: "floor-epoll", open: { FloorEpollWake(pin: pin) }),
+        PeerSpec(name: "floor-eventfd", open: { FloorWake(pin: pin, sleepingIn: .read) }),
+        PeerSpec(name: "floor-epoll", open: { FloorWake(pin: pin, sleepingIn: .epoll) }),
         PeerSpec(name: "foundation-runloop", open: { FoundationRunLoopWake(pin: pin) }),
         PeerSpec(name: "dispatch-queue", open: { DispatchQueueWake() }),
       ],
