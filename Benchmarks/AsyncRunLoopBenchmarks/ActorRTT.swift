@@ -245,8 +245,7 @@ enum ActorScenarios {
         PeerSpec(name: "floor-epoll", open: { FloorEpollPingPong(pin: pin) }),
         PeerSpec(name: "dispatch-queue-executor", open: { DispatchActorRTT() }),
       ],
-      samples: context.mode.latencySamples, warmUp: context.mode.latencyWarmUp,
-      repetitions: context.mode.repetitions)
+      mode: context.mode)
   }
 
   static func taskActorRTT(_ context: BenchmarkContext) -> ScenarioResult {
@@ -258,8 +257,7 @@ enum ActorScenarios {
         PeerSpec(name: "asyncrunloop", open: { AsyncRunLoopTaskActorRTT(pin: pin) }),
         PeerSpec(name: "dispatch-queue-executor", open: { DispatchTaskActorRTT() }),
       ],
-      samples: context.mode.latencySamples, warmUp: context.mode.latencyWarmUp,
-      repetitions: context.mode.repetitions)
+      mode: context.mode)
   }
 
   static func hopAllocations(_ context: BenchmarkContext) -> ScenarioResult {

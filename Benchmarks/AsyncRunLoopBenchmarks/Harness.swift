@@ -151,6 +151,16 @@ func runLatencyScenario(
   return ScenarioResult(name: name, unit: "us", floor: floor, peers: results, notes: notes)
 }
 
+/// Runs a round-trip latency scenario with the mode's round-trip counts: `latencyWarmUp` round
+/// trips of warm-up, then `repetitions` batches of `latencySamples`.
+func runLatencyScenario(
+  _ name: String, floor: String?, notes: [String], peers: [PeerSpec<any LatencySession>], mode: RunMode
+) -> ScenarioResult {
+  runLatencyScenario(
+    name, floor: floor, notes: notes, peers: peers,
+    samples: mode.latencySamples, warmUp: mode.latencyWarmUp, repetitions: mode.repetitions)
+}
+
 /// Runs a single-figure scenario: `repetitions` interleaved measurements of every available
 /// peer; the value is the median, extras the maximum over repetitions.
 func runFigureScenario(

@@ -98,7 +98,6 @@ enum MainScenarios {
         PeerSpec(name: "asyncrunloop-await-runOnMain", open: { AwaitRunOnMainRTT(driver: driver) }),
         PeerSpec(name: "dispatch-main-sync-foundation-runloop", open: { DispatchMainSyncRTT(driver: driver) }),
       ],
-      samples: context.mode.latencySamples, warmUp: context.mode.latencyWarmUp,
-      repetitions: context.mode.repetitions)
+      mode: context.mode)
   }
 }

@@ -181,8 +181,7 @@ enum StreamScenarios {
         PeerSpec(name: "floor-epoll", open: { FloorWake(pin: pin, sleepingIn: .epoll) }),
         PeerSpec(name: "asyncstream-default-executor", open: { AsyncStreamRTT(pin: pin, onLoop: false) }),
       ],
-      samples: context.mode.latencySamples, warmUp: context.mode.latencyWarmUp,
-      repetitions: context.mode.repetitions)
+      mode: context.mode)
   }
 
   static func streamThroughput(_ context: BenchmarkContext) -> ScenarioResult {

@@ -242,8 +242,7 @@ enum WakeScenarios {
         PeerSpec(name: "foundation-runloop", open: { FoundationRunLoopWake(pin: pin) }),
         PeerSpec(name: "dispatch-queue", open: { DispatchQueueWake() }),
       ],
-      samples: context.mode.latencySamples, warmUp: context.mode.latencyWarmUp,
-      repetitions: context.mode.repetitions)
+      mode: context.mode)
   }
 
   /// Not in the default set: compares the public ways to wake a Foundation RunLoop thread.
@@ -255,7 +254,6 @@ enum WakeScenarios {
       peers: FoundationWakeRoute.allCases.map { route in
         PeerSpec(name: route.rawValue, open: { FoundationRunLoopWake(pin: pin, route: route) })
       },
-      samples: context.mode.latencySamples, warmUp: context.mode.latencyWarmUp,
-      repetitions: context.mode.repetitions)
+      mode: context.mode)
   }
 }
