@@ -175,30 +175,39 @@ final class ManyLoops: FigureSession {
 enum ResourceScenarios {
   static func idleCPU(_ context: BenchmarkContext) -> ScenarioResult {
     let window = context.mode.idleWindowNanoseconds
-    return runFigureScenario(
+    return asyncRunLoopFigure(
       "idle-cpu", unit: "ns",
-      notes: [
-        "CPU time of an idle loop thread (ten far-future timers) over \(window / 1_000_000) ms; wakeups = its context switches"
-      ],
-      peers: [PeerSpec(name: "asyncrunloop", open: { IdleLoopCPU(window: window) })],
-      warmUp: false, repetitions: context.mode.figureRepetitions)
+      note: "CPU time of an idle loop thread (ten far-future timers) over \(window / 1_000_000) ms;"
+        + " wakeups = its context switches",
+      warmUp: false, mode: context.mode
+    ) { IdleLoopCPU(window: window) }
   }
 
   static func timers100k(_ context: BenchmarkContext) -> ScenarioResult {
     let count = context.mode.timerCount
-    return runFigureScenario(
+    return asyncRunLoopFigure(
       "timers-100k", unit: "ns",
-      notes: ["schedule and fire \(count) one-shot timers on the loop thread; ns per timer (schedule + fire)"],
-      peers: [PeerSpec(name: "asyncrunloop", open: { ManyTimers(count: count) })],
-      warmUp: true, repetitions: context.mode.figureRepetitions)
+      note: "schedule and fire \(count) one-shot timers on the loop thread; ns per timer (schedule + fire)",
+      warmUp: true, mode: context.mode
+    ) { ManyTimers(count: count) }
   }
 
   static func loops1000(_ context: BenchmarkContext) -> ScenarioResult {
     let count = context.mode.loopCount
-    return runFigureScenario(
+    return asyncRunLoopFigure(
       "loops-1000", unit: "ms",
-      notes: ["create and shut down \(count) loops (batches of 100); total ms, and what was left over"],
-      peers: [PeerSpec(name: "asyncrunloop", open: { ManyLoops(count: count) })],
-      warmUp: false, repetitions: context.mode.figureRepetitions)
+      note: "create and shut down \(count) loops (batches of 100); total ms, and what was left over",
+      warmUp: false, mode: context.mode
+    ) { ManyLoops(count: count) }
+  }
+
+  /// A resource figure with asyncrunloop as its only peer, taken `figureRepetitions` times.
+  private static func asyncRunLoopFigure(
+    _ name: String, unit: String, note: String, warmUp: Bool, mode: RunMode,
+    open: @escaping () -> any FigureSession
+  ) -> ScenarioResult {
+    runFigureScenario(
+      name, unit: unit, notes: [note], peers: [PeerSpec(name: "asyncrunloop", open: open)],
+      warmUp: warmUp, repetitions: mode.figureRepetitions)
   }
 }
