@@ -4,8 +4,24 @@ import Synchronization
 
 // actor-rtt, task-actor-rtt, hop-allocations: calls between actors pinned to executors.
 
+/// The answering side of actor-rtt and task-actor-rtt: an actor whose `pong()` touches its state.
+protocol Ponger: Actor {
+  func pong() -> Int
+}
+
+/// task-actor-rtt: `count` round trips from a task on the default executor to `ponger`, in
+/// microseconds (inlined, so each peer's call is to its concrete actor).
+@inline(__always)
+func sampleTaskRoundTrips(to ponger: some Ponger, count: Int) -> [Double] {
+  blockingAwait {
+    var total = 0
+    let samples = await sampleRoundTrips(count) { total &+= await ponger.pong() }
+    return withExtendedLifetime(total) { samples }
+  }
+}
+
 /// The answering actor of actor-rtt, pinned to a loop.
-actor LoopPonger: LoopActor {
+actor LoopPonger: LoopActor, Ponger {
   nonisolated let loop: RunLoopThread
   private var calls = 0
 
@@ -54,7 +70,7 @@ final class DispatchQueueExecutor: SerialExecutor {
 }
 
 /// The same two actors on dispatch-queue executors.
-actor QueuePonger {
+actor QueuePonger: Ponger {
   private nonisolated let executor: DispatchQueueExecutor
   nonisolated var unownedExecutor: UnownedSerialExecutor { executor.asUnownedSerialExecutor() }
   private var calls = 0
@@ -179,14 +195,7 @@ final class AsyncRunLoopTaskActorRTT: LatencySession {
     ponger = LoopPonger(loop: loop)
   }
 
-  func measure(_ count: Int) -> [Double] {
-    let ponger = self.ponger
-    return blockingAwait {
-      var total = 0
-      let samples = await sampleRoundTrips(count) { total &+= await ponger.pong() }
-      return withExtendedLifetime(total) { samples }
-    }
-  }
+  func measure(_ count: Int) -> [Double] { sampleTaskRoundTrips(to: ponger, count: count) }
 
   func close() { loop.shutdownAndWait() }
 }
@@ -195,14 +204,7 @@ final class AsyncRunLoopTaskActorRTT: LatencySession {
 final class DispatchTaskActorRTT: LatencySession {
   private let ponger = QueuePonger(executor: DispatchQueueExecutor(label: "task-actor"))
 
-  func measure(_ count: Int) -> [Double] {
-    let ponger = self.ponger
-    return blockingAwait {
-      var total = 0
-      let samples = await sampleRoundTrips(count) { total &+= await ponger.pong() }
-      return withExtendedLifetime(total) { samples }
-    }
-  }
+  func measure(_ count: Int) -> [Double] { sampleTaskRoundTrips(to: ponger, count: count) }
 
   func close() {}
 }
