@@ -12,6 +12,15 @@ struct ModeTests {
   /// A timer far in the future: gives a mode something to watch without ever firing.
   static func keepAlive() -> LoopTimer { LoopTimer(after: .seconds(3_600)) { _ in } }
 
+  /// An input source that counts its performs, added to `loop`'s default mode and signalled once.
+  static func signalledCountingSource(on loop: RunLoopThread) -> (source: InputSource, performed: Locked<Int>) {
+    let performed = Locked(0)
+    let source = InputSource { _ in performed.withLock { $0 += 1 } }
+    loop.add(source, to: .default)
+    source.signal()
+    return (source, performed)
+  }
+
   @Test func runningAnEmptyModeFinishesAtOnceWithoutEntryOrExit() {
     let (results, log) = EngineTestThread.run { () -> ([RunLoopRunResult], [String]) in
       let loop = RunLoopThread.current
@@ -234,10 +243,7 @@ struct ModeTests {
   @Test func aZeroTimeLimitMakesOnePassAndTimesOut() {
     let (results, performed) = EngineTestThread.run { () -> ([RunLoopRunResult], Int) in
       let loop = RunLoopThread.current
-      let performed = Locked(0)
-      let source = InputSource { _ in performed.withLock { $0 += 1 } }
-      loop.add(source, to: .default)
-      source.signal()
+      let (source, performed) = Self.signalledCountingSource(on: loop)
       let now = loop.run(mode: .default, until: .now)
       let past = loop.run(mode: .default, until: LoopClock.Instant(nanoseconds: 0))
       source.invalidate()
@@ -250,10 +256,7 @@ struct ModeTests {
   @Test func runReturnsHandledSourceAfterAnInputSourceWhenAsked() {
     let (results, performed) = EngineTestThread.run { () -> ([RunLoopRunResult], Int) in
       let loop = RunLoopThread.current
-      let performed = Locked(0)
-      let source = InputSource { _ in performed.withLock { $0 += 1 } }
-      loop.add(source, to: .default)
-      source.signal()
+      let (source, performed) = Self.signalledCountingSource(on: loop)
       let asked = loop.run(mode: .default, until: .now.advanced(by: .seconds(60)), returnAfterSourceHandled: true)
       // Without asking, a handled source does not end the run.
       source.signal()
