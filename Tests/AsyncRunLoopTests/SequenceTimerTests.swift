@@ -215,46 +215,45 @@ struct SequenceTimerTests {
     #expect(deadline <= .now)
   }
 
-  @Test func aLoopThatWasBusySkipsTicksAndStaysOnTheGrid() async throws {
-    let loop = try RunLoopThread(name: "seq-skip")
+  /// The interval of the busy-loop tests' timers.
+  private static let busyInterval = Duration.milliseconds(5)
+
+  /// The first `count` ticks of a `busyInterval` timer with `policy`, taken by a consumer on a new
+  /// loop that, after the first tick, keeps the loop busy for 12 intervals.
+  private static func ticksAfterABusySpell(
+    loopName: String, policy: MissedTickPolicy, count: Int, _ what: String,
+    sourceLocation: SourceLocation = #_sourceLocation
+  ) async throws -> [LoopTick]? {
+    let loop = try RunLoopThread(name: loopName)
     defer { loop.shutdownAndWait() }
-    let interval = Duration.milliseconds(5)
-    let ticks = loop.timer(every: interval, missedTicks: .skip)
-    let values = try await withWatchdog(timeout: .seconds(20), "skip on a busy loop") {
+    let ticks = loop.timer(every: busyInterval, missedTicks: policy)
+    return try await withWatchdog(timeout: .seconds(20), what, sourceLocation: sourceLocation) {
       await consumeOnLoop(loop) { () async -> [LoopTick] in
         var values: [LoopTick] = []
         for await tick in ticks {
           values.append(tick)
           if values.count == 1 { usleep(60_000) }  // keep the loop busy for 12 intervals
-          if values.count == 2 { break }
+          if values.count == count { break }
         }
         return values
       }
     }
+  }
+
+  @Test func aLoopThatWasBusySkipsTicksAndStaysOnTheGrid() async throws {
+    let values = try await Self.ticksAfterABusySpell(
+      loopName: "seq-skip", policy: .skip, count: 2, "skip on a busy loop")
     let pair = try #require(values)
     #expect(pair[1].skipped >= 5, "\(pair)")
-    let step = interval.saturatedNanoseconds
+    let step = Self.busyInterval.saturatedNanoseconds
     #expect((pair[1].scheduled.nanoseconds - pair[0].scheduled.nanoseconds) % step == 0)
   }
 
   @Test func aLoopThatWasBusyBurstsThroughEveryMissedTick() async throws {
-    let loop = try RunLoopThread(name: "seq-burst")
-    defer { loop.shutdownAndWait() }
-    let interval = Duration.milliseconds(5)
-    let ticks = loop.timer(every: interval, missedTicks: .burst)
-    let values = try await withWatchdog(timeout: .seconds(20), "burst on a busy loop") {
-      await consumeOnLoop(loop) { () async -> [LoopTick] in
-        var values: [LoopTick] = []
-        for await tick in ticks {
-          values.append(tick)
-          if values.count == 1 { usleep(60_000) }
-          if values.count == 8 { break }
-        }
-        return values
-      }
-    }
+    let values = try await Self.ticksAfterABusySpell(
+      loopName: "seq-burst", policy: .burst, count: 8, "burst on a busy loop")
     let burst = try #require(values)
-    let step = interval.saturatedNanoseconds
+    let step = Self.busyInterval.saturatedNanoseconds
     for (earlier, later) in zip(burst, burst.dropFirst()) {
       #expect(later.scheduled.nanoseconds - earlier.scheduled.nanoseconds == step, "\(burst)")
     }
