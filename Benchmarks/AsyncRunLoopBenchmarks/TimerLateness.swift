@@ -256,6 +256,6 @@ enum TimerScenarios {
         PeerSpec(name: "floor-timerfd", open: { FloorTimerfdLateness() }),
       ],
       samples: context.mode.timerFires, warmUp: max(10, context.mode.timerFires / 10),
-      repetitions: context.mode.repetitions)
+      repetitions: context.mode.timerRepetitions)
   }
 }
