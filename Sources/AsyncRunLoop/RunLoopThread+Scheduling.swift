@@ -41,7 +41,15 @@
         if let job = once.take() {
           switch role {
           case .serial: job.runSynchronously(on: asUnownedSerialExecutor())
-          case .task: job.runSynchronously(on: asUnownedTaskExecutor())
+          // A task-role job is usually not the sleeping task but the small task `Task.sleep`
+          // creates to resume it, which has no executor preference. Run on this loop's
+          // task-executor identity, the runtime moved it to the global pool first (a worker
+          // wake-up, then a second wake-up of this loop when it resumed the sleeper: measured
+          // two passes per sleep). Run under the global executor's identity (generic code may
+          // run on any thread), it resumes the sleeper right here: the sleeper prefers this
+          // loop, so its job lands in the inbox and runs in this same pass. A job that itself
+          // prefers this loop is moved back here by the runtime the same way.
+          case .task: job.runSynchronously(on: globalConcurrentExecutor.asUnownedTaskExecutor())
           }
         }
       },

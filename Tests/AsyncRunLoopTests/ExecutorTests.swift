@@ -321,6 +321,26 @@ struct ExecutorTests {
     await execShutdown(loop)
   }
 
+  @Test func eachTaskSleepUnderTheLoopsPreferenceWakesTheLoopOnce() async throws {
+    // The task `Task.sleep` makes to resume the sleeper must resume it on the loop, not on a
+    // global-pool thread that then wakes the loop a second time.
+    let loop = try RunLoopThread(name: "exec-sleep-wakes")
+    let wakes = Locked(0)
+    let counter = LoopObserver(activities: .afterWaiting) { _, _ in wakes.withLock { $0 += 1 } }
+    loop.add(counter, to: .common)
+    let sleeps = 20
+    let counted = try await withTaskExecutorPreference(loop) { () async throws -> Int in
+      let before = wakes.withLock { $0 }
+      for _ in 0..<sleeps { try await Task.sleep(for: .milliseconds(2)) }
+      return wakes.withLock { $0 } - before
+    }
+    // One wake-up per sleep (the timer); a couple more only if the test's own thread hops count.
+    #expect(counted >= sleeps)
+    #expect(counted <= sleeps + 2, "\(counted) wake-ups for \(sleeps) sleeps")
+    counter.invalidate()
+    await execShutdown(loop)
+  }
+
   @Test func sleepingUntilAPastOrVeryNearDeadlineJustFires() async throws {
     let loop = try RunLoopThread(name: "exec-sleep-now")
     let rounds = 200
