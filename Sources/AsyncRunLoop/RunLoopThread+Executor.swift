@@ -6,7 +6,8 @@ import Dispatch
 extension RunLoopThread: SerialExecutor, TaskExecutor {
   /// Enqueues a job of a task that prefers this loop (the loop is the task-executor identity;
   /// actors' jobs arrive through `asUnownedSerialExecutor()`, see `JobRole`). Any thread. From
-  /// another thread it costs at most one (coalesced) eventfd write; from the loop's own thread none.
+  /// another thread it costs at most one (coalesced) wake-up — a futex wake, or an eventfd write when
+  /// the loop watches descriptors or timers; from the loop's own thread none.
   ///
   /// A job is never dropped: after the loop has terminated (shut down and drained, or its thread
   /// exited) the job runs on a process-wide fallback serial queue instead, still isolated to this

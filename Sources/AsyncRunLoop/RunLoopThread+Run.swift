@@ -131,8 +131,8 @@ extension RunLoopThread {
 
   /// Takes everything other threads sent since the last look, under one lock: registration
   /// changes, blocks, a new batch of jobs (when the current one is used up) and signalled
-  /// sources. `afterWake` also records that the loop is awake (producers need not write the
-  /// eventfd) and that the pass a `wakeUp()` asked for is happening.
+  /// sources. `afterWake` also records that the loop is awake (producers need not wake it)
+  /// and that the pass a `wakeUp()` asked for is happening.
   func collectInbox(afterWake: Bool = false) {
     let needJobs = localJobIndex >= localJobs.count
     if needJobs && !localJobs.isEmpty {

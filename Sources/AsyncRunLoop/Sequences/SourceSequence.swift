@@ -10,7 +10,7 @@
 /// one go into a local batch, and suspends only when that batch is empty, so a busy producer
 /// costs the consumer one lock per batch, not per element. A consumer that runs on the source's
 /// own loop (a task under `withTaskExecutorPreference(loop)`, or a `LoopActor` of that loop) is
-/// resumed from the loop thread itself, which enqueues on that thread without an eventfd write.
+/// resumed from the loop thread itself, which enqueues on that thread without waking anything.
 ///
 /// Every element that was accepted (`.enqueued`, `.enqueuedDroppingOldest`) is delivered exactly
 /// once and in order (per producer; posts from different threads interleave in the order they
