@@ -269,25 +269,17 @@ extension RunLoopThread {
   private func waitAndHandleReadiness(_ contents: ModeContents, mayBlock: Bool, runDeadline: Int64) -> Bool {
     var mechanism = sleepMechanism
     var ticket: UInt32 = 0
-    var sleeps =
-      mayBlock
-      && inboxLock.withLock {
-        guard inbox.prepareToSleep(on: mechanism) else { return false }
-        ticket = poller.futexTicket()  // with the decision: a later wake-up changes the word
-        return true
-      }
+    var sleeps = mayBlock && decideToSleep(on: mechanism, ticket: &ticket)
     let announcesSleep = sleeps
     if sleeps && contents.observedActivities.contains(.beforeWaiting) {
       notifyObservers(contents, .beforeWaiting)  // 6
       // The callouts may have added a timer or a descriptor, or moved a timer: watch them in
-      // this sleep. Producers were told how the loop sleeps; if that changed, poll instead and
-      // sleep the right way next pass.
+      // this sleep. They may also have sent work, or run the loop nested, which woke it up in
+      // the inbox's eyes (producers would then stay silent): decide again, with a fresh ticket.
       armDescriptors(for: contents)
       armTimerfd(contents, runDeadline: runDeadline)
-      if sleepMechanism != mechanism {
-        mechanism = .epoll
-        sleeps = false
-      }
+      mechanism = sleepMechanism
+      sleeps = decideToSleep(on: mechanism, ticket: &ticket)
     }
     var fired = false
     switch mechanism {
@@ -301,6 +293,17 @@ extension RunLoopThread {
     applyControls(afterWake: true)  // awake again; this pass is the one a wake-up asked for
     if announcesSleep { notifyObservers(contents, .afterWaiting) }  // 8
     return fired
+  }
+
+  /// Tells the inbox the loop is about to sleep on `mechanism`, unless work is waiting; reads the
+  /// futex ticket under the same lock (a wake-up after the decision changes the word, so the
+  /// futex sleep then returns at once). Returns whether the loop may sleep.
+  private func decideToSleep(on mechanism: LoopInbox.SleepMechanism, ticket: inout UInt32) -> Bool {
+    inboxLock.lock()
+    defer { inboxLock.unlock() }
+    guard inbox.prepareToSleep(on: mechanism) else { return false }
+    ticket = poller.futexTicket()
+    return true
   }
 
   /// How the loop would sleep now: on the futex when only another thread can wake it (no

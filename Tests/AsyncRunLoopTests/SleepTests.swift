@@ -84,6 +84,42 @@ struct SleepTests {
     #expect(result == .stopped)
   }
 
+  /// A beforeWaiting callout that runs the loop nested (the nested pass marks the loop awake in
+  /// the inbox) must not leave the outer sleep deaf to producers; futex sleep, then epoll sleep.
+  @Test(arguments: [false, true])
+  func aNestedRunInABeforeWaitingCalloutLeavesTheSleepWakeable(watchingADescriptor: Bool) {
+    let (readEnd, writeEnd) = makePipe()
+    defer {
+      close(readEnd)
+      close(writeEnd)
+    }
+    let result = EngineTestThread.run { () -> RunLoopRunResult in
+      let loop = RunLoopThread.current
+      let keeper = Self.keepAlive()
+      loop.add(keeper, to: .default)
+      let modalKeeper = Self.keepAlive()
+      loop.add(modalKeeper, to: "modal")
+      let idle = DescriptorSource(descriptor: readEnd, interest: .readable) { _, _ in }  // never written
+      if watchingADescriptor { try? loop.add(idle, to: .default) }
+      let producer = Locked<EngineTestThread?>(nil)
+      let observer = LoopObserver(activities: .beforeWaiting, repeats: false) { _, _ in
+        _ = RunLoopThread.current.run(mode: "modal", until: .now)  // one pass that polls
+        let thread = EngineTestThread.start {
+          usleep(20_000)  // the outer run is asleep by then
+          loop.perform { RunLoopThread.current.stop() }
+        }
+        producer.withLock { $0 = thread }
+      }
+      loop.add(observer, to: .default)
+      let result = loop.run(mode: .default, until: .now.advanced(by: Self.guardLimit))
+      producer.withLock { $0 }?.join()
+      for source in [keeper, modalKeeper] { source.invalidate() }
+      idle.invalidate()
+      return result
+    }
+    #expect(result == .stopped)
+  }
+
   @Test func aDescriptorAddedFromAnotherThreadWhileTheLoopSleepsOnTheFutexIsWatched() throws {
     let loop = try RunLoopThread(name: "futex-to-epoll")
     defer { loop.shutdownAndWait() }
