@@ -62,22 +62,24 @@ public final class CommandSource<Command: Sendable>: Sendable {
     }
   }
 
-  /// The number of commands posted and not yet handed to the handler. Any thread.
+  /// The number of commands posted and not yet taken by the loop for delivery. Any thread.
   public var pendingCount: Int { buffer.pendingCount }
 }
 
 /// The command buffer of a `CommandSource`: filled from any thread, drained on the loop thread.
 @usableFromInline
 final class CommandBuffer<Command: Sendable>: @unchecked Sendable {  // Safety: proof below
-  // Safety: `pending` and `isOpen` are only touched with `lock` held. `draining` is only touched
-  // by `drain`, which runs on the loop thread (the source's perform and cancel routines, which
-  // the loop never runs concurrently).
-  // No dynamic exclusivity checks (see `ModeContents`): no access spans a call out, except
-  // `drain`'s loop over `draining`, which iterates a copy of the array value.
+  // Safety: `pending` and `isOpen` are only touched with `lock` held. `draining` and
+  // `drainIndex` are only touched by `drain`, which runs on the loop thread (the source's
+  // perform and cancel routines; a nested run or a handler that invalidates the source may call
+  // it again from inside a handler, never from another thread).
+  // No dynamic exclusivity checks (see `ModeContents`): no access spans a call out.
   @usableFromInline let lock = PthreadLock.make()
   @exclusivity(unchecked) @usableFromInline var pending: [Command] = []
   @exclusivity(unchecked) @usableFromInline var isOpen = true
+  /// The commands taken from `pending` and not all delivered yet: `draining[drainIndex...]`.
   @exclusivity(unchecked) @usableFromInline var draining: [Command] = []
+  @exclusivity(unchecked) @usableFromInline var drainIndex = 0
 
   @usableFromInline init() {}
 
@@ -104,18 +106,40 @@ final class CommandBuffer<Command: Sendable>: @unchecked Sendable {  // Safety: 
     return .accepted(firstPending: wasEmpty)
   }
 
-  /// The number of commands not yet handed to the handler. Any thread.
+  /// The number of commands posted and not yet taken by the loop for delivery. Any thread.
   var pendingCount: Int { lock.withLock { pending.count } }
 
-  /// Loop thread (the perform and cancel routines): swaps the buffer out under the lock, then
-  /// delivers. `closing` refuses every later post first.
+  /// Loop thread (the perform and cancel routines): takes the posted commands under the lock,
+  /// then delivers them in order. `closing` refuses every later post first.
+  ///
+  /// `draining[drainIndex...]` is one queue that a re-entrant drain continues instead of starting
+  /// over: a handler that runs the loop nested (the source fires again) or invalidates its own
+  /// source (the cancel routine's closing drain) gets the rest of the batch delivered first, in
+  /// posting order, exactly once, and before `cancel`.
   @inlinable
   func drain(into handler: (Command) -> Void, closing: Bool) {
     lock.lock()
     if closing { isOpen = false }
-    swap(&pending, &draining)
+    if drainIndex == draining.count {
+      // Nothing left from an outer drain: the posted commands become the batch.
+      draining.removeAll(keepingCapacity: true)
+      drainIndex = 0
+      swap(&pending, &draining)
+    } else if !pending.isEmpty {
+      // Inside an outer drain: queue behind its undelivered commands.
+      draining.append(contentsOf: pending)
+      pending.removeAll(keepingCapacity: true)
+    }
     lock.unlock()
-    for command in draining { handler(command) }
-    draining.removeAll(keepingCapacity: true)
+    while drainIndex < draining.count {
+      let command = draining[drainIndex]
+      drainIndex += 1
+      handler(command)
+    }
+    // Everything delivered (by this drain or a nested one): release the commands now.
+    if drainIndex == draining.count {
+      draining.removeAll(keepingCapacity: true)
+      drainIndex = 0
+    }
   }
 }

@@ -436,4 +436,64 @@ struct CommandSourceTests {
     #expect(log.entries == accepted + ["cancel"])
     loop.shutdownAndWait()
   }
+
+  /// A command source with 1 and 2 posted (delivered as one batch once it is added); its handler
+  /// gets the source and the value, and -1 for the cancel routine.
+  static func twoCommandBatch(
+    _ handler: @escaping @Sendable (_ source: CommandSource<Int>?, _ value: Int) -> Void
+  ) -> CommandSource<Int> {
+    let box = Locked<CommandSource<Int>?>(nil)
+    let source = CommandSource<Int>(cancel: { _, _ in handler(nil, -1) }) { value in
+      handler(box.withLock { $0 }, value)
+    }
+    box.withLock { $0 = source }
+    #expect(source.post(1) && source.post(2))
+    return source
+  }
+
+  @Test func aHandlerThatRunsTheLoopNestedGetsEveryCommandOnceInPostingOrder() {
+    let (delivered, pendingAfter, lateDelivered) = EngineTestThread.run { () -> ([Int], Int, [Int]) in
+      let loop = RunLoopThread.current
+      loop.addModeToCommonModes("modal")
+      let log = Locked<[Int]>([])
+      let source = Self.twoCommandBatch { source, value in
+        guard value >= 0 else { return }
+        log.withLock { $0.append(value) }
+        if value == 1, let source {
+          source.post(100)
+          _ = RunLoopThread.current.run(mode: "modal", until: .now)  // the source fires again here
+        }
+      }
+      loop.add(source.source, to: .common)
+      _ = loop.run(mode: .default, until: .now)
+      let delivered = log.withLock { $0 }
+      let pendingAfter = source.pendingCount
+      // Nothing was left behind in the buffer: a new post signals the source again.
+      source.post(3)
+      _ = loop.run(mode: .default, until: .now)
+      let late = log.withLock { $0 }
+      source.source.invalidate()
+      return (delivered, pendingAfter, late)
+    }
+    #expect(delivered == [1, 2, 100])
+    #expect(pendingAfter == 0)
+    #expect(lateDelivered == [1, 2, 100, 3])
+  }
+
+  @Test func aHandlerThatInvalidatesItsSourceGetsTheRestOfTheBatchBeforeCancel() {
+    let events = EngineTestThread.run { () -> [String] in
+      let loop = RunLoopThread.current
+      let log = EngineEventLog()
+      let source = Self.twoCommandBatch { source, value in
+        guard value >= 0 else { return log("cancel") }
+        log("\(value)")
+        if value == 1 { source?.source.invalidate() }  // the closing drain runs in here
+      }
+      #expect(source.post(3))
+      loop.add(source.source, to: .default)
+      _ = loop.run(mode: .default, until: .now)
+      return log.entries
+    }
+    #expect(events == ["1", "2", "3", "cancel"])
+  }
 }
