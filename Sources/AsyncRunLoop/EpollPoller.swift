@@ -11,7 +11,7 @@ import Glibc
 final class EpollPoller: @unchecked Sendable {  // Safety: proof below
   // Safety: the descriptors and `futexWord` (the pointer) are immutable after init; `wake(_:)`
   // only writes to `wakeDescriptor` (a thread-safe syscall) or changes `futexWord`'s pointee with
-  // an atomic add and wakes it (a thread-safe syscall). `armedTimerDeadline` and `eventBuffer` are
+  // an atomic add and wakes it (a thread-safe syscall). `armedTimerDeadline`, `eventBuffers` and `waitDepth` are
   // touched only by the loop thread, which every caller of the other methods is (see the loop's
   // assertions).
 
@@ -26,7 +26,11 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
   private let wakeDescriptor: Int32
   private let timerDescriptor: Int32
   private static let eventCapacity: Int32 = 64
-  private let eventBuffer: UnsafeMutablePointer<epoll_event>
+  /// One event buffer per nesting level of `wait`: a readiness handler may run the loop nested,
+  /// and the nested wait must not overwrite the events the outer one is still delivering.
+  private var eventBuffers: [UnsafeMutablePointer<epoll_event>] = []
+  /// How many `wait` calls are delivering events right now (nested runs from handlers).
+  private var waitDepth = 0
   /// The absolute CLOCK_MONOTONIC time the timerfd is armed for; `nil` when disarmed.
   private var armedTimerDeadline: Int64?
   /// The timerfd expired and was not read: it stays readable until the next `timerfd_settime`
@@ -56,7 +60,7 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
       opened.forEach(SystemCall.close)
       throw error
     }
-    eventBuffer = .allocate(capacity: Int(Self.eventCapacity))
+    eventBuffers.append(.allocate(capacity: Int(Self.eventCapacity)))
     futexWord = .allocate(capacity: 1)
     futexWord.initialize(to: 0)
   }
@@ -65,7 +69,7 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
     SystemCall.close(timerDescriptor)
     SystemCall.close(wakeDescriptor)
     SystemCall.close(epollDescriptor)
-    eventBuffer.deallocate()
+    for buffer in eventBuffers { buffer.deallocate() }
     futexWord.deallocate()
   }
 
@@ -143,6 +147,10 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
   /// loop calls before every wait. Loop thread.
   func wait(block: Bool, _ handleReadiness: (UInt64, UInt32) -> Void) -> WaitOutcome {
     var outcome = WaitOutcome()
+    if waitDepth == eventBuffers.count { eventBuffers.append(.allocate(capacity: Int(Self.eventCapacity))) }
+    let eventBuffer = eventBuffers[waitDepth]
+    waitDepth += 1
+    defer { waitDepth -= 1 }
     let count: Int
     do {
       count = try SystemCall.epollWait(
