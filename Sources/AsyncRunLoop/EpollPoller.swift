@@ -134,19 +134,12 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
     }
   }
 
-  /// What one `wait` saw besides readiness events.
-  struct WaitOutcome {
-    var wasWoken = false
-    var timerExpired = false
-  }
-
   /// Waits for events (blocking when `block` is true, polling otherwise) and reports each
   /// readiness event to `handleReadiness(token, events)`. Neither the wake-up eventfd nor the
   /// timerfd is read (a system call each, before the loop gets to the timer or the work): the
   /// eventfd is edge-triggered, and the expired timerfd is reset by the next `setTimer`, which the
   /// loop calls before every wait. Loop thread.
-  func wait(block: Bool, _ handleReadiness: (UInt64, UInt32) -> Void) -> WaitOutcome {
-    var outcome = WaitOutcome()
+  func wait(block: Bool, _ handleReadiness: (UInt64, UInt32) -> Void) {
     if waitDepth == eventBuffers.count { eventBuffers.append(.allocate(capacity: Int(Self.eventCapacity))) }
     let eventBuffer = eventBuffers[waitDepth]
     waitDepth += 1
@@ -163,16 +156,14 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
       let token = withUnsafePointer(to: event) { carl_epoll_event_token($0) }
       switch token {
       case Self.wakeToken:
-        outcome.wasWoken = true
+        break  // the wake-up itself is the news; the inbox says what arrived
       case Self.timerToken:
         // The kernel disarms a one-shot timerfd once it expires.
         armedTimerDeadline = nil
         timerExpiredUnread = true
-        outcome.timerExpired = true
       default:
         handleReadiness(token, event.events)
       }
     }
-    return outcome
   }
 }

@@ -286,7 +286,7 @@ extension RunLoopThread {
     case .futex:
       if sleeps { poller.sleepOnFutex(ticket: ticket) }  // 7
     case .epoll:
-      _ = poller.wait(block: sleeps) { token, events in  // 7
+      poller.wait(block: sleeps) { token, events in  // 7
         fired = handleReadiness(token: token, events: events, contents: contents) || fired
       }
     }
