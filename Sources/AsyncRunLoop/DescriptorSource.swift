@@ -121,8 +121,15 @@ public final class DescriptorSource: ModeMember, @unchecked Sendable {  // Safet
     }
   }
 
-  /// The epoll interest bits for this source.
-  var epollEvents: UInt32 { interest.rawValue }
+  /// The epoll interest bits for this source: the event bits only. Registrations are always
+  /// level-triggered (the loop silences and re-arms them per mode, and a pass that stops
+  /// delivering after a nested run relies on them being reported again), so mode flags such as
+  /// `EPOLLET` or `EPOLLONESHOT` passed through `DescriptorEvents(rawValue:)` are ignored.
+  var epollEvents: UInt32 { interest.rawValue & Self.eventBits }
+
+  private static let eventBits =
+    UInt32(EPOLLIN.rawValue) | UInt32(EPOLLOUT.rawValue) | UInt32(EPOLLPRI.rawValue) | UInt32(EPOLLRDHUP.rawValue)
+    | UInt32(EPOLLERR.rawValue) | UInt32(EPOLLHUP.rawValue)
 
   /// Loop thread: records the loop; false when the source was invalidated (do not register).
   func attach(to loop: RunLoopThread) -> Bool {

@@ -11,7 +11,7 @@ import Glibc
 final class EpollPoller: @unchecked Sendable {  // Safety: proof below
   // Safety: the descriptors and `futexWord` (the pointer) are immutable after init; `wake(_:)`
   // only writes to `wakeDescriptor` (a thread-safe syscall) or changes `futexWord`'s pointee with
-  // an atomic add and wakes it (a thread-safe syscall). `armedTimerDeadline`, `eventBuffers` and `waitDepth` are
+  // an atomic add and wakes it (a thread-safe syscall). `armedTimerDeadline`, `eventBuffer` and `waitCount` are
   // touched only by the loop thread, which every caller of the other methods is (see the loop's
   // assertions).
 
@@ -26,11 +26,9 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
   private let wakeDescriptor: Int32
   private let timerDescriptor: Int32
   private static let eventCapacity: Int32 = 64
-  /// One event buffer per nesting level of `wait`: a readiness handler may run the loop nested,
-  /// and the nested wait must not overwrite the events the outer one is still delivering.
-  private var eventBuffers: [UnsafeMutablePointer<epoll_event>] = []
-  /// How many `wait` calls are delivering events right now (nested runs from handlers).
-  private var waitDepth = 0
+  private let eventBuffer: UnsafeMutablePointer<epoll_event>
+  /// Counts `wait` calls, so that a wait can tell that a handler ran the loop nested.
+  private var waitCount: UInt64 = 0
   /// The absolute CLOCK_MONOTONIC time the timerfd is armed for; `nil` when disarmed.
   private var armedTimerDeadline: Int64?
   /// The timerfd expired and was not read: it stays readable until the next `timerfd_settime`
@@ -60,7 +58,7 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
       opened.forEach(SystemCall.close)
       throw error
     }
-    eventBuffers.append(.allocate(capacity: Int(Self.eventCapacity)))
+    eventBuffer = .allocate(capacity: Int(Self.eventCapacity))
     futexWord = .allocate(capacity: 1)
     futexWord.initialize(to: 0)
   }
@@ -69,7 +67,7 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
     SystemCall.close(timerDescriptor)
     SystemCall.close(wakeDescriptor)
     SystemCall.close(epollDescriptor)
-    for buffer in eventBuffers { buffer.deallocate() }
+    eventBuffer.deallocate()
     futexWord.deallocate()
   }
 
@@ -140,10 +138,8 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
   /// eventfd is edge-triggered, and the expired timerfd is reset by the next `setTimer`, which the
   /// loop calls before every wait. Loop thread.
   func wait(block: Bool, _ handleReadiness: (UInt64, UInt32) -> Void) {
-    if waitDepth == eventBuffers.count { eventBuffers.append(.allocate(capacity: Int(Self.eventCapacity))) }
-    let eventBuffer = eventBuffers[waitDepth]
-    waitDepth += 1
-    defer { waitDepth -= 1 }
+    waitCount &+= 1
+    let thisWait = waitCount
     let count: Int
     do {
       count = try SystemCall.epollWait(
@@ -163,6 +159,12 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
         timerExpiredUnread = true
       default:
         handleReadiness(token, event.events)
+        // The handler ran the loop nested: that wait reused the buffer, and what it reported
+        // makes the rest of ours stale (a descriptor it drained would be reported to its handler
+        // again). Registrations are level-triggered, so what is still ready is reported by the
+        // next wait; the wake-up eventfd's edge only ends a sleep, and an expired timerfd stays
+        // readable until `setTimer`.
+        if waitCount != thisWait { return }
       }
     }
   }

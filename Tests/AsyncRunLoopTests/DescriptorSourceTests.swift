@@ -214,4 +214,40 @@ struct DescriptorSourceTests {
     }
     #expect(result == .stopped)
   }
+
+  @Test func aHandlerThatRunsTheLoopNestedLeavesNoStaleEventsForTheOuterPass() {
+    // Two pipes are readable when the loop waits: one wait reports both. The first handler runs
+    // the loop nested, where the other pipe is handled (and drained); the outer pass must not
+    // then hand the other handler the event it had already seen.
+    let pipes = [makePipe(), makePipe()]
+    defer {
+      for pipe in pipes {
+        close(pipe.read)
+        close(pipe.write)
+      }
+    }
+    let readsPerCall = EngineTestThread.run { () -> [Int] in
+      let loop = RunLoopThread.current
+      loop.addModeToCommonModes("modal")
+      let reads = Locked<[Int]>([])
+      let nested = Locked(false)
+      let sources = pipes.map { pipe in
+        DescriptorSource(descriptor: pipe.read, interest: .readable) { _, _ in
+          reads.withLock { $0.append(drainDescriptor(pipe.read)) }
+          let first = nested.withLock { done in
+            defer { done = true }
+            return !done
+          }
+          if first { _ = RunLoopThread.current.run(mode: "modal", until: .now) }
+        }
+      }
+      for source in sources { try? loop.add(source, to: .common) }
+      for pipe in pipes { writeByte(pipe.write) }
+      _ = loop.run(mode: .default, until: .now)
+      _ = loop.run(mode: .default, until: .now)  // whatever was left, if anything
+      for source in sources { source.invalidate() }
+      return reads.withLock { $0 }
+    }
+    #expect(readsPerCall == [1, 1], "bytes read by each handler call: \(readsPerCall)")
+  }
 }
