@@ -65,32 +65,47 @@ extension RunLoopThread {
       applyControls()  // what the sources (and their resumed tasks) sent lands now, not a pass later
       runCollectedPerforms(in: contents.mode)
       runCollectedJobs()
-      // Without a time limit there is no deadline to compare: skip the clock read (hot path).
-      let hasLimit = deadline != Int64.max
-      // A handler of this pass may have emptied the mode (a source invalidated itself, a block
-      // removed the last timer): nothing would wake the sleep, so poll and let the end of the pass
-      // report finished.
       let mustPoll =
-        handledSource && returnAfterSourceHandled || hasLimit && deadline <= LoopClock.monotonicNanoseconds()
-        || hasLocalWork
-        || isFinished(contents, keepsAlive: keepsAlive) || hasDeferredSource(in: contents)
-        || !spareSignalled.isEmpty  // signals collected after step 4: the next pass fires them
+        handledSource && returnAfterSourceHandled
+        || mustNotSleep(contents, deadline: deadline, keepsAlive: keepsAlive)
       // A nested run in another mode (from a handler, block or job above) may have silenced
       // this mode's registrations: listen to them again before sleeping. (Free unless it did.)
       armDescriptors(for: contents)
       armTimerfd(contents, runDeadline: deadline)
       // 5–8: wait for readiness, timers, wake-ups or the limit; poll when work is waiting.
-      handledSource = waitAndHandleReadiness(contents, mayBlock: !mustPoll, runDeadline: deadline) || handledSource
+      handledSource =
+        waitAndHandleReadiness(contents, mayBlock: !mustPoll, runDeadline: deadline, keepsAlive: keepsAlive)
+        || handledSource
       // What the timers sent (jobs of the tasks they resumed) lands now, not a pass later.
       if fireDueTimers(in: contents) { applyControls() }  // 9
       runCollectedPerforms(in: contents.mode)
       runCollectedJobs()
       // End of pass: CF's order — handled a source, timed out, stopped, finished.
       if returnAfterSourceHandled && handledSource { return .handledSource }
-      if hasLimit && deadline <= LoopClock.monotonicNanoseconds() { return .timedOut }
+      if deadline != Int64.max && deadline <= LoopClock.monotonicNanoseconds() { return .timedOut }
       if consumeStop() { return .stopped }
       if isFinished(contents, keepsAlive: keepsAlive) { return .finished }
     }
+  }
+
+  /// Whether sleeping now would strand something the inbox does not know about, or overrun the
+  /// run: the time limit passed (without one there is nothing to compare: no clock read, the hot
+  /// path); jobs left over from a capped pass; the mode emptied by a handler (a source invalidated
+  /// itself, a block removed the last timer: nothing would wake the sleep, and the end of the pass
+  /// must report finished); a signal deferred or collected after step 4 (the next pass fires it);
+  /// a block for this mode that a nested run collected. Loop thread.
+  private func mustNotSleep(_ contents: ModeContents, deadline: Int64, keepsAlive: Bool) -> Bool {
+    deadline != Int64.max && deadline <= LoopClock.monotonicNanoseconds()
+      || hasLocalWork || isFinished(contents, keepsAlive: keepsAlive) || hasDeferredSource(in: contents)
+      || !spareSignalled.isEmpty || hasRunnablePerform(in: contents.mode)
+  }
+
+  /// Whether a collected block may run in `mode` (it would have run in this pass's step 2–4
+  /// unless a nested run collected it since).
+  private func hasRunnablePerform(in mode: RunLoopMode) -> Bool {
+    guard !localPerforms.isEmpty else { return false }
+    let inCommon = modeTable.commonModes.contains(mode)
+    return localPerforms.contains { $0.canRun(in: mode, inCommon: inCommon) }
   }
 
   /// Whether a signalled source waits in `deferredSignalled` although it is in this mode: it
@@ -266,7 +281,9 @@ extension RunLoopThread {
   ///
   /// A loop that watches no descriptor and no timer can only be woken by another thread: it
   /// sleeps on its futex word instead of in `epoll_wait`, and a poll asks the kernel nothing.
-  private func waitAndHandleReadiness(_ contents: ModeContents, mayBlock: Bool, runDeadline: Int64) -> Bool {
+  private func waitAndHandleReadiness(
+    _ contents: ModeContents, mayBlock: Bool, runDeadline: Int64, keepsAlive: Bool
+  ) -> Bool {
     var mechanism = sleepMechanism
     var ticket: UInt32 = 0
     var sleeps = mayBlock && decideToSleep(on: mechanism, ticket: &ticket)
@@ -274,12 +291,15 @@ extension RunLoopThread {
     if sleeps && contents.observedActivities.contains(.beforeWaiting) {
       notifyObservers(contents, .beforeWaiting)  // 6
       // The callouts may have added a timer or a descriptor, or moved a timer: watch them in
-      // this sleep. They may also have sent work, or run the loop nested, which woke it up in
-      // the inbox's eyes (producers would then stay silent): decide again, with a fresh ticket.
+      // this sleep. They may also have sent work, or run the loop nested, which took work into
+      // the loop's own hands or woke it up in the inbox's eyes (producers would then stay
+      // silent): decide again, everything step 5 checks, with a fresh ticket.
       armDescriptors(for: contents)
       armTimerfd(contents, runDeadline: runDeadline)
       mechanism = sleepMechanism
-      sleeps = decideToSleep(on: mechanism, ticket: &ticket)
+      sleeps =
+        !mustNotSleep(contents, deadline: runDeadline, keepsAlive: keepsAlive)
+        && decideToSleep(on: mechanism, ticket: &ticket)
     }
     var fired = false
     switch mechanism {
@@ -382,11 +402,23 @@ extension RunLoopThread {
     for source in contents.descriptors where !source.isArmed { setArmed(source, true) }
   }
 
+  /// Listens to a readiness registration again, or silences it. Silencing takes it out of the
+  /// epoll set: a registration with no interest bits still reports errors and hang-ups (the
+  /// kernel always adds them), so in a mode that ignores it a hung-up descriptor would end every
+  /// wait at once. Loop thread.
   func setArmed(_ source: DescriptorSource, _ armed: Bool) {
     guard source.token != 0, source.isArmed != armed else { return }
+    guard armed else {
+      poller.deregister(descriptor: source.descriptor)  // already gone (closed) is fine
+      source.isArmed = false
+      return
+    }
+    // The number may belong to a newer registration by now (this descriptor was closed and the
+    // number reused): then this one can never fire again.
+    guard tokenByDescriptor[source.descriptor] == source.token else { return }
     do {
-      try poller.modify(descriptor: source.descriptor, events: armed ? source.epollEvents : 0, token: source.token)
-      source.isArmed = armed
+      try poller.register(descriptor: source.descriptor, events: source.epollEvents, token: source.token)
+      source.isArmed = true
     } catch {
       // The descriptor was closed behind our back: it can never fire again. Drop it.
       source.isArmed = false

@@ -5,19 +5,43 @@ import Testing
 
 /// How a loop sleeps (SPEC §6 steps 6–8): in `epoll_wait` when it watches descriptors or a timer,
 /// on a futex word when only another thread can wake it; a change made by a beforeWaiting
-/// callout is watched in the very sleep that follows it. Each run has a long time limit only as a
-/// guard: a run that ends `.timedOut` slept through what should have woken it.
+/// callout is watched in the very sleep that follows it. Runs have no time limit (a limit arms
+/// the timerfd, which makes the loop sleep in epoll); a watchdog thread ends a run that sleeps
+/// through what should have woken it.
 @Suite("Sleep: futex and epoll sleeps, and what beforeWaiting changes")
 struct SleepTests {
   /// A guard far beyond anything these runs wait for; reaching it means a lost wake-up.
   static let guardLimit = Duration.seconds(20)
+
+  /// Runs `loop` (the calling thread's) in the default mode with no time limit until the test
+  /// stops it or the mode empties. Returns nil when the watchdog had to stop it after
+  /// `guardLimit` (a lost wake-up).
+  static func runWatched(_ loop: RunLoopThread) -> RunLoopRunResult? {
+    let finished = Locked(false)
+    let watchdogFired = Locked(false)
+    let watchdog = EngineTestThread.start {
+      let start = LoopClock.Instant.now
+      while !finished.withLock({ $0 }) {
+        if start.duration(to: .now) > guardLimit {
+          watchdogFired.withLock { $0 = true }
+          loop.stop()
+          return
+        }
+        usleep(5_000)
+      }
+    }
+    let result = loop.run(mode: .default)
+    finished.withLock { $0 = true }
+    watchdog.join()
+    return watchdogFired.withLock { $0 } ? nil : result
+  }
 
   /// An input source that is never signalled: it keeps the mode alive without a descriptor or a
   /// timer, so the loop sleeps on its futex.
   static func keepAlive() -> InputSource { InputSource { _ in } }
 
   @Test func aTimerAddedByABeforeWaitingCalloutWakesTheSleepThatFollows() {
-    let result = EngineTestThread.run { () -> RunLoopRunResult in
+    let result = EngineTestThread.run { () -> RunLoopRunResult? in
       let loop = RunLoopThread.current
       let keeper = Self.keepAlive()
       loop.add(keeper, to: .default)
@@ -26,7 +50,7 @@ struct SleepTests {
       }
       loop.add(observer, to: .default)
       defer { keeper.invalidate() }
-      return loop.run(mode: .default, until: .now.advanced(by: Self.guardLimit))
+      return Self.runWatched(loop)
     }
     #expect(result == .stopped)
   }
@@ -38,7 +62,7 @@ struct SleepTests {
       close(writeEnd)
     }
     writeByte(writeEnd)  // readable before the loop sleeps
-    let result = EngineTestThread.run { () -> RunLoopRunResult in
+    let result = EngineTestThread.run { () -> RunLoopRunResult? in
       let loop = RunLoopThread.current
       let keeper = Self.keepAlive()
       loop.add(keeper, to: .default)
@@ -52,7 +76,7 @@ struct SleepTests {
       }
       loop.add(observer, to: .default)
       defer { keeper.invalidate() }
-      return loop.run(mode: .default, until: .now.advanced(by: Self.guardLimit))
+      return Self.runWatched(loop)
     }
     #expect(result == .stopped)
   }
@@ -60,7 +84,7 @@ struct SleepTests {
   @Test func aLoopWhoseCalloutRemovedItsOnlyTimerIsStillWokenByOtherThreads() {
     // The loop announces an epoll sleep (its timer is armed), then the beforeWaiting callout
     // removes the timer: it must not sleep on the futex while producers write the eventfd.
-    let result = EngineTestThread.run { () -> RunLoopRunResult in
+    let result = EngineTestThread.run { () -> RunLoopRunResult? in
       let loop = RunLoopThread.current
       let keeper = Self.keepAlive()
       loop.add(keeper, to: .default)
@@ -76,7 +100,7 @@ struct SleepTests {
         producer.withLock { $0 = thread }
       }
       loop.add(observer, to: .default)
-      let result = loop.run(mode: .default, until: .now.advanced(by: Self.guardLimit))
+      let result = Self.runWatched(loop)
       producer.withLock { $0 }?.join()
       keeper.invalidate()
       return result
@@ -93,7 +117,7 @@ struct SleepTests {
       close(readEnd)
       close(writeEnd)
     }
-    let result = EngineTestThread.run { () -> RunLoopRunResult in
+    let result = EngineTestThread.run { () -> RunLoopRunResult? in
       let loop = RunLoopThread.current
       let keeper = Self.keepAlive()
       loop.add(keeper, to: .default)
@@ -111,13 +135,75 @@ struct SleepTests {
         producer.withLock { $0 = thread }
       }
       loop.add(observer, to: .default)
-      let result = loop.run(mode: .default, until: .now.advanced(by: Self.guardLimit))
+      let result = Self.runWatched(loop)
       producer.withLock { $0 }?.join()
       for source in [keeper, modalKeeper] { source.invalidate() }
       idle.invalidate()
       return result
     }
     #expect(result == .stopped)
+  }
+
+  /// A beforeWaiting callout sends a block for this mode and runs the loop nested in another
+  /// mode, which collects the block but cannot run it: the outer run must not sleep over it.
+  @Test(arguments: [false, true])
+  func aBlockANestedRunCollectedDuringBeforeWaitingStillRuns(watchingADescriptor: Bool) {
+    let (readEnd, writeEnd) = makePipe()
+    defer {
+      close(readEnd)
+      close(writeEnd)
+    }
+    let result = EngineTestThread.run { () -> RunLoopRunResult? in
+      let loop = RunLoopThread.current
+      let keepers = [Self.keepAlive(), Self.keepAlive()]
+      loop.add(keepers[0], to: .default)
+      loop.add(keepers[1], to: "modal")
+      let idle = DescriptorSource(descriptor: readEnd, interest: .readable) { _, _ in }  // never written
+      if watchingADescriptor { try? loop.add(idle, to: .default) }
+      let observer = LoopObserver(activities: .beforeWaiting, repeats: false) { _, _ in
+        let current = RunLoopThread.current
+        current.perform(inModes: [.default]) { RunLoopThread.current.stop() }
+        _ = current.run(mode: "modal", until: .now)
+      }
+      loop.add(observer, to: .default)
+      let result = Self.runWatched(loop)
+      for source in keepers { source.invalidate() }
+      idle.invalidate()
+      return result
+    }
+    #expect(result == .stopped)
+  }
+
+  @Test func aSignalANestedRunDeferredDuringBeforeWaitingStillFires() {
+    let result = EngineTestThread.run { () -> RunLoopRunResult? in
+      let loop = RunLoopThread.current
+      let source = InputSource { _ in RunLoopThread.current.stop() }
+      loop.add(source, to: .default)
+      let modalKeeper = Self.keepAlive()
+      loop.add(modalKeeper, to: "modal")
+      let observer = LoopObserver(activities: .beforeWaiting, repeats: false) { _, _ in
+        source.signal()  // only in .default: the nested run defers it
+        _ = RunLoopThread.current.run(mode: "modal", until: .now)
+      }
+      loop.add(observer, to: .default)
+      let result = Self.runWatched(loop)
+      source.invalidate()
+      modalKeeper.invalidate()
+      return result
+    }
+    #expect(result == .stopped)
+  }
+
+  @Test func aBeforeWaitingCalloutThatEmptiesTheModeEndsTheRunAsFinished() {
+    let result = EngineTestThread.run { () -> RunLoopRunResult? in
+      let loop = RunLoopThread.current
+      let onlyMember = Self.keepAlive()
+      loop.add(onlyMember, to: .default)
+      let observer = LoopObserver(activities: .beforeWaiting, repeats: false) { _, _ in onlyMember.invalidate() }
+      loop.add(observer, to: .default)
+      return Self.runWatched(loop)
+    }
+    #expect(result == .finished)
   }
 
   @Test func aDescriptorAddedFromAnotherThreadWhileTheLoopSleepsOnTheFutexIsWatched() throws {
