@@ -121,15 +121,16 @@ public final class DescriptorSource: ModeMember, @unchecked Sendable {  // Safet
     }
   }
 
-  /// The epoll interest bits for this source: the event bits only. Registrations are always
-  /// level-triggered (the loop silences and re-arms them per mode, and a pass that stops
-  /// delivering after a nested run relies on them being reported again), so mode flags such as
-  /// `EPOLLET` or `EPOLLONESHOT` passed through `DescriptorEvents(rawValue:)` are ignored.
-  var epollEvents: UInt32 { interest.rawValue & Self.eventBits }
+  /// The epoll interest bits for this source, without epoll's mode flags. Registrations are
+  /// always level-triggered (the loop silences and re-arms them per mode, and a wait that stops
+  /// delivering after a nested run relies on them being reported again), so `EPOLLET`,
+  /// `EPOLLONESHOT`, `EPOLLEXCLUSIVE` and `EPOLLWAKEUP` passed through
+  /// `DescriptorEvents(rawValue:)` are ignored; every event bit is kept.
+  var epollEvents: UInt32 { interest.rawValue & ~Self.modeFlags }
 
-  private static let eventBits =
-    UInt32(EPOLLIN.rawValue) | UInt32(EPOLLOUT.rawValue) | UInt32(EPOLLPRI.rawValue) | UInt32(EPOLLRDHUP.rawValue)
-    | UInt32(EPOLLERR.rawValue) | UInt32(EPOLLHUP.rawValue)
+  private static let modeFlags =
+    UInt32(EPOLLET.rawValue) | UInt32(EPOLLONESHOT.rawValue) | UInt32(EPOLLEXCLUSIVE.rawValue)
+    | UInt32(EPOLLWAKEUP.rawValue)
 
   /// Loop thread: records the loop; false when the source was invalidated (do not register).
   func attach(to loop: RunLoopThread) -> Bool {

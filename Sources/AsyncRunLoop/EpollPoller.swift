@@ -116,11 +116,6 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
     try SystemCall.epollControl(epollDescriptor, EPOLL_CTL_ADD, descriptor, events: events, token: token)
   }
 
-  /// Changes a registration's interest set (0 silences it without removing it). Loop thread.
-  func modify(descriptor: Int32, events: UInt32, token: UInt64) throws(SystemCallError) {
-    try SystemCall.epollControl(epollDescriptor, EPOLL_CTL_MOD, descriptor, events: events, token: token)
-  }
-
   /// Removes a registration. A descriptor that was already closed (and so already dropped by
   /// the kernel) is not an error. Loop thread.
   func deregister(descriptor: Int32) {

@@ -250,4 +250,32 @@ struct DescriptorSourceTests {
     }
     #expect(readsPerCall == [1, 1], "bytes read by each handler call: \(readsPerCall)")
   }
+
+  @Test func aHungUpDescriptorOfAnotherModeDoesNotWakeTheLoopOverAndOver() {
+    // The writer is closed: the read end reports a hang-up on every wait it is registered for,
+    // whatever the interest. In a mode that ignores it, the loop must stop listening to it.
+    let (readEnd, writeEnd) = makePipe()
+    close(writeEnd)
+    defer { close(readEnd) }
+    let (wakes, handled) = EngineTestThread.run { () -> (Int, Int) in
+      let loop = RunLoopThread.current
+      let handled = Locked(0)
+      let hungUp = DescriptorSource(descriptor: readEnd, interest: .readable) { _, _ in handled.withLock { $0 += 1 } }
+      try? loop.add(hungUp, to: .default)
+      let modal = LoopTimer(after: .seconds(3_600)) { _ in }  // keeps "modal" alive
+      loop.add(modal, to: "modal")
+      let wakes = Locked(0)
+      let counter = LoopObserver(activities: .afterWaiting) { _, _ in wakes.withLock { $0 += 1 } }
+      loop.add(counter, to: "modal")
+      _ = loop.run(mode: "modal", for: .milliseconds(100))
+      hungUp.invalidate()
+      modal.invalidate()
+      counter.invalidate()
+      return (wakes.withLock { $0 }, handled.withLock { $0 })
+    }
+    // One wake-up may deliver the hang-up (and silence the registration); the time limit ends
+    // the run. Listening to it on every wait would wake the loop thousands of times.
+    #expect(wakes <= 3, "\(wakes) wake-ups in a modal run that had nothing to do")
+    #expect(handled == 0)
+  }
 }
