@@ -108,38 +108,49 @@ struct SleepTests {
     #expect(result == .stopped)
   }
 
-  /// A beforeWaiting callout that runs the loop nested (the nested pass marks the loop awake in
-  /// the inbox) must not leave the outer sleep deaf to producers; futex sleep, then epoll sleep.
-  @Test(arguments: [false, true])
-  func aNestedRunInABeforeWaitingCalloutLeavesTheSleepWakeable(watchingADescriptor: Bool) {
+  /// Runs a loop thread whose default mode holds only a never-signalled source (futex sleep), or
+  /// also an idle descriptor (epoll sleep), and whose "modal" mode holds another such source, with
+  /// `callout` as a one-shot beforeWaiting observer (on the loop thread, given the loop).
+  /// `afterRun` runs on the loop thread once the run has ended. Returns `runWatched`'s result.
+  static func runWithOneBeforeWaitingCallout(
+    watchingADescriptor: Bool, _ callout: @escaping @Sendable (RunLoopThread) -> Void,
+    afterRun: @escaping @Sendable () -> Void = {}
+  ) -> RunLoopRunResult? {
     let (readEnd, writeEnd) = makePipe()
     defer {
       close(readEnd)
       close(writeEnd)
     }
-    let result = EngineTestThread.run { () -> RunLoopRunResult? in
+    return EngineTestThread.run { () -> RunLoopRunResult? in
       let loop = RunLoopThread.current
-      let keeper = Self.keepAlive()
-      loop.add(keeper, to: .default)
-      let modalKeeper = Self.keepAlive()
-      loop.add(modalKeeper, to: "modal")
+      let keepers = [Self.keepAlive(), Self.keepAlive()]
+      loop.add(keepers[0], to: .default)
+      loop.add(keepers[1], to: "modal")
       let idle = DescriptorSource(descriptor: readEnd, interest: .readable) { _, _ in }  // never written
       if watchingADescriptor { try? loop.add(idle, to: .default) }
-      let producer = Locked<EngineTestThread?>(nil)
-      let observer = LoopObserver(activities: .beforeWaiting, repeats: false) { _, _ in
-        _ = RunLoopThread.current.run(mode: "modal", until: .now)  // one pass that polls
-        let thread = EngineTestThread.start {
-          usleep(20_000)  // the outer run is asleep by then
-          loop.perform { RunLoopThread.current.stop() }
-        }
-        producer.withLock { $0 = thread }
-      }
-      loop.add(observer, to: .default)
+      loop.add(LoopObserver(activities: .beforeWaiting, repeats: false) { _, _ in callout(loop) }, to: .default)
       let result = Self.runWatched(loop)
-      producer.withLock { $0 }?.join()
-      for source in [keeper, modalKeeper] { source.invalidate() }
+      afterRun()
+      for source in keepers { source.invalidate() }
       idle.invalidate()
       return result
+    }
+  }
+
+  /// A beforeWaiting callout that runs the loop nested (the nested pass marks the loop awake in
+  /// the inbox) must not leave the outer sleep deaf to producers; futex sleep, then epoll sleep.
+  @Test(arguments: [false, true])
+  func aNestedRunInABeforeWaitingCalloutLeavesTheSleepWakeable(watchingADescriptor: Bool) {
+    let producer = Locked<EngineTestThread?>(nil)
+    let result = Self.runWithOneBeforeWaitingCallout(watchingADescriptor: watchingADescriptor) { loop in
+      _ = loop.run(mode: "modal", until: .now)  // one pass that polls
+      let thread = EngineTestThread.start {
+        usleep(20_000)  // the outer run is asleep by then
+        loop.perform { RunLoopThread.current.stop() }
+      }
+      producer.withLock { $0 = thread }
+    } afterRun: {
+      producer.withLock { $0 }?.join()  // the loop thread started it
     }
     #expect(result == .stopped)
   }
@@ -148,28 +159,9 @@ struct SleepTests {
   /// mode, which collects the block but cannot run it: the outer run must not sleep over it.
   @Test(arguments: [false, true])
   func aBlockANestedRunCollectedDuringBeforeWaitingStillRuns(watchingADescriptor: Bool) {
-    let (readEnd, writeEnd) = makePipe()
-    defer {
-      close(readEnd)
-      close(writeEnd)
-    }
-    let result = EngineTestThread.run { () -> RunLoopRunResult? in
-      let loop = RunLoopThread.current
-      let keepers = [Self.keepAlive(), Self.keepAlive()]
-      loop.add(keepers[0], to: .default)
-      loop.add(keepers[1], to: "modal")
-      let idle = DescriptorSource(descriptor: readEnd, interest: .readable) { _, _ in }  // never written
-      if watchingADescriptor { try? loop.add(idle, to: .default) }
-      let observer = LoopObserver(activities: .beforeWaiting, repeats: false) { _, _ in
-        let current = RunLoopThread.current
-        current.perform(inModes: [.default]) { RunLoopThread.current.stop() }
-        _ = current.run(mode: "modal", until: .now)
-      }
-      loop.add(observer, to: .default)
-      let result = Self.runWatched(loop)
-      for source in keepers { source.invalidate() }
-      idle.invalidate()
-      return result
+    let result = Self.runWithOneBeforeWaitingCallout(watchingADescriptor: watchingADescriptor) { loop in
+      loop.perform(inModes: [.default]) { RunLoopThread.current.stop() }
+      _ = loop.run(mode: "modal", until: .now)
     }
     #expect(result == .stopped)
   }
