@@ -29,11 +29,12 @@ public enum RunLoopError: Error, Equatable, CustomStringConvertible {
 /// executor jobs) runs on the loop's thread.
 public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
   // Safety: `name`, `poller`, `ownsThread`, `isMainLoop`, `inboxLock` and `threadLock` are
-  // immutable references; `serialExecutorRole` is written once at the end of init, before the
+  // immutable references; `core` and `serialExecutorRole` are written once in init, before the
   // loop is published, and only read afterwards. `inbox` is only touched with `inboxLock` held;
-  // `threadState` only with `threadLock` held. Every other stored property below the "loop
-  // thread only" mark is touched only on the loop's thread: the public entry points that use them
-  // call `preconditionOnLoopThread()` (or forward to the loop thread through `inbox.controls`).
+  // `threadState` only with `threadLock` held. `core`'s state (a `LoopCore`, not Sendable) is
+  // touched only on the loop's thread: the public entry points that use it call
+  // `preconditionOnLoopThread()` or check `isOnLoopThread` (or forward to the loop thread through
+  // `inbox.controls`).
 
   /// The loop's name (also its thread's name, truncated to 15 bytes by the kernel).
   public let name: String
@@ -73,34 +74,10 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
 
   // MARK: Loop thread only
 
-  let modeTable = ModeTable()
-  /// Jobs taken from the inbox and not yet run (oldest first, from `localJobIndex`).
-  @exclusivity(unchecked) var localJobs: [LoopJob] = []
-  @exclusivity(unchecked) var localJobIndex = 0
-  /// Registration changes taken from the inbox, applied right after (see `applyControls`).
-  @exclusivity(unchecked) var collectedControls: [() -> Void] = []
-  /// Performed blocks taken from the inbox, waiting for a mode they may run in.
-  @exclusivity(unchecked) var localPerforms: [PerformRequest] = []
-  /// Signalled sources not in the mode being run.
-  @exclusivity(unchecked) var deferredSignalled: [InputSource] = []
-  @exclusivity(unchecked) var spareSignalled: [InputSource] = []
-  /// Reused buffer: the sources that fire in this pass.
-  @exclusivity(unchecked) var readySources: [InputSource] = []
-  /// Readiness registrations by epoll token, and the live token for each descriptor number.
-  @exclusivity(unchecked) var descriptorsByToken: [UInt64: DescriptorSource] = [:]
-  var tokenByDescriptor: [Int32: UInt64] = [:]
-  var nextToken = EpollPoller.firstRegistrationToken
-  /// Sequence numbers for timer-heap entries (equal deadlines fire in scheduling order).
-  var timerSequence: UInt64 = 0
-  /// The mode whose descriptors are armed in epoll.
-  @exclusivity(unchecked) var armedMode: RunLoopMode?
+  /// The loop-thread state and the pass (see `LoopCore`). Written once in init.
+  private(set) var core: LoopCore!
   /// Jobs scheduled through `SchedulingExecutor` (Task.sleep under the loop's preference).
   let scheduledJobCounter = LockedValue(0)
-  /// Reused buffer for due timers.
-  @exclusivity(unchecked) var dueTimers: [(LoopTimer, Int64, UInt64)] = []
-
-  /// The most executor jobs one pass runs before it looks at timers and sources again.
-  static let jobsPerPass = 1024
 
   /// Creates a loop on a new thread named `name`, which runs it (in the default mode) until
   /// `shutdown()`. Any thread.
@@ -130,9 +107,10 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
     self.ownsThread = ownsThread
     self.isMainLoop = isMainLoop
     self.poller = try EpollPoller()
-    // `collectInbox` swaps these two arrays, so taking jobs allocates nothing once they are warm.
-    localJobs.reserveCapacity(256)
+    // `collectInbox` swaps the inbox's jobs with the core's, so taking jobs allocates nothing
+    // once both are warm.
     inbox.jobs.reserveCapacity(256)
+    core = LoopCore(loop: self, poller: poller)
     serialExecutorRole = LoopSerialExecutor(loop: self)
   }
 
@@ -217,10 +195,10 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
     carl_set_current_loop(Unmanaged.passUnretained(self).toOpaque())
     started.open()
     while true {
-      _ = runLoop(mode: .default, until: .distantFuture, returnAfterSourceHandled: false, servingExecutor: true)
+      _ = core.run(mode: .default, deadline: Int64.max, returnAfterSourceHandled: false, keepsAlive: true)
       if inboxLock.withLock({ inbox.lifecycle != .active }) { break }
     }
-    drainForShutdown()
+    core.drainForShutdown()
     carl_set_current_loop(nil)
     threadLock.withLock {
       switch threadState {
@@ -236,7 +214,7 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
   /// A non-owned loop's thread exited: nothing will run the loop any more.
   private func threadDidExit() {
     _ = inboxLock.withLock { inbox.beginShutdown() }
-    drainForShutdown()
+    core.drainForShutdown()
     terminatedGate.open()
   }
 

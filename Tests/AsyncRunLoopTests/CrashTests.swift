@@ -67,7 +67,7 @@ struct CrashTests {
       _ = try first.performAndWait { 0 }
       _ = try second.performAndWait { second.add(source) }
     }
-    expectStandardError(of: result, mentions: "scheduled on one loop at a time")
+    expectStandardError(of: result, mentions: "is on one loop at a time")
   }
 
   @Test func schedulingOneDescriptorSourceOnTwoLoopsTraps() async {
@@ -80,6 +80,6 @@ struct CrashTests {
       _ = try first.performAndWait { 0 }
       _ = try second.performAndWait { try second.add(source) }
     }
-    expectStandardError(of: result, mentions: "scheduled on one loop at a time")
+    expectStandardError(of: result, mentions: "is on one loop at a time")
   }
 }

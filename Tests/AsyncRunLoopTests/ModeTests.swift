@@ -90,7 +90,7 @@ struct ModeTests {
 
       // Removing from .common removes from every common mode: cancel runs once.
       loop.remove(source, from: .common)
-      note("memberships: \(source.memberships.count)")
+      note("memberships: \(loop.core.modeCount(of: source))")
       loop.remove(late, from: .common)
       note("\(loop.run(mode: custom, until: .now.advanced(by: .seconds(60))))")
       return note.entries

@@ -65,7 +65,10 @@ struct ShutdownTests {
     await execShutdown(loop)  // joins the thread (the call inside the job could not)
   }
 
-  @Test func tasksSleepingOnTheLoopEndWhenItShutsDown() async throws {
+  /// A sleep pending at shutdown never returns early: `loop.clock` sleeps throw
+  /// CancellationError, and a `Task.sleep` under the loop's preference (whose job is the
+  /// runtime's, which cannot throw) completes at its deadline, elsewhere.
+  @Test func tasksSleepingOnTheLoopEndWhenItShutsDownNeverEarly() async throws {
     let loop = try RunLoopThread(name: "sd-sleepers")
     let counter = try ExecCounter(loop: loop)
     let scheduledBefore = loop.scheduledJobCount
@@ -86,8 +89,10 @@ struct ShutdownTests {
           return error is CancellationError
         }
       }()
-      async let taskSleep: Void = withTaskExecutorPreference(loop) {
-        try? await Task.sleep(for: .seconds(3_600))  // ends (early) when its timer is invalidated
+      let taskSleepStart = ContinuousClock.now
+      async let taskSleep: Duration = withTaskExecutorPreference(loop) {
+        try? await Task.sleep(for: .seconds(1))  // its timer is invalidated: it waits elsewhere
+        return ContinuousClock.now - taskSleepStart
       }
       // Shut down once the task's sleep reached the loop (the other two are indifferent: a sleep
       // that starts after the shutdown ends at once).
@@ -96,11 +101,12 @@ struct ShutdownTests {
         usleep(2_000)
         loop.shutdownAndWait()
       }
-      await taskSleep
-      return await (clockSleep, actorSleep)
+      let slept = await taskSleep
+      return await (clockSleep, actorSleep, slept)
     }
     #expect(outcome?.0 == true)  // CancellationError, not a hang and not a normal return
     #expect(outcome?.1 == true)
+    #expect(outcome.map { $0.2 >= .seconds(1) } == true, "a sleep must never end before its deadline")
   }
 
   @Test func everyKindOfSequenceConsumerEndsWhenTheLoopShutsDown() async throws {

@@ -204,7 +204,7 @@ struct InputSourceTests {
     let modesHolding = { @Sendable () throws -> Int in
       try loop.performAndWait {
         [RunLoopMode.default, tracking, modal].filter { mode in
-          loop.modeTable.existingContents(for: mode)?.sources.contains { $0 === source } ?? false
+          loop.core.modeTable.record(for: source)?.modes.contains { $0.contents.mode == mode } ?? false
         }.count
       }
     }
@@ -214,7 +214,7 @@ struct InputSourceTests {
     #expect(!source.isValid)
     waitUntil("cancel") { recorder.cancels.withLock { $0 } == 1 }
     #expect(try modesHolding() == 0)
-    #expect(try loop.performAndWait { source.memberships.isEmpty })
+    #expect(try loop.performAndWait { loop.core.modeCount(of: source) == 0 })
 
     source.invalidate()  // again, from both sides
     try loop.performAndWait { source.invalidate() }
@@ -225,7 +225,7 @@ struct InputSourceTests {
 
     // An invalidated source cannot be scheduled again.
     loop.add(source, to: .default)
-    #expect(try loop.performAndWait { source.memberships.isEmpty })
+    #expect(try loop.performAndWait { loop.core.modeCount(of: source) == 0 })
     #expect(recorder.schedules.withLock { $0 } == 1)
     loop.shutdownAndWait()
   }

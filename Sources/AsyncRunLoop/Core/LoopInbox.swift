@@ -1,6 +1,8 @@
 /// A block handed to a loop with `perform`, with the modes it may run in.
 struct PerformRequest {
   let modes: [RunLoopMode]
+  /// Runs in whatever mode the loop runs (`runModal`'s block).
+  var anyMode = false
   let block: @Sendable () -> Void
 }
 
@@ -157,16 +159,19 @@ struct LoopInbox {
     return .terminated(leftoverJobs: jobs)
   }
 
-  /// Whether anything is waiting for the loop (it must not sleep).
-  var hasWork: Bool {
-    !jobs.isEmpty || !performs.isEmpty || !signalled.isEmpty || !controls.isEmpty || stopRequested
-      || wakeRequested
+  /// Whether anything is waiting for the loop (it must not sleep). `ignoringJobs`: the loop is
+  /// inside one of its own jobs and cannot run jobs now.
+  func hasWork(ignoringJobs: Bool = false) -> Bool {
+    (!ignoringJobs && !jobs.isEmpty) || !performs.isEmpty || !signalled.isEmpty || !controls.isEmpty
+      || stopRequested || wakeRequested
   }
 
   /// The loop is about to sleep on `mechanism`: true if it may (nothing waiting), and from then
-  /// on the first producer wakes it that way. False means "poll instead": work is there.
-  mutating func prepareToSleep(on mechanism: SleepMechanism) -> Bool {
-    if hasWork { return false }  // work arrived since the loop looked: no sleep
+  /// on the first producer wakes it that way. False means "poll instead": work is there. A loop
+  /// inside one of its own jobs (`ignoringJobs`) sleeps over waiting jobs: it cannot run them,
+  /// and each one that arrives still wakes it (it then sleeps again).
+  mutating func prepareToSleep(on mechanism: SleepMechanism, ignoringJobs: Bool = false) -> Bool {
+    if hasWork(ignoringJobs: ignoringJobs) { return false }  // work arrived since the loop looked: no sleep
     wakePending = false
     sleepMechanism = mechanism
     return true

@@ -1,28 +1,24 @@
-/// Something that can be scheduled in a loop's modes: an input source, a readiness source, a
-/// timer or an observer. Loop thread only: `memberships` and the insert/remove hooks are touched
-/// only by the `ModeTable` of the loop the member is scheduled on.
-protocol ModeMember: AnyObject {
-  /// The modes (their contents) this member is in, on its loop. Loop thread.
-  var memberships: [ModeContents] { get set }
-  /// Adds the member to one mode's storage. Loop thread.
-  func insert(into contents: ModeContents)
-  /// Removes the member from one mode's storage. Loop thread.
-  func remove(from contents: ModeContents)
-}
-
 /// The members of one mode on one loop. Loop thread only (owned by `ModeTable`).
 ///
+/// Every operation is O(1) (observers: amortized O(1) for members added in order): custom sources
+/// are only counted (the pass fires the *signalled* ones, found through their records),
+/// descriptors are keyed by identity (their order only matters to epoll, which has none), and
+/// observers, told in order every pass, sit in an ordered slot list whose removed slots are left
+/// empty and compacted once they outnumber the live ones.
+///
 /// Every pass reads these, so they skip dynamic exclusivity checks (a thread-local lookup each):
-/// they are confined to the loop thread, and the pass copies a list (or collects due timers)
-/// before calling out, so no access overlaps one made from a callout.
+/// they are confined to the loop thread, and the pass iterates a copy (or pops timers one by
+/// one) when it calls out, so no access overlaps one made from a callout.
 final class ModeContents {
   let mode: RunLoopMode
-  /// Custom sources, sorted by `order` (stable: equal orders keep insertion order).
-  @exclusivity(unchecked) var sources: [InputSource] = []
-  /// Readiness sources, in insertion order.
-  @exclusivity(unchecked) var descriptors: [DescriptorSource] = []
-  /// Observers, sorted by `order` (stable).
-  @exclusivity(unchecked) var observers: [LoopObserver] = []
+  /// How many custom sources the mode holds.
+  @exclusivity(unchecked) var sourceCount = 0
+  /// Readiness sources' records, by member identity.
+  @exclusivity(unchecked) var descriptors: [ObjectIdentifier: MemberRecord] = [:]
+  /// Observers' records in `order` (stable: equal orders keep insertion order); nil slots are
+  /// removed observers waiting for compaction.
+  @exclusivity(unchecked) var observers: [MemberRecord?] = []
+  @exclusivity(unchecked) var observerCount = 0
   /// Union of the activities the observers want; lets a pass skip empty notifications cheaply.
   @exclusivity(unchecked) var observedActivities: LoopActivity = []
   /// The timers in this mode.
@@ -34,38 +30,76 @@ final class ModeContents {
 
   /// SPEC §1: a mode with no sources and no timers gives the run nothing to wait for.
   var hasNothingToWatch: Bool {
-    sources.isEmpty && descriptors.isEmpty && timerCount == 0
+    sourceCount == 0 && descriptors.isEmpty && timerCount == 0
   }
 
-  func recomputeObservedActivities() {
-    observedActivities = observers.reduce(into: []) { $0.formUnion($1.activities) }
+  /// Inserts an observer's record in order; returns its slot.
+  func insertObserver(_ record: MemberRecord) -> Int {
+    let key = record.order
+    // The common case (equal or rising orders): append.
+    if let lastIndex = observers.lastIndex(where: { $0 != nil }), let last = observers[lastIndex], last.order > key {
+      // Out of order: insert after the last slot whose order is not greater, and renumber.
+      let index = observers.lastIndex { $0.map { $0.order <= key } ?? false }.map { $0 + 1 } ?? 0
+      observers.insert(record, at: index)
+      renumberObservers(from: index)
+      observerCount += 1
+      observedActivities.formUnion(Self.activities(of: record))
+      return index
+    }
+    observers.append(record)
+    observerCount += 1
+    observedActivities.formUnion(Self.activities(of: record))
+    return observers.count - 1
   }
 
-  /// Inserts `element` after every element whose order is not greater (a stable sort by order).
-  static func insertOrdered<Element: AnyObject>(
-    _ element: Element, into array: inout [Element], order: (Element) -> Int
-  ) {
-    let key = order(element)
-    let index = array.lastIndex { order($0) <= key }.map { $0 + 1 } ?? 0
-    array.insert(element, at: index)
+  /// Empties an observer's slot; compacts when empty slots outnumber live ones.
+  func removeObserver(at slot: Int) {
+    observers[slot] = nil
+    observerCount -= 1
+    if observerCount == 0 {
+      observers.removeAll(keepingCapacity: true)
+    } else if observers.count > 32 && observers.count > 2 * observerCount {
+      observers.removeAll { $0 == nil }
+      renumberObservers(from: 0)
+    }
+    recomputeObservedActivities()
+  }
+
+  private func renumberObservers(from start: Int) {
+    for index in start..<observers.count {
+      guard let record = observers[index] else { continue }
+      for position in record.modes.indices where record.modes[position].contents === self {
+        record.modes[position].slot = index
+      }
+    }
+  }
+
+  private func recomputeObservedActivities() {
+    // Many observers: the union only grows on insert, and shrinking it lazily is harmless (the
+    // pass then iterates and finds nobody interested), so recompute only while it is cheap.
+    guard observerCount <= 64 else { return }
+    observedActivities = observers.reduce(into: []) { union, record in
+      if let record { union.formUnion(Self.activities(of: record)) }
+    }
+  }
+
+  private static func activities(of record: MemberRecord) -> LoopActivity {
+    if case .observer(let observer) = record.kind { return observer.activities }
+    return []
   }
 }
 
-/// A timer-heap entry's payload: the timer and the generation it was scheduled under.
-struct TimerHeapPayload {
-  let timer: LoopTimer
-  let generation: UInt64
-}
-
-/// A loop's modes and the common-modes set. Loop thread only (owned by one `RunLoopThread`).
+/// A loop's modes, the common-modes set and the records of its members. Loop thread only (owned by
+/// one `LoopCore`).
 final class ModeTable {
   private(set) var contentsByMode: [RunLoopMode: ModeContents] = [:]
   /// The modes in the common set; `.default` is always one of them.
   private(set) var commonModes: Set<RunLoopMode> = [.default]
+  /// Every member on this loop, by identity.
+  private(set) var records: [ObjectIdentifier: MemberRecord] = [:]
   /// Members added to `.common`, keyed by identity, with the order they were added in, so that a
-  /// mode joining the common set later receives them too (in that order). A dictionary, because
-  /// removal happens for every one-shot timer and must not scan.
-  private var commonMembers: [ObjectIdentifier: (order: UInt64, member: any ModeMember)] = [:]
+  /// mode joining the common set later receives them too (in that order).
+  private var commonMembers: [ObjectIdentifier: (order: UInt64, record: MemberRecord)] = [:]
   private var commonOrder: UInt64 = 0
 
   /// The contents of `mode`, created on first use. `mode` must not be `.common`.
@@ -79,92 +113,106 @@ final class ModeTable {
 
   func existingContents(for mode: RunLoopMode) -> ModeContents? { contentsByMode[mode] }
 
-  /// Adds `member` to `mode` (to every common mode for `.common`).
-  /// - Returns: true when this was the member's first mode on the loop (it just got attached).
+  /// The record of a member on this loop, if it is here.
+  @inline(__always)
+  func record(for member: AnyObject) -> MemberRecord? { records[ObjectIdentifier(member)] }
+
+  /// The record of `member`, created (not yet in any mode) if it is not here. `created` tells.
+  func recordCreatingIfNeeded(_ member: AnyObject, _ kind: @autoclosure () -> MemberRecord.Kind)
+    -> (record: MemberRecord, created: Bool)
+  {
+    let key = ObjectIdentifier(member)
+    if let existing = records[key] { return (existing, false) }
+    let record = MemberRecord(kind: kind())
+    records[key] = record
+    return (record, true)
+  }
+
+  /// Adds the record to `mode` (to every common mode for `.common`).
+  /// - Returns: the modes the record joined (empty when it was in all of them already).
   @discardableResult
-  func add(_ member: any ModeMember, to mode: RunLoopMode) -> Bool {
-    let wasDetached = member.memberships.isEmpty
+  func add(_ record: MemberRecord, to mode: RunLoopMode) -> [ModeContents] {
+    var joined: [ModeContents] = []
     if mode == .common {
-      let key = ObjectIdentifier(member)
-      if commonMembers[key] == nil {
+      if commonMembers[record.key] == nil {
         commonOrder &+= 1
-        commonMembers[key] = (commonOrder, member)
+        commonMembers[record.key] = (commonOrder, record)
       }
-      for commonMode in commonModes { insert(member, into: contents(for: commonMode)) }
-    } else {
-      insert(member, into: contents(for: mode))
-    }
-    return wasDetached && !member.memberships.isEmpty
-  }
-
-  /// Removes `member` from `mode` (from every common mode, and from the common set, for `.common`).
-  /// Removing something that is not there is a no-op.
-  /// - Returns: true when the member left its last mode on the loop (it just got detached).
-  @discardableResult
-  func remove(_ member: any ModeMember, from mode: RunLoopMode) -> Bool {
-    let wasAttached = !member.memberships.isEmpty
-    if mode == .common {
-      commonMembers[ObjectIdentifier(member)] = nil
-      for commonMode in commonModes {
-        if let contents = contentsByMode[commonMode] { extract(member, from: contents) }
+      for commonMode in commonModes where insert(record, into: contents(for: commonMode)) {
+        joined.append(contents(for: commonMode))
       }
-    } else if let contents = contentsByMode[mode] {
-      extract(member, from: contents)
-    }
-    return wasAttached && member.memberships.isEmpty
-  }
-
-  /// Removes `member` from every mode and from the common set.
-  /// - Returns: true when it was attached before.
-  @discardableResult
-  func removeEverywhere(_ member: any ModeMember) -> Bool {
-    let wasAttached = !member.memberships.isEmpty
-    if !commonMembers.isEmpty { commonMembers[ObjectIdentifier(member)] = nil }
-    for contents in member.memberships { member.remove(from: contents) }
-    member.memberships.removeAll()
-    return wasAttached
-  }
-
-  /// Adds `mode` to the common set; every member already in `.common` joins it.
-  /// Adding `.common` itself or a mode already in the set is a no-op.
-  /// - Returns: the members that joined the mode.
-  @discardableResult
-  func addToCommonModes(_ mode: RunLoopMode) -> [any ModeMember] {
-    guard mode != .common, commonModes.insert(mode).inserted else { return [] }
-    let contents = contents(for: mode)
-    var joined: [any ModeMember] = []
-    let ordered = commonMembers.values.sorted { $0.order < $1.order }.map(\.member)
-    for member in ordered where !member.memberships.contains(where: { $0 === contents }) {
-      insert(member, into: contents)
-      joined.append(member)
+    } else if insert(record, into: contents(for: mode)) {
+      joined.append(contents(for: mode))
     }
     return joined
   }
 
-  /// Every member scheduled anywhere on the loop (each once).
-  func allMembers() -> [any ModeMember] {
-    var seen = Set<ObjectIdentifier>()
-    var result: [any ModeMember] = []
-    for contents in contentsByMode.values {
-      let members: [any ModeMember] =
-        contents.sources + contents.descriptors + contents.observers
-        + contents.timers.entries.map { $0.payload.timer }
-      for member in members where seen.insert(ObjectIdentifier(member)).inserted {
-        if !member.memberships.isEmpty { result.append(member) }
+  /// Removes the record from `mode` (from every common mode, and from the common set, for
+  /// `.common`). Removing it from a mode that does not hold it is a no-op.
+  /// - Returns: true when the record left its last mode (the caller detaches it).
+  func remove(_ record: MemberRecord, from mode: RunLoopMode) -> Bool {
+    if mode == .common {
+      commonMembers[record.key] = nil
+      for commonMode in commonModes {
+        if let contents = contentsByMode[commonMode] { extract(record, from: contents) }
       }
+    } else if let contents = contentsByMode[mode] {
+      extract(record, from: contents)
     }
-    return result
+    return record.modes.isEmpty
   }
 
-  private func insert(_ member: any ModeMember, into contents: ModeContents) {
-    guard !member.memberships.contains(where: { $0 === contents }) else { return }
-    member.memberships.append(contents)
-    member.insert(into: contents)
+  /// Removes the record from every mode, from the common set and from the registry.
+  func removeEverywhere(_ record: MemberRecord) {
+    if !commonMembers.isEmpty { commonMembers[record.key] = nil }
+    while let last = record.modes.last { extract(record, from: last.contents) }
+    records[record.key] = nil
   }
 
-  private func extract(_ member: any ModeMember, from contents: ModeContents) {
-    guard let index = member.memberships.firstIndex(where: { $0 === contents }) else { return }
-    member.memberships.remove(at: index)
-    member.remove(from: contents)
+  /// Drops a record that is in no mode (left its last one) from the registry.
+  func forget(_ record: MemberRecord) {
+    precondition(record.modes.isEmpty, "AsyncRunLoop: forgetting a member that is still in a mode")
+    commonMembers[record.key] = nil
+    records[record.key] = nil
+  }
+
+  /// Adds `mode` to the common set; every member already in `.common` joins it.
+  /// Adding `.common` itself or a mode already in the set is a no-op.
+  /// - Returns: the records that joined the mode.
+  @discardableResult
+  func addToCommonModes(_ mode: RunLoopMode) -> [MemberRecord] {
+    guard mode != .common, commonModes.insert(mode).inserted else { return [] }
+    let contents = contents(for: mode)
+    let ordered = commonMembers.values.sorted { $0.order < $1.order }.map(\.record)
+    return ordered.filter { insert($0, into: contents) }
+  }
+
+  /// Every record on the loop.
+  var allRecords: [MemberRecord] { Array(records.values) }
+
+  /// Inserts the record into one mode; false when the mode holds it already.
+  private func insert(_ record: MemberRecord, into contents: ModeContents) -> Bool {
+    guard !record.isIn(contents) else { return false }
+    var slot = -1
+    switch record.kind {
+    case .source: contents.sourceCount += 1
+    case .descriptor: contents.descriptors[record.key] = record
+    case .timer: contents.timerCount += 1
+    case .observer: slot = contents.insertObserver(record)
+    }
+    record.modes.append((contents, slot))
+    return true
+  }
+
+  private func extract(_ record: MemberRecord, from contents: ModeContents) {
+    guard let position = record.modes.firstIndex(where: { $0.contents === contents }) else { return }
+    let slot = record.modes[position].slot
+    record.modes.remove(at: position)
+    switch record.kind {
+    case .source: contents.sourceCount -= 1
+    case .descriptor: contents.descriptors[record.key] = nil
+    case .timer: contents.timerCount -= 1
+    case .observer: contents.removeObserver(at: slot)
+    }
   }
 }

@@ -1,3 +1,4 @@
+import Dispatch
 @_spi(ExperimentalScheduling) import _Concurrency
 
 /// `Task.sleep` under `withTaskExecutorPreference(loop)` asks the executor to run the sleeping
@@ -20,50 +21,93 @@
   func schedule<C: Clock>(
     _ job: UnownedJob, role: JobRole, after delay: C.Duration, tolerance: C.Duration?, clock: C
   ) {
-    schedule(job, role: role, in: Self.duration(delay), tolerance: tolerance.flatMap(Self.duration))
+    guard let delay = Self.duration(delay) else {
+      return scheduleByClock(job, role: role, at: clock.now.advanced(by: delay), tolerance: tolerance, clock: clock)
+    }
+    schedule(job, role: role, in: delay, tolerance: tolerance.flatMap(Self.duration))
   }
 
   /// Both roles' `enqueue(_:at:…)` (see `LoopSerialExecutor`).
   func schedule<C: Clock>(_ job: UnownedJob, role: JobRole, at instant: C.Instant, tolerance: C.Duration?, clock: C) {
-    let delay = clock.now.duration(to: instant)
-    schedule(job, role: role, in: Self.duration(delay), tolerance: tolerance.flatMap(Self.duration))
+    guard let delay = Self.duration(clock.now.duration(to: instant)) else {
+      return scheduleByClock(job, role: role, at: instant, tolerance: tolerance, clock: clock)
+    }
+    schedule(job, role: role, in: delay, tolerance: tolerance.flatMap(Self.duration))
+  }
+
+  /// A clock whose durations are not `Duration` (a custom clock): its time cannot be put on the
+  /// loop's timers, so the clock itself waits (on the global executor), then the job is enqueued
+  /// here. Never early: the clock decides when its instant has come.
+  private func scheduleByClock<C: Clock>(
+    _ job: UnownedJob, role: JobRole, at instant: C.Instant, tolerance: C.Duration?, clock: C
+  ) {
+    scheduledJobCounter.withLock { $0 += 1 }
+    let once = JobOnce(job)
+    let clockBox = UncheckedSendableBox((clock, instant, tolerance))
+    Task.detached { [self] in
+      let (clock, instant, tolerance) = clockBox.value
+      // Not cancellable (nobody holds this task): a thrown sleep cannot happen; retry anyway.
+      while clock.now < instant { try? await clock.sleep(until: instant, tolerance: tolerance) }
+      if let job = once.take() { enqueue(job, role: role) }
+    }
   }
 
   /// Runs `job` on the loop after `delay` (a delay already over fires on the next pass). A job is
-  /// never dropped: if the timer is invalidated first (the loop shuts down), the job is enqueued
-  /// at once instead.
-  private func schedule(_ job: UnownedJob, role: JobRole, in delay: Duration?, tolerance: Duration?) {
+  /// never dropped and never run early: if the timer is invalidated first (the loop shuts down),
+  /// the job is enqueued at its deadline from a Dispatch timer instead (after termination it then
+  /// runs on the fallback queue, still isolated to the loop).
+  private func schedule(_ job: UnownedJob, role: JobRole, in delay: Duration, tolerance: Duration?) {
     scheduledJobCounter.withLock { $0 += 1 }
     let once = JobOnce(job)
+    let deadline = LoopClock.Instant.now.advanced(by: delay)
     let timer = LoopTimer(
-      fireAt: .now.advanced(by: delay ?? .zero), tolerance: tolerance ?? .zero,
+      fireAt: deadline, tolerance: tolerance ?? .zero,
       handler: { [unowned self] _ in
-        if let job = once.take() {
-          switch role {
-          case .serial: job.runSynchronously(on: asUnownedSerialExecutor())
-          // A task-role job is usually not the sleeping task but the small task `Task.sleep`
-          // creates to resume it, which has no executor preference. Run on this loop's
-          // task-executor identity, the runtime moved it to the global pool first (a worker
-          // wake-up, then a second wake-up of this loop when it resumed the sleeper: measured
-          // two passes per sleep). Run under the global executor's identity (generic code may
-          // run on any thread), it resumes the sleeper right here: the sleeper prefers this
-          // loop, so its job lands in the inbox and runs in this same pass. A job that itself
-          // prefers this loop is moved back here by the runtime the same way.
-          case .task: job.runSynchronously(on: globalConcurrentExecutor.asUnownedTaskExecutor())
-          }
+        guard let job = once.take() else { return }
+        // Inside one of the loop's own jobs (a run nested in an actor method) no other job may
+        // start: queue it behind the running one.
+        guard core.mayRunJobs else { return enqueue(job, role: role) }
+        switch role {
+        case .serial: job.runSynchronously(on: asUnownedSerialExecutor())
+        // A task-role job is usually not the sleeping task but the small task `Task.sleep`
+        // creates to resume it, which has no executor preference. Run on this loop's
+        // task-executor identity, the runtime moved it to the global pool first (a worker
+        // wake-up, then a second wake-up of this loop when it resumed the sleeper: measured
+        // two passes per sleep). Run under the global executor's identity (generic code may
+        // run on any thread), it resumes the sleeper right here: the sleeper prefers this
+        // loop, so its job lands in the inbox and runs in this same pass. A job that itself
+        // prefers this loop is moved back here by the runtime the same way.
+        case .task: job.runSynchronously(on: globalConcurrentExecutor.asUnownedTaskExecutor())
         }
       },
-      onInvalidate: { [unowned self] in
-        if let job = once.take() { enqueue(job, role: role) }
+      onInvalidate: { [self] in
+        // Shut down before the deadline: the job waits for its deadline elsewhere.
+        let remaining = LoopClock.monotonicNanoseconds().distance(to: deadline.nanoseconds)
+        guard remaining > 0 else {
+          if let job = once.take() { enqueue(job, role: role) }
+          return
+        }
+        DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(clamping: remaining))) {
+          if let job = once.take() { self.enqueue(job, role: role) }
+        }
       })
     add(timer, to: .common)
-    if isShutDown { timer.invalidate(waitForRunningCallout: false) }
+    if isShutDown { timer.invalidate() }
   }
 
   /// A clock's duration as a `Duration`, when it is one (every standard clock's is).
   private static func duration<D: DurationProtocol>(_ value: D) -> Duration? {
     value as? Duration
   }
+}
+
+/// Carries a value that is only handed from one task to another once (a clock and its instant,
+/// which the generic `Clock` API does not promise to be `Sendable`).
+struct UncheckedSendableBox<Value>: @unchecked Sendable {  // Safety: proof below
+  // Safety: created by the enqueueing thread and read once by the task it starts; never shared
+  // further, never mutated.
+  let value: Value
+  init(_ value: Value) { self.value = value }
 }
 
 /// Hands a job out exactly once (timer fire or invalidation, whichever comes first).

@@ -27,7 +27,7 @@ extension RunLoopThread {
           onInvalidate: { waiter.finish(.failure(CancellationError())) })
         guard waiter.start(continuation, timer: timer) else { return }  // cancelled already
         add(timer, to: .common)
-        if isShutDown { timer.invalidate(waitForRunningCallout: false) }
+        if isShutDown { timer.invalidate() }
       }
     } onCancel: {
       waiter.cancel()
@@ -94,6 +94,6 @@ final class SleepWaiter: @unchecked Sendable {  // Safety: proof below
         return nil
       }
     }
-    timer?.invalidate(waitForRunningCallout: false)
+    timer?.invalidate()
   }
 }

@@ -115,7 +115,7 @@ public func runMainLoop() {
     if loop.isShutDown || result == .finished { break }
     if !MainLoopControl.continueServing() { break }
   }
-  if loop.isShutDown { loop.drainForShutdown() }
+  if loop.isShutDown { loop.core.drainForShutdown() }
   MainLoopControl.endServing()
 }
 

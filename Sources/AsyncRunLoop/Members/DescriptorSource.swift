@@ -31,10 +31,12 @@ public struct DescriptorEvents: OptionSet, Sendable, Hashable, CustomStringConve
 /// The source does not own the descriptor: close it yourself, after removing the source. A
 /// descriptor closed while registered, and its number reused by a new descriptor, never delivers
 /// events to the old registration: each registration is identified by a token, not by the number.
-public final class DescriptorSource: ModeMember, @unchecked Sendable {  // Safety: proof below
-  // Safety: `descriptor`, `interest` and `order` are immutable. `lifecycle`, `handler` and `onInvalidate` are
-  // only touched with `lock` held. `memberships`, `token` and `isArmed` are only touched on the
-  // thread of the loop the source is scheduled on (asserted by `RunLoopThread`).
+public final class DescriptorSource: LoopMember, @unchecked Sendable {  // Safety: proof below
+  // Safety: `descriptor`, `interest` and `order` are immutable. `binding`, `handler` and
+  // `onInvalidate` are only touched with `lock` held. The loop-thread side (epoll token, armed)
+  // lives in the loop's `MemberRecord`.
+
+  static var kindName: String { "DescriptorSource" }
 
   /// The watched file descriptor.
   public let descriptor: Int32
@@ -44,25 +46,11 @@ public final class DescriptorSource: ModeMember, @unchecked Sendable {  // Safet
   public let order: Int
 
   private let lock = PthreadLock.make()
-  private var lifecycle = Lifecycle.active
+  private var binding = MemberBinding()
   private var handler: (@Sendable (DescriptorSource, DescriptorEvents) -> Void)?
   /// Internal: called once, on the invalidating thread after the lock is released, when the
   /// source is invalidated (async sequences use it to end their consumer).
   private var onInvalidate: (@Sendable () -> Void)?
-
-  private enum Lifecycle {
-    case active
-    case scheduled(RunLoopThread)
-    case invalid
-  }
-
-  /// Loop thread: the modes holding the source.
-  var memberships: [ModeContents] = []
-  /// Loop thread: the epoll token of the current registration (0 when not registered).
-  var token: UInt64 = 0
-  /// Loop thread: whether epoll currently reports events for it (false while the loop runs in a
-  /// mode that does not hold it; see `RunLoopThread.armDescriptors`).
-  var isArmed = false
 
   /// Creates a readiness source.
   /// - Parameters:
@@ -89,37 +77,33 @@ public final class DescriptorSource: ModeMember, @unchecked Sendable {  // Safet
     self.onInvalidate = onInvalidate
   }
 
+  func withBinding<Result>(_ body: (inout MemberBinding) -> Result) -> Result {
+    lock.lock()
+    defer { lock.unlock() }
+    return body(&binding)
+  }
+
   /// Removes the source from every mode of its loop (deregistering the descriptor) and releases
-  /// the handler. Any thread; idempotent.
+  /// the handler. No handler call starts after this returns. Any thread; idempotent.
   public func invalidate() {
     let (loop, released, invalidated): (RunLoopThread?, Any?, (@Sendable () -> Void)?) = lock.withLock {
-      defer { onInvalidate = nil }
-      switch lifecycle {
-      case .active:
-        lifecycle = .invalid
-        defer { handler = nil }
-        return (nil, handler, onInvalidate)  // never scheduled: release the handler now
-      case .scheduled(let loop):
-        lifecycle = .invalid
-        return (loop, nil, onInvalidate)  // the loop's detach releases it
-      case .invalid:
-        return (nil, nil, nil)
+      let (loop, first) = binding.invalidate()
+      guard first else { return (nil, nil, nil) }
+      defer {
+        onInvalidate = nil
+        handler = nil
       }
+      return (loop, handler, onInvalidate)
     }
     withExtendedLifetime(released) {}  // whatever the handler captured is freed outside the lock
     invalidated?()
-    loop?.detachEverywhere(self)
+    loop?.detachInvalidated(self)
   }
 
+  func releaseAfterInvalidation() {}  // `invalidate()` released the handler already
+
   /// False once `invalidate()` was called. Any thread.
-  public var isValid: Bool {
-    lock.withLock {
-      switch lifecycle {
-      case .active, .scheduled: return true
-      case .invalid: return false
-      }
-    }
-  }
+  public var isValid: Bool { lock.withLock { binding.isValid } }
 
   /// The epoll interest bits for this source, without epoll's mode flags. Registrations are
   /// always level-triggered (the loop silences and re-arms them per mode, and a wait that stops
@@ -132,55 +116,15 @@ public final class DescriptorSource: ModeMember, @unchecked Sendable {  // Safet
     UInt32(EPOLLET.rawValue) | UInt32(EPOLLONESHOT.rawValue) | UInt32(EPOLLEXCLUSIVE.rawValue)
     | UInt32(EPOLLWAKEUP.rawValue)
 
-  /// Loop thread: records the loop; false when the source was invalidated (do not register).
-  func attach(to loop: RunLoopThread) -> Bool {
-    lock.withLock {
-      switch lifecycle {
-      case .active:
-        lifecycle = .scheduled(loop)
-        return true
-      case .scheduled(let current):
-        precondition(current === loop, "AsyncRunLoop: a DescriptorSource is scheduled on one loop at a time")
-        return true
-      case .invalid:
-        return false
-      }
-    }
-  }
+  /// Loop thread: the source left `loop` (nothing to do: the handler goes with `invalidate()`).
+  func left(_ loop: RunLoopThread) {}
 
-  /// Loop thread: the source left its loop; an invalidated source releases its handler.
-  func detach() {
-    let released: Any? = lock.withLock {
-      switch lifecycle {
-      case .active:
-        return nil
-      case .scheduled:
-        lifecycle = .active
-        return nil
-      case .invalid:
-        defer { handler = nil }
-        return handler
-      }
-    }
-    withExtendedLifetime(released) {}
-  }
-
-  /// Loop thread: delivers events to the handler (not after invalidation).
-  func fire(_ events: DescriptorEvents) {
+  /// Loop thread: delivers events to the handler (not after invalidation, nor once the source
+  /// left `loop`).
+  func fire(_ events: DescriptorEvents, on loop: RunLoopThread) {
     let current: (@Sendable (DescriptorSource, DescriptorEvents) -> Void)? = lock.withLock {
-      switch lifecycle {
-      case .active, .scheduled: return handler
-      case .invalid: return nil
-      }
+      binding.loop === loop ? handler : nil
     }
     current?(self, events)
-  }
-
-  func insert(into contents: ModeContents) {
-    ModeContents.insertOrdered(self, into: &contents.descriptors) { $0.order }
-  }
-
-  func remove(from contents: ModeContents) {
-    contents.descriptors.removeAll { $0 === self }
   }
 }

@@ -14,21 +14,20 @@
 ///
 /// A source is scheduled on at most one loop at a time (in any number of its modes). Adding it to
 /// a second loop while it is on one is a programming error and traps with a clear message.
-public final class InputSource: ModeMember, @unchecked Sendable {  // Safety: proof below
-  // Safety: `order` is immutable. `state` (which also holds the routines) is only touched with
-  // `lock` held. `memberships` is only touched on the thread of the loop the source is scheduled
-  // on, which `RunLoopThread` asserts at every entry point.
+public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: proof below
+  // Safety: `order` is immutable. `state` (which also holds the routines) and `binding` are only
+  // touched with `lock` held.
+
+  static var kindName: String { "InputSource" }
 
   /// Among sources that are ready in the same pass, lower orders fire first.
   public let order: Int
 
   private let lock = PthreadLock.make()
-  // No dynamic exclusivity checks (see `ModeContents`): `state` is only touched under `lock`,
-  // `memberships` only on the loop thread, and neither is accessed across a callout.
+  // No dynamic exclusivity checks (see `ModeContents`): only touched under `lock`, and no access
+  // spans a callout.
   @exclusivity(unchecked) private var state: SignalState
-
-  /// Loop thread: the modes of the attached loop that hold this source.
-  @exclusivity(unchecked) var memberships: [ModeContents] = []
+  @exclusivity(unchecked) private var binding = MemberBinding()
 
   /// Creates a source. The routines are called on the thread of the loop it is added to, and
   /// released once the source is invalidated.
@@ -48,11 +47,20 @@ public final class InputSource: ModeMember, @unchecked Sendable {  // Safety: pr
       routines: .init(schedule: schedule, perform: perform, cancel: cancel))
   }
 
+  func withBinding<Result>(_ body: (inout MemberBinding) -> Result) -> Result {
+    lock.lock()
+    defer { lock.unlock() }
+    return body(&binding)
+  }
+
   /// Marks the source ready and wakes its loop so that `perform` runs on its next pass
   /// ("signal + wake" as one call). Any thread. A no-op on an invalidated source.
   /// Signals that arrive before the source is added to a loop are kept and fire once it is.
   public func signal() {
-    let loop = lock.withLock { state.signal() }
+    let loop: RunLoopThread? = lock.withLock {
+      guard binding.isValid, state.signal() else { return nil }
+      return binding.loop  // nil when not on a loop: the loop it joins picks the signal up
+    }
     loop?.enqueueSignalled(self)
   }
 
@@ -60,53 +68,56 @@ public final class InputSource: ModeMember, @unchecked Sendable {  // Safety: pr
   /// loop's thread; before this returns when called there) if it was on a loop. Releases the
   /// routines. Any thread; idempotent.
   public func invalidate() {
-    switch lock.withLock({ state.invalidate() }) {
-    case .none:
-      break
-    case .detach(let loop):
-      loop.detachEverywhere(self)
+    let loop: RunLoopThread? = lock.withLock {
+      let (loop, first) = binding.invalidate()
+      guard first else { return nil }
+      state.invalidate(keepingRoutines: loop != nil)  // the loop's detach hands out cancel
+      return loop
     }
+    loop?.detachInvalidated(self)
+  }
+
+  func releaseAfterInvalidation() {
+    let released: SignalState.Routines? = lock.withLock { binding.isValid ? nil : state.release() }
+    withExtendedLifetime(released) {}  // whatever the routines captured is freed outside the lock
   }
 
   /// False once `invalidate()` was called. Any thread.
-  public var isValid: Bool { lock.withLock { state.isValid } }
+  public var isValid: Bool { lock.withLock { binding.isValid } }
 
   /// Whether the source is signalled and waiting for its loop to fire it. Any thread.
-  public var isSignalled: Bool { lock.withLock { state.isSignalled } }
+  public var isSignalled: Bool { lock.withLock { binding.isValid && state.isSignalled } }
 
   // MARK: Loop-facing (loop thread)
 
-  /// Records that the source is now scheduled on `loop`. Loop thread of `loop`.
-  func attach(to loop: RunLoopThread) -> SignalState.AttachAction {
-    lock.withLock { state.attach(to: loop) }
+  /// The source joined `loop` (its first mode there): the schedule routine to call, and whether it
+  /// is signalled already. Loop thread of `loop`.
+  func joined(_ loop: RunLoopThread) -> (
+    schedule: (@Sendable (InputSource, RunLoopThread, RunLoopMode) -> Void)?, signalled: Bool
+  ) {
+    lock.withLock { (state.routines?.schedule, state.isSignalled) }
   }
 
-  /// Records that the source left `loop` and returns the cancel routine to call (after the lock
-  /// is released), releasing every routine when the source was invalidated. Loop thread.
-  func detach() -> (@Sendable (InputSource, RunLoopThread) -> Void)? {
-    lock.withLock { state.detach() }
+  /// The source left `loop`: returns the cancel routine to call (after the lock is released),
+  /// releasing every routine when the source was invalidated. Loop thread.
+  func left(_ loop: RunLoopThread) -> (@Sendable (InputSource, RunLoopThread) -> Void)? {
+    lock.withLock { state.left(isValid: binding.isValid) }
   }
 
   /// Clears the signal just before `perform` runs and returns the routine to run, or nil when the
-  /// source was invalidated or is no longer signalled. Loop thread.
-  func consumeSignal() -> (@Sendable (InputSource) -> Void)? {
+  /// source was invalidated, is no longer signalled, or is no longer on `loop`. Loop thread.
+  func consumeSignal(on loop: RunLoopThread) -> (@Sendable (InputSource) -> Void)? {
     // Not `withLock`: a closure returned through its generic result is re-abstracted, which
     // heap-allocated a thunk context on every fire of the source.
     lock.lock()
     defer { lock.unlock() }
+    guard binding.isValid, binding.loop === loop else { return nil }
     return state.consumeSignal()
-  }
-
-  func insert(into contents: ModeContents) {
-    ModeContents.insertOrdered(self, into: &contents.sources) { $0.order }
-  }
-
-  func remove(from contents: ModeContents) {
-    contents.sources.removeAll { $0 === self }
   }
 }
 
-/// The cross-thread state of an `InputSource`: a pure state machine, held under the source's lock.
+/// The cross-thread state of an `InputSource` besides its binding: its routines and signal. A
+/// pure state machine, held under the source's lock.
 struct SignalState {
   struct Routines {
     var schedule: (@Sendable (InputSource, RunLoopThread, RunLoopMode) -> Void)?
@@ -114,103 +125,44 @@ struct SignalState {
     var cancel: (@Sendable (InputSource, RunLoopThread) -> Void)?
   }
 
-  private enum Lifecycle {
-    /// Usable: can be scheduled and signalled.
-    case active
-    /// `invalidate()` was called on a scheduled source; its loop has yet to detach it (and call
-    /// cancel). The routines are kept until then.
-    case invalidating
-    /// Done: the routines are released.
-    case invalid
-  }
-
-  private var lifecycle = Lifecycle.active
-  private var routines: Routines?
+  /// nil once released (the source was invalidated and its loop, if any, detached it).
+  private(set) var routines: Routines?
   private(set) var isSignalled = false
-  /// The loop the source is scheduled on; strong, so that signalling can always reach it.
-  private var loop: RunLoopThread?
 
   init(routines: Routines) { self.routines = routines }
 
-  var isValid: Bool { lifecycle == .active }
-
-  /// A client signals: returns the loop to wake, or nil when there is nothing to do.
-  mutating func signal() -> RunLoopThread? {
-    switch lifecycle {
-    case .active:
-      guard !isSignalled else { return nil }  // coalesced with the pending signal
-      isSignalled = true
-      return loop  // nil when not yet scheduled: the loop picks the signal up in attach()
-    case .invalidating, .invalid:
-      return nil  // signalling an invalidated source is a no-op
-    }
+  /// A client signals: true when the loop must be told (the first signal since the last fire).
+  mutating func signal() -> Bool {
+    guard !isSignalled else { return false }  // coalesced with the pending signal
+    isSignalled = true
+    return true
   }
 
-  enum InvalidateAction {
-    /// Nothing to do: already invalid, or never scheduled (the routines are released now).
-    case none
-    /// Remove the source from every mode of this loop; its detach calls cancel.
-    case detach(RunLoopThread)
+  /// The source was invalidated. A source on a loop keeps its routines until the loop detaches it
+  /// (the cancel routine is owed); one on no loop releases them now (no cancel is owed).
+  mutating func invalidate(keepingRoutines: Bool) {
+    isSignalled = false
+    if !keepingRoutines { routines = nil }
   }
 
-  mutating func invalidate() -> InvalidateAction {
-    switch lifecycle {
-    case .active:
-      isSignalled = false
-      if let loop {
-        lifecycle = .invalidating  // routines stay until detach() has handed out cancel
-        return .detach(loop)
-      }
-      lifecycle = .invalid  // never scheduled: no cancel is owed
-      routines = nil
-      return .none
-    case .invalidating, .invalid:
-      return .none  // a second invalidate is a no-op
-    }
-  }
-
-  enum AttachAction {
-    /// Scheduled: call `schedule` (if any); `signalled` says whether to queue it at once.
-    case attached(schedule: (@Sendable (InputSource, RunLoopThread, RunLoopMode) -> Void)?, signalled: Bool)
-    /// The source was invalidated: do not schedule it.
-    case refused
-  }
-
-  mutating func attach(to newLoop: RunLoopThread) -> AttachAction {
-    switch lifecycle {
-    case .active:
-      precondition(
-        loop == nil || loop === newLoop,
-        "AsyncRunLoop: an InputSource is scheduled on one loop at a time; remove it from its loop first")
-      loop = newLoop
-      return .attached(schedule: routines?.schedule, signalled: isSignalled)
-    case .invalidating, .invalid:
-      return .refused
-    }
-  }
-
-  /// The source left its loop: returns the cancel routine to call.
-  mutating func detach() -> (@Sendable (InputSource, RunLoopThread) -> Void)? {
+  /// The source left its loop: returns the cancel routine to call, and releases the routines when
+  /// the source is invalid. A valid source keeps its signal for the loop it joins next.
+  mutating func left(isValid: Bool) -> (@Sendable (InputSource, RunLoopThread) -> Void)? {
     let cancel = routines?.cancel
-    loop = nil  // a later signal is kept until the source is scheduled again
-    switch lifecycle {
-    case .active:
-      break
-    case .invalidating, .invalid:
-      lifecycle = .invalid
-      routines = nil  // release whatever the routines captured
-    }
+    if !isValid { routines = nil }  // release whatever the routines captured
     return cancel
   }
 
+  /// Hands out the routines (for release outside the lock).
+  mutating func release() -> Routines? {
+    defer { routines = nil }
+    return routines
+  }
+
+  /// The loop fires the source: clears the signal and returns the perform routine.
   mutating func consumeSignal() -> (@Sendable (InputSource) -> Void)? {
-    switch lifecycle {
-    case .active:
-      guard isSignalled else { return nil }
-      isSignalled = false
-      return routines?.perform
-    case .invalidating, .invalid:
-      return nil
-    }
+    guard isSignalled else { return nil }
+    isSignalled = false
+    return routines?.perform
   }
 }

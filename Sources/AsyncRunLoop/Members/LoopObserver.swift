@@ -33,10 +33,12 @@ public struct LoopActivity: OptionSet, Sendable, Hashable, CustomStringConvertib
 ///
 /// A repeating observer is told every pass; a one-shot observer invalidates itself after its
 /// first callout. An observer may invalidate itself (or others) from its own callout.
-public final class LoopObserver: ModeMember, @unchecked Sendable {  // Safety: proof below
-  // Safety: `activities`, `repeats` and `order` are immutable. `callout` (nil once invalid) and `onInvalidate` are
-  // only touched with `lock` held. `memberships` and `loop` are only touched on the thread of the
-  // loop the observer is scheduled on (asserted by `RunLoopThread`).
+public final class LoopObserver: LoopMember, @unchecked Sendable {  // Safety: proof below
+  // Safety: `activities`, `repeats` and `order` are immutable. `binding`, `callout` (nil once
+  // invalid) and `onInvalidate` are only touched with `lock` held. The loop-thread side (the
+  // modes holding it) lives in the loop's `MemberRecord`.
+
+  static var kindName: String { "LoopObserver" }
 
   /// The activities the observer is told about.
   public let activities: LoopActivity
@@ -46,14 +48,11 @@ public final class LoopObserver: ModeMember, @unchecked Sendable {  // Safety: p
   public let order: Int
 
   private let lock = PthreadLock.make()
+  private var binding = MemberBinding()
   private var callout: (@Sendable (LoopObserver, LoopActivity) -> Void)?
-  private var scheduledLoop: RunLoopThread?
   /// Internal: called once, on the invalidating thread after the lock is released, when the
   /// observer is invalidated (async sequences use it to end their consumer).
   private var onInvalidate: (@Sendable () -> Void)?
-
-  /// Loop thread: the modes holding the observer.
-  var memberships: [ModeContents] = []
 
   /// Creates an observer.
   /// - Parameters:
@@ -79,45 +78,40 @@ public final class LoopObserver: ModeMember, @unchecked Sendable {  // Safety: p
     self.onInvalidate = onInvalidate
   }
 
+  func withBinding<Result>(_ body: (inout MemberBinding) -> Result) -> Result {
+    lock.lock()
+    defer { lock.unlock() }
+    return body(&binding)
+  }
+
   /// Stops the observer: no callout starts after this returns, and the loop drops it from its
   /// modes (at once on the loop thread, on its next pass from other threads). Any thread;
-  /// idempotent. Releases the callout.
+  /// idempotent; never blocks. Releases the callout.
   public func invalidate() {
-    let (loop, released, invalidated) = lock.withLock {
-      defer { callout = nil; scheduledLoop = nil; onInvalidate = nil }
-      return (scheduledLoop, callout, onInvalidate)
+    let (loop, released, invalidated): (RunLoopThread?, Any?, (@Sendable () -> Void)?) = lock.withLock {
+      let (loop, first) = binding.invalidate()
+      guard first else { return (nil, nil, nil) }
+      defer {
+        callout = nil
+        onInvalidate = nil
+      }
+      return (loop, callout, onInvalidate)
     }
     withExtendedLifetime(released) {}
     invalidated?()
-    loop?.detachEverywhere(self)
+    loop?.detachInvalidated(self)
   }
+
+  func releaseAfterInvalidation() {}  // `invalidate()` released the callout already
 
   /// False once invalidated. Any thread.
-  public var isValid: Bool { lock.withLock { callout != nil } }
+  public var isValid: Bool { lock.withLock { binding.isValid } }
 
-  /// Loop thread: records the loop; false when the observer is already invalid.
-  func attach(to loop: RunLoopThread) -> Bool {
-    lock.withLock {
-      guard callout != nil else { return false }
-      scheduledLoop = loop
-      return true
-    }
-  }
-
-  /// Loop thread: tells the observer; a one-shot observer invalidates itself afterwards.
-  func notify(_ activity: LoopActivity) {
-    guard let current = lock.withLock({ callout }) else { return }
+  /// Loop thread of `loop`: tells the observer (unless it was invalidated or left `loop`); a
+  /// one-shot observer invalidates itself afterwards.
+  func notify(_ activity: LoopActivity, on loop: RunLoopThread) {
+    guard let current = lock.withLock({ binding.loop === loop ? callout : nil }) else { return }
     current(self, activity)
     if !repeats { invalidate() }
-  }
-
-  func insert(into contents: ModeContents) {
-    ModeContents.insertOrdered(self, into: &contents.observers) { $0.order }
-    contents.recomputeObservedActivities()
-  }
-
-  func remove(from contents: ModeContents) {
-    contents.observers.removeAll { $0 === self }
-    contents.recomputeObservedActivities()
   }
 }

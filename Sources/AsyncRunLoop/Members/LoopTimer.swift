@@ -28,12 +28,15 @@ public enum LoopTimerError: Error, Equatable, CustomStringConvertible {
 ///   one-shot timer; a zero repeat interval fires once per loop pass (the loop still sleeps for
 ///   nothing else and `stop()` from the handler works); the `seconds:` initializer rejects NaN and
 ///   infinities with `LoopTimerError`.
-/// - `invalidate()` may be called from any thread: no callout starts after it returns.
-public final class LoopTimer: ModeMember, @unchecked Sendable {  // Safety: proof below
-  // Safety: `intervalNanoseconds`, `toleranceNanoseconds` are immutable. `handler`, `fireDateNs`,
-  // `scheduledLoop`, `onInvalidate`, `isFiring` and `firingWaiters` are only touched with `lock`
-  // held. `memberships` and `generation` are only
-  // touched on the thread of the loop the timer is scheduled on (asserted by `RunLoopThread`).
+/// - `invalidate()` may be called from any thread and never blocks: no callout starts after it
+///   returns. To also wait for a callout that is running at that moment, use
+///   `invalidateAndWait()`, which refuses (throws) instead of deadlocking.
+public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proof below
+  // Safety: `intervalNanoseconds`, `toleranceNanoseconds` are immutable. `binding`, `handler`,
+  // `fireDateNs`, `onInvalidate`, `firingThread` and `firingWaiters` are only touched with `lock`
+  // held. The loop-thread side (heap entries, generation) lives in the loop's `MemberRecord`.
+
+  static var kindName: String { "LoopTimer" }
 
   /// Nanoseconds between fires; nil for a one-shot timer. Never negative.
   let intervalNanoseconds: Int64?
@@ -41,22 +44,16 @@ public final class LoopTimer: ModeMember, @unchecked Sendable {  // Safety: proo
   let toleranceNanoseconds: Int64
 
   private let lock = PthreadLock.make()
+  private var binding = MemberBinding()
   private var handler: (@Sendable (LoopTimer) -> Void)?
   private var fireDateNs: Int64
-  private var scheduledLoop: RunLoopThread?
-  /// A callout is running (set and cleared by the loop thread in `fire`).
-  private var isFiring = false
-  /// Threads in `invalidate` waiting for the running callout to end.
+  /// The loop whose thread runs a callout of this timer now (set and cleared by that thread).
+  private var firingLoop: RunLoopThread?
+  /// Threads in `invalidateAndWait` waiting for the running callout to end.
   private var firingWaiters: [BlockingGate] = []
   /// Internal: called once when the timer is invalidated before a one-shot fire completed it
   /// (used by sleeps and async sequences to end their consumer).
   private var onInvalidate: (@Sendable () -> Void)?
-
-  /// Loop thread: the modes holding the timer.
-  var memberships: [ModeContents] = []
-  /// Loop thread: bumped whenever the fire date or the modes change; heap entries from older
-  /// generations are stale.
-  var generation: UInt64 = 0
 
   /// Creates a timer that first fires at `fireDate`. Add it to a loop to start it.
   /// - Parameters:
@@ -116,79 +113,99 @@ public final class LoopTimer: ModeMember, @unchecked Sendable {  // Safety: proo
     LoopClock.Instant(nanoseconds: lock.withLock { fireDateNs })
   }
 
+  func withBinding<Result>(_ body: (inout MemberBinding) -> Result) -> Result {
+    lock.lock()
+    defer { lock.unlock() }
+    return body(&binding)
+  }
+
   /// Moves the next fire date (a repeating timer keeps its interval from there). Any thread: on
   /// the loop thread it takes effect at once, elsewhere on the loop's next pass.
   public func setFireDate(_ date: LoopClock.Instant) {
     let loop = lock.withLock {
       fireDateNs = date.nanoseconds
-      return scheduledLoop
+      return binding.loop
     }
     loop?.rescheduleTimer(self)
   }
 
   /// Stops the timer and releases its handler, and the loop drops it from its modes. Any
-  /// thread; idempotent.
-  ///
-  /// - Parameter waitForRunningCallout: When true (the default) and a callout of this timer is
-  ///   running on the loop thread while another thread invalidates it, the call waits for that
-  ///   callout to end, so no callout can begin after it returns. Pass false where waiting could
-  ///   deadlock: inside a task cancellation handler when the callout resumes that same task (the
-  ///   runtime holds the task's lock while the handler runs), or on a thread the callout waits
-  ///   for. Then only callouts the loop had not begun to dispatch are prevented. On the loop's
-  ///   own thread (a callout invalidating its timer) it never waits.
-  public func invalidate(waitForRunningCallout: Bool = true) {
-    let (loop, released, invalidated, waitFor): (RunLoopThread?, Any?, (@Sendable () -> Void)?, BlockingGate?) =
-      lock.withLock {
-        defer {
-          handler = nil
-          scheduledLoop = nil
-          onInvalidate = nil
-        }
-        var gate: BlockingGate?
-        if waitForRunningCallout, isFiring, let loop = scheduledLoop, !loop.isOnLoopThread {
-          gate = BlockingGate()
-          firingWaiters.append(gate!)
-        }
-        return (scheduledLoop, handler, onInvalidate, gate)
+  /// thread; idempotent; never blocks. No callout starts after it returns; a callout that had
+  /// already started on the loop thread may still be running (see `invalidateAndWait()`).
+  public func invalidate() {
+    let (loop, released, invalidated): (RunLoopThread?, Any?, (@Sendable () -> Void)?) = lock.withLock {
+      let (loop, first) = binding.invalidate()
+      guard first else { return (nil, nil, nil) }
+      defer {
+        handler = nil
+        onInvalidate = nil
       }
-    withExtendedLifetime(released) {}
-    waitFor?.wait()
+      return (loop, handler, onInvalidate)
+    }
+    withExtendedLifetime(released) {}  // whatever the handler captured is freed outside the lock
     invalidated?()
-    loop?.detachEverywhere(self)
+    loop?.detachInvalidated(self)
   }
+
+  /// Invalidates the timer and, when one of its callouts is running on its loop's thread, waits
+  /// until that callout has returned: after this returns, no callout of the timer runs anywhere.
+  /// Any thread.
+  ///
+  /// - Throws: `RunLoopError.wouldDeadlock` (the timer is invalidated all the same) when waiting
+  ///   could never end: called from the timer's own callout (or from a run nested in it), or from
+  ///   a loop thread whose callout the timer's callout is itself waiting for, directly or through
+  ///   other loops (two loops' timers invalidating each other with this call).
+  public func invalidateAndWait() throws(RunLoopError) {
+    let (target, gate): (RunLoopThread?, BlockingGate?) = lock.withLock {
+      guard let loop = firingLoop else { return (nil, nil) }
+      if loop.isOnLoopThread { return (loop, nil) }  // its callout is on this very stack
+      let gate = BlockingGate()
+      firingWaiters.append(gate)
+      return (loop, gate)
+    }
+    invalidate()
+    guard let target else { return }  // no callout running: nothing to wait for
+    guard let gate else {
+      throw RunLoopError.wouldDeadlock(
+        "invalidateAndWait() from inside a callout of the same timer on loop '\(target.name)' would wait for itself")
+    }
+    let waiter = RunLoopThread.currentIfExists
+    if let waiter, !CalloutWaits.begin(waiter: waiter, target: target) {
+      lock.withLock { firingWaiters.removeAll { $0 === gate } }
+      throw RunLoopError.wouldDeadlock(
+        """
+        invalidateAndWait() on loop '\(waiter.name)' would wait for a callout on loop \
+        '\(target.name)' that is itself waiting for loop '\(waiter.name)'
+        """)
+    }
+    gate.wait()
+    if let waiter { CalloutWaits.end(waiter: waiter) }
+  }
+
+  func releaseAfterInvalidation() {}  // `invalidate()` released the handler already
 
   /// False once invalidated (a one-shot timer invalidates itself after firing). Any thread.
-  public var isValid: Bool { lock.withLock { handler != nil } }
+  public var isValid: Bool { lock.withLock { binding.isValid } }
 
   // MARK: Loop-facing (loop thread)
-
-  /// Records the loop; false when the timer was invalidated. Loop thread.
-  func attach(to loop: RunLoopThread) -> Bool {
-    lock.withLock {
-      guard handler != nil else { return false }
-      precondition(
-        scheduledLoop == nil || scheduledLoop === loop, "AsyncRunLoop: a LoopTimer is scheduled on one loop at a time")
-      scheduledLoop = loop
-      return true
-    }
-  }
 
   /// The current fire date in nanoseconds. Loop thread (any thread is safe).
   var fireDateNanoseconds: Int64 { lock.withLock { fireDateNs } }
 
-  /// Runs the handler if the timer is still valid. Loop thread. While it runs, an `invalidate()`
-  /// from another thread waits for it to end (see `invalidate`).
-  func fire() {
+  /// Runs the handler if the timer is still valid and on `loop`. Loop thread of `loop`. While it
+  /// runs, `invalidateAndWait()` from another thread waits for it to end. The loop never fires a
+  /// timer inside its own callout, so one `firingLoop` is enough.
+  func fire(on loop: RunLoopThread) {
     lock.lock()
-    guard let current = handler else {
+    guard binding.loop === loop, let current = handler else {
       lock.unlock()
       return
     }
-    isFiring = true
+    firingLoop = loop
     lock.unlock()
     current(self)
     lock.lock()
-    isFiring = false
+    firingLoop = nil
     let waiters = firingWaiters
     firingWaiters.removeAll()
     lock.unlock()
@@ -216,13 +233,5 @@ public final class LoopTimer: ModeMember, @unchecked Sendable {  // Safety: proo
     // after the last one at or before `now`.
     let sinceGridPoint = Int64(UInt64(bitPattern: now &- fireDate) % UInt64(interval))
     return now.addingSaturating(interval - sinceGridPoint)
-  }
-
-  func insert(into contents: ModeContents) {
-    contents.timerCount += 1  // ModeTable never inserts a member twice into one mode
-  }
-
-  func remove(from contents: ModeContents) {
-    contents.timerCount -= 1
   }
 }

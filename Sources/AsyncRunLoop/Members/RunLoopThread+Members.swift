@@ -1,10 +1,12 @@
 import Glibc
 
 /// Adding and removing sources, timers and observers. Every method may be called from any
-/// thread: on the loop thread the change happens at once; from other threads it is handed to the
-/// loop, which applies it at the start of its next pass (before it checks whether the mode has
-/// anything to watch, and before it runs any block or executor job sent after the change), and
-/// woken to do so.
+/// thread. The member's binding changes at once, on the calling thread: a member is on one loop
+/// at a time (adding it to a second loop traps, naming both), and once removed from its last mode
+/// it may be added to any loop at once. The loop applies the change on its own thread: at once
+/// when called there, otherwise at the start of its next pass (before it checks whether the mode
+/// has anything to watch, and before it runs any block or executor job sent after the change),
+/// woken to do so. Changes from one thread are applied in the order they were made.
 ///
 /// Adding anything to a loop that has terminated (shut down and drained) invalidates it at once,
 /// so that whoever waits on it (a sleeping task, an async sequence) ends instead of hanging.
@@ -14,83 +16,55 @@ extension RunLoopThread {
   /// Schedules `source` in `mode` (every common mode for `.common`). The first time it joins
   /// this loop its `schedule` routine runs on the loop thread. Adding it twice is a no-op; an
   /// invalidated source is ignored. Any thread.
+  ///
+  /// Traps if the source is on another loop: remove it from every mode there first.
   public func add(_ source: InputSource, to mode: RunLoopMode = .default) {
-    let accepted = onLoopThread { [self] in
-      // Attach first, every time: it traps if the source is scheduled on another loop (whose
-      // thread owns `memberships`), and refuses an invalidated source.
-      switch source.attach(to: self) {
-      case .refused:
-        return
-      case .attached(let schedule, let signalled):
-        let joinsLoop = source.memberships.isEmpty
-        modeTable.add(source, to: mode)
-        guard joinsLoop else { return }  // already here in another mode: schedule ran then
-        if signalled { deferredSignalled.append(source) }
-        schedule?(source, self, mode == .common ? .default : mode)
-      }
-    }
-    if !accepted { source.invalidate() }
+    bind(source, to: mode) { core in core.applyAdd(source, to: mode) }
   }
 
   /// Removes `source` from `mode`; when that was its last mode here, its `cancel` routine runs on
   /// the loop thread. Removing a source that is not there is a no-op. Any thread.
   public func remove(_ source: InputSource, from mode: RunLoopMode = .default) {
-    onLoopThread { [self] in
-      if modeTable.remove(source, from: mode) { detach(source) }
-    }
+    unbind(source, from: mode)
   }
 
   // MARK: Timers
 
   /// Schedules `timer` in `mode` (every common mode for `.common`). Adding it twice is a no-op;
-  /// an invalidated timer is ignored. Any thread.
+  /// an invalidated timer is ignored. Any thread. Traps if the timer is on another loop.
   public func add(_ timer: LoopTimer, to mode: RunLoopMode = .default) {
-    // On the loop thread, call directly: an escaping closure would cost an allocation per timer.
-    if isOnLoopThread { return addOnLoopThread(timer, to: mode) }
-    let accepted = onLoopThread { [self] in addOnLoopThread(timer, to: mode) }
-    if !accepted { timer.invalidate() }
+    bind(timer, to: mode) { core in core.applyAdd(timer, to: mode) }
   }
 
-  private func addOnLoopThread(_ timer: LoopTimer, to mode: RunLoopMode) {
-    guard timer.attach(to: self) else { return }
-    let before = timer.memberships.count
-    modeTable.add(timer, to: mode)
-    if timer.memberships.count != before { pushTimerEntries(timer) }
-  }
-
-  /// Removes `timer` from `mode`; it stays valid and can be added again. Any thread.
+  /// Removes `timer` from `mode`; it stays valid and can be added again, to this loop or, once
+  /// removed from its last mode, to another. Any thread.
   public func remove(_ timer: LoopTimer, from mode: RunLoopMode = .default) {
-    onLoopThread { [self] in
-      modeTable.remove(timer, from: mode)
-      pushTimerEntries(timer)
-    }
+    unbind(timer, from: mode)
   }
 
   /// Loop side of `LoopTimer.setFireDate`. Any thread.
   func rescheduleTimer(_ timer: LoopTimer) {
-    onLoopThread { [self] in pushTimerEntries(timer) }
+    onLoopThread { [self] in core.applyReschedule(timer) }
   }
 
   // MARK: Observers
 
-  /// Adds `observer` to `mode` (every common mode for `.common`). Any thread.
+  /// Adds `observer` to `mode` (every common mode for `.common`). Any thread. Traps if the
+  /// observer is on another loop.
   public func add(_ observer: LoopObserver, to mode: RunLoopMode = .default) {
-    let accepted = onLoopThread { [self] in
-      guard observer.attach(to: self) else { return }
-      modeTable.add(observer, to: mode)
-    }
-    if !accepted { observer.invalidate() }
+    bind(observer, to: mode) { core in core.applyAdd(observer, to: mode) }
   }
 
-  /// Removes `observer` from `mode`. Any thread.
+  /// Removes `observer` from `mode`; once removed from its last mode it may be added to another
+  /// loop. Any thread.
   public func remove(_ observer: LoopObserver, from mode: RunLoopMode = .default) {
-    onLoopThread { [self] in modeTable.remove(observer, from: mode) }
+    unbind(observer, from: mode)
   }
 
   // MARK: Readiness sources
 
   /// Schedules a readiness source in `mode`: registers its descriptor with the loop's epoll the
-  /// first time. Any thread.
+  /// first time. Any thread. Traps if the source is on another loop.
   /// - Throws: `SystemCallError` with `EBADF` when the descriptor is not open, `EPERM` when it
   ///   cannot be polled (a regular file or directory), or what epoll reports when called on the
   ///   loop thread. From other threads, a failure that only epoll can detect invalidates the
@@ -104,111 +78,132 @@ extension RunLoopThread {
     if kind == S_IFREG || kind == S_IFDIR {
       throw SystemCallError(call: "epoll_ctl(ADD, fd \(source.descriptor))", errno: EPERM)
     }
-    if isOnLoopThread {
-      try attachAndRegister(source, to: mode)
-    } else {
-      let accepted = onLoopThread { [self] in
-        do {
-          try attachAndRegister(source, to: mode)
-        } catch {
-          // Nobody is waiting for an answer: tell the handler, and drop the source.
-          source.fire(.error)
-          source.invalidate()
-        }
-      }
-      if !accepted { source.invalidate() }
-    }
-  }
-
-  /// Loop thread: attaches and registers on the first add, then adds to the mode.
-  private func attachAndRegister(_ source: DescriptorSource, to mode: RunLoopMode) throws(SystemCallError) {
-    // Attach first, every time: it traps if the source is scheduled on another loop.
-    guard source.attach(to: self) else { return }
-    if source.memberships.isEmpty {
-      let token = nextToken
-      nextToken += 1
-      do {
-        try poller.register(descriptor: source.descriptor, events: source.epollEvents, token: token)
+    var failure: SystemCallError?
+    let onLoop = isOnLoopThread
+    bind(source, to: mode) { core in
+      do throws(SystemCallError) {
+        try core.applyAdd(source, to: mode)
       } catch {
-        source.detach()
-        throw error
+        if onLoop {
+          failure = error  // the caller is here, waiting for the answer
+        } else {
+          // Nobody is waiting for an answer: tell the handler, and drop the source.
+          source.fire(.error, on: core.loop)
+        }
+        source.withBinding { $0.forget(core.loop) }
+        source.invalidate()
       }
-      source.token = token
-      source.isArmed = true
-      descriptorsByToken[token] = source
-      tokenByDescriptor[source.descriptor] = token
     }
-    modeTable.add(source, to: mode)
-    armedMode = nil  // re-evaluate which registrations the running mode needs
+    if let failure { throw failure }
   }
 
   /// Removes a readiness source from `mode`; when that was its last mode, its descriptor is
   /// deregistered. Any thread.
   public func remove(_ source: DescriptorSource, from mode: RunLoopMode = .default) {
-    onLoopThread { [self] in
-      if modeTable.remove(source, from: mode) { detach(source) }
-    }
+    unbind(source, from: mode)
   }
 
   // MARK: Common modes
 
   /// Adds `mode` to the common set: everything already in `.common` joins it. Any thread.
   public func addModeToCommonModes(_ mode: RunLoopMode) {
-    onLoopThread { [self] in
-      for case let timer as LoopTimer in modeTable.addToCommonModes(mode) {
-        pushTimerEntries(timer)  // the timer needs an entry in the new mode's heap
-      }
-      armedMode = nil
-    }
+    onLoopThread { [self] in core.applyAddToCommonModes(mode) }
   }
 
   /// The modes in the common set. Loop thread only.
   public var commonModes: Set<RunLoopMode> {
     preconditionOnLoopThread()
-    return modeTable.commonModes
+    return core.modeTable.commonModes
   }
 
-  // MARK: Detaching (loop thread)
+  // MARK: The shared lifecycle
 
-  /// Removes `member` from every mode and runs its detach side effects. Any thread.
-  func detachEverywhere(_ member: any ModeMember) {
-    // On the loop thread (every one-shot timer after it fires), call directly: no allocation.
-    if isOnLoopThread { return detachEverywhereOnLoopThread(member) }
-    onLoopThread { [self] in detachEverywhereOnLoopThread(member) }
+  private enum SendOutcome {
+    case sent(LoopInbox.WakeAction)
+    case ignored
+    case refusedTerminated
+    case onAnotherLoop(RunLoopThread)
   }
 
-  private func detachEverywhereOnLoopThread(_ member: any ModeMember) {
-    let wasAttached = modeTable.removeEverywhere(member)
-    switch member {
-    case let source as InputSource:
-      if wasAttached { detach(source) } else { _ = source.detach() }
-    case let source as DescriptorSource:
-      if wasAttached { detach(source) } else { source.detach() }
-    case let timer as LoopTimer:
-      pushTimerEntries(timer)  // makes its heap entries stale
-    default:
-      break
-    }
-  }
-
-  /// A custom source left its last mode: tell it, then call its cancel routine.
-  private func detach(_ source: InputSource) {
-    deferredSignalled.removeAll { $0 === source }
-    if let cancel = source.detach() { cancel(source, self) }
-  }
-
-  /// A readiness source left its last mode: deregister its descriptor (unless the number now
-  /// belongs to a newer registration: the old descriptor was closed and the number reused).
-  private func detach(_ source: DescriptorSource) {
-    if source.token != 0 {
-      descriptorsByToken[source.token] = nil
-      if tokenByDescriptor[source.descriptor] == source.token {
-        tokenByDescriptor[source.descriptor] = nil
-        poller.deregister(descriptor: source.descriptor)
+  /// Binds `member` to this loop in `mode` and has the loop apply `change`: inline on the loop
+  /// thread (after the changes other threads sent before, so they keep their order); from other
+  /// threads sent while the member's lock is held, so the loop applies every thread's calls on
+  /// this member in the order their bindings changed. A loop that has terminated refuses: the
+  /// member is invalidated. Traps when the member is on another loop.
+  func bind<Member: LoopMember>(
+    _ member: Member, to mode: RunLoopMode, _ change: @escaping (LoopCore) -> Void
+  ) {
+    if isOnLoopThread {
+      switch member.withBinding({ $0.bind(to: self, mode: mode) }) {
+      case .accepted:
+        core.applyControls()
+        change(core)
+      case .refused:
+        return
+      case .onAnotherLoop(let other):
+        Self.trapOnAnotherLoop(Member.kindName, current: other, requested: self)
       }
-      source.token = 0
-      source.isArmed = false
+      return
     }
-    source.detach()
+    let outcome: SendOutcome = member.withBinding { binding in
+      switch binding.bind(to: self, mode: mode) {
+      case .accepted:
+        let core: LoopCore = self.core
+        guard let wake = inboxLock.withLock({ inbox.control({ change(core) }) }) else {
+          binding.forget(self)
+          return .refusedTerminated
+        }
+        return .sent(wake)
+      case .refused:
+        return .ignored
+      case .onAnotherLoop(let other):
+        return .onAnotherLoop(other)
+      }
+    }
+    switch outcome {
+    case .sent(let wake): perform(wake)
+    case .ignored: break
+    case .refusedTerminated: member.invalidateMember()
+    case .onAnotherLoop(let other): Self.trapOnAnotherLoop(Member.kindName, current: other, requested: self)
+    }
+  }
+
+  /// Unbinds `member` from `mode` of this loop (a no-op when it is not here) and has the loop
+  /// apply the removal, in order with the member's other calls (see `bind`).
+  func unbind<Member: LoopMember>(_ member: Member, from mode: RunLoopMode) {
+    let core: LoopCore = self.core
+    if isOnLoopThread {
+      guard member.withBinding({ $0.unbind(from: self, mode: mode) }) else { return }
+      core.applyControls()
+      core.applyRemove(member, from: mode)
+      return
+    }
+    let wake: LoopInbox.WakeAction? = member.withBinding { binding in
+      guard binding.unbind(from: self, mode: mode) else { return nil }
+      // Refused: the loop has terminated and detached every member already.
+      return inboxLock.withLock { inbox.control { core.applyRemove(member, from: mode) } }
+    }
+    if let wake { perform(wake) }
+  }
+
+  /// Has the loop detach an invalidated member (after `invalidate()` changed its binding). On
+  /// the loop thread at once; from other threads on the loop's next pass. A terminated loop has
+  /// detached every member already.
+  func detachInvalidated(_ member: some LoopMember) {
+    // Refused: the loop has terminated and detached every member already.
+    if !onLoopThread({ [self] in core.applyInvalidate(member) }) { member.releaseAfterInvalidation() }
+  }
+}
+
+extension LoopMember {
+  /// The kind's `invalidate()`.
+  func invalidateMember() {
+    switch self {
+    case let source as InputSource: source.invalidate()
+    case let source as DescriptorSource: source.invalidate()
+    case let timer as LoopTimer: timer.invalidate()
+    case let observer as LoopObserver: observer.invalidate()
+    default: preconditionFailure("AsyncRunLoop: unknown member kind \(Self.kindName)")
+    }
   }
 }

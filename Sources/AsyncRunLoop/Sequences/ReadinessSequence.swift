@@ -66,7 +66,7 @@ public final class ReadinessSequence:
     case .resumeConsumer(let consumer):
       consumer.resume()
     case .pauseRegistration:
-      loop.setArmed(source, false)  // level-triggered: it would fire every pass until the consumer reads
+      loop.core.setPaused(source, true)  // level-triggered: it would fire every pass until the consumer reads
     }
   }
 
@@ -77,7 +77,7 @@ public final class ReadinessSequence:
       lock.lock()
       let deliver = machine.registrationCheck()
       lock.unlock()
-      if deliver { loop.setArmed(source, true) }
+      if deliver { loop.core.setPaused(source, false) }
     }
     _ = accepted  // a terminated loop: the source is invalidated and the sequence ends anyway
   }

@@ -45,13 +45,13 @@ public final class TimerSequence: AsyncSequence, SingleConsumerStorage, @uncheck
 
   /// Dropping the sequence (and its iterator) invalidates the timer.
   deinit {
-    timer.invalidate(waitForRunningCallout: false)
+    timer.invalidate()
   }
 
   /// Ends the sequence after the ticks already due are delivered; the timer is invalidated and
   /// released. Any thread; idempotent.
   public func invalidate() {
-    timer.invalidate(waitForRunningCallout: false)  // its onInvalidate ends the machine
+    timer.invalidate()  // its onInvalidate ends the machine
   }
 
   /// The timer's handler (loop thread): due instants become ticks; the timer moves to the next
@@ -73,7 +73,7 @@ public final class TimerSequence: AsyncSequence, SingleConsumerStorage, @uncheck
   }
 
   @usableFromInline
-  func detachMember() { timer.invalidate(waitForRunningCallout: false) }
+  func detachMember() { timer.invalidate() }
 
   /// Makes the iterator of the sequence's single consumer. Traps when called a second time.
   public func makeAsyncIterator() -> Iterator { makeSingleConsumerIterator() }

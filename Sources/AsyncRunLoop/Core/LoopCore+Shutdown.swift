@@ -1,0 +1,77 @@
+/// The end of a loop: draining after `shutdown()` so that nothing accepted is lost.
+extension LoopCore {
+  /// How many drain rounds run before the loop terminates even if jobs keep arriving.
+  static let shutdownDrainRounds = 1024
+
+  /// Loop thread, after the last run: detaches every member (cancel routines run here, closures
+  /// are released, async consumers end), then runs every job, block and change that was accepted,
+  /// in rounds, until a round leaves the inbox empty; the loop is marked terminated in the same
+  /// critical section that finds it empty, so no job or change can slip in between and be
+  /// stranded. Blocks are refused once shutdown has begun; jobs and registration changes are still
+  /// accepted (an awaiting task must not hang; a member added now is detached in the next round),
+  /// and if producers outpace the drain for `shutdownDrainRounds` rounds the loop terminates
+  /// anyway and hands the remaining jobs, in order, to the fallback executor.
+  func drainForShutdown() {
+    var round = 0
+    while true {
+      applyControls()
+      detachEveryMember()
+      runOneDrainRound()
+      round += 1
+      let force = round >= Self.shutdownDrainRounds
+      let finished: Bool = loop.inboxLock.withLock {
+        switch loop.inbox.terminate(force: force) {
+        case .keepDraining:
+          return false
+        case .terminated(let leftovers):
+          // Under the lock: a job enqueued after this goes to the fallback behind these.
+          let local = localJobs[localJobIndex...]
+          for job in local + leftovers { FallbackExecution.run(job.job, role: job.role, for: loop) }
+          return true
+        }
+      }
+      if finished { break }
+    }
+    localJobs.removeAll()
+    localJobIndex = 0
+    // Changes that arrived after the last round's look (the inbox refuses them from now on).
+    applyControls()
+    detachEveryMember()
+    performs.removeAll()
+    livePerformCount = 0
+    deferredSignalled.removeAll()
+    spareSignalled.removeAll()
+  }
+
+  /// Invalidates every member on this loop and detaches its record here — also the records of
+  /// members that another thread invalidated (whose detach may be on its way or refused) and of
+  /// members already moved to another loop (which stay valid there): whatever state its binding
+  /// is in, each record is detached exactly once, so every cancel routine runs exactly once.
+  private func detachEveryMember() {
+    for record in modeTable.allRecords {
+      let member = record.member
+      if member.isBound(to: loop) { member.invalidateMember() }  // detaches inline: we are the loop thread
+      detach(record)  // a no-op when invalidate did it
+    }
+  }
+
+  /// One drain round: every waiting block (whatever its modes), then the jobs waiting now (new
+  /// arrivals wait for the next round). Signalled sources are dropped (they are detached).
+  private func runOneDrainRound() {
+    let arrived: [PerformRequest] = loop.inboxLock.withLock {
+      defer {
+        loop.inbox.performs.removeAll()
+        loop.inbox.signalled.removeAll()
+      }
+      return loop.inbox.performs
+    }
+    let blocks = performs.compactMap { $0 } + arrived
+    performs.removeAll()
+    livePerformCount = 0
+    for request in blocks { request.block() }
+    // runJobs takes a new batch only when the local one is used up, so two calls cover what
+    // was left over plus what is waiting now, each capped at `jobsPerPass`.
+    runJobs()
+    runJobs()
+  }
+}

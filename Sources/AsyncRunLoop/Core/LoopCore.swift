@@ -1,0 +1,223 @@
+/// The loop-thread half of a loop: its mode table and member records, the timer heaps (inside the
+/// modes), the descriptor registry, and the loop's own copies of the work other threads sent (jobs,
+/// blocks, registration changes, signals). Not `Sendable`: only the loop's thread touches it (the
+/// `RunLoopThread` handle forwards to it after checking `isOnLoopThread`, or through the inbox).
+///
+/// Re-entrancy: a callout may run the loop nested. Everything here that a pass iterates while it
+/// calls out is either per run (`RunContext`) or one queue with a cursor that a nested run
+/// continues instead of starting over (blocks, registration changes), so a nested run never
+/// disturbs the batch of the run it is nested in, and work still runs in the order it was sent.
+/// A run nested in one of the loop's own executor jobs runs no jobs (`jobDepth`, SPEC §10).
+///
+/// Every pass reads these, so the hot ones skip dynamic exclusivity checks (a thread-local lookup
+/// each): they are confined to the loop thread, and no access spans a callout.
+final class LoopCore {
+  /// The handle that owns this core. Safety of `unowned(unsafe)`: the handle holds the core
+  /// strongly and the core is only used by the loop's thread while the handle exists (the thread
+  /// keeps the handle alive while it runs).
+  unowned(unsafe) let loop: RunLoopThread
+  let poller: EpollPoller
+  let modeTable = ModeTable()
+
+  // MARK: Executor jobs
+
+  /// Jobs taken from the inbox and not yet run (oldest first, from `localJobIndex`). A batch is
+  /// only replaced while no job runs (`jobDepth == 0`), so a nested run cannot swap it under the
+  /// `runCollectedJobs` that is iterating it.
+  @exclusivity(unchecked) var localJobs: [LoopJob] = []
+  @exclusivity(unchecked) var localJobIndex = 0
+  /// How many executor jobs are on the stack (0 or 1: a run nested in a job runs no jobs).
+  @exclusivity(unchecked) var jobDepth = 0
+
+  // MARK: Registration changes
+
+  /// Registration changes taken from the inbox, applied in order from `controlIndex` (a nested
+  /// `applyControls` continues the same queue, so later changes never overtake earlier ones).
+  @exclusivity(unchecked) var controls: [() -> Void] = []
+  @exclusivity(unchecked) var controlIndex = 0
+  @exclusivity(unchecked) var controlDepth = 0
+
+  // MARK: Performed blocks
+
+  /// Blocks taken from the inbox, oldest first; nil slots ran already. Blocks that may not run in
+  /// the mode being run stay. A nested run scans the same list, so blocks keep their order.
+  @exclusivity(unchecked) var performs: [PerformRequest?] = []
+  @exclusivity(unchecked) var livePerformCount = 0
+  @exclusivity(unchecked) var performScanDepth = 0
+
+  // MARK: Signalled custom sources
+
+  /// Sources signalled since the last step 4 (taken from the inbox).
+  @exclusivity(unchecked) var spareSignalled: [InputSource] = []
+  /// Signalled sources not in the mode being run: they fire when one of their modes runs.
+  @exclusivity(unchecked) var deferredSignalled: [InputSource] = []
+  /// The ready sources of the step 4 on the stack that have not fired yet: a run nested in one of
+  /// their handlers considers them too (they are still signalled), so it does not wait for them.
+  @exclusivity(unchecked) var unfiredReadySources: ArraySlice<InputSource> = []
+  /// Warm buffers for runs' ready lists (a nested run takes one, gives it back when it ends).
+  @exclusivity(unchecked) var spareReadyBuffers: [[InputSource]] = []
+
+  // MARK: Descriptors and timers
+
+  /// Readiness registrations by epoll token, and the live token for each descriptor number.
+  @exclusivity(unchecked) var descriptorsByToken: [UInt64: MemberRecord] = [:]
+  var tokenByDescriptor: [Int32: UInt64] = [:]
+  var nextToken = EpollPoller.firstRegistrationToken
+  /// Sequence numbers for timer-heap entries (equal deadlines fire in scheduling order).
+  @exclusivity(unchecked) var timerSequence: UInt64 = 0
+  /// The mode whose descriptors are armed in epoll.
+  @exclusivity(unchecked) var armedMode: RunLoopMode?
+
+  /// The most executor jobs one work point runs before the pass looks at timers and sources again.
+  static let jobsPerPass = 1024
+
+  init(loop: RunLoopThread, poller: EpollPoller) {
+    self.loop = loop
+    self.poller = poller
+    localJobs.reserveCapacity(256)
+  }
+
+  // MARK: Taking the inbox
+
+  /// Takes everything other threads sent since the last look, under one lock: registration
+  /// changes, blocks, a new batch of jobs (when the current one is used up and no job runs) and
+  /// signalled sources. `afterWake` also records that the loop is awake (producers need not wake
+  /// it) and that the pass a `wakeUp()` asked for is happening.
+  func collectInbox(afterWake: Bool = false) {
+    let needJobs = jobDepth == 0 && localJobIndex >= localJobs.count
+    if needJobs && !localJobs.isEmpty {
+      localJobs.removeAll(keepingCapacity: true)
+      localJobIndex = 0
+    }
+    loop.inboxLock.lock()
+    if afterWake {
+      loop.inbox.didWake()
+      loop.inbox.wakeRequested = false
+    }
+    if !loop.inbox.controls.isEmpty {
+      if controls.isEmpty {
+        swap(&loop.inbox.controls, &controls)
+      } else {
+        controls.append(contentsOf: loop.inbox.controls)
+        loop.inbox.controls.removeAll(keepingCapacity: true)
+      }
+    }
+    if !loop.inbox.performs.isEmpty {
+      for request in loop.inbox.performs { performs.append(request) }
+      livePerformCount += loop.inbox.performs.count
+      loop.inbox.performs.removeAll(keepingCapacity: true)
+    }
+    if needJobs && !loop.inbox.jobs.isEmpty { swap(&loop.inbox.jobs, &localJobs) }
+    if !loop.inbox.signalled.isEmpty {
+      spareSignalled.append(contentsOf: loop.inbox.signalled)
+      loop.inbox.signalled.removeAll(keepingCapacity: true)
+    }
+    loop.inboxLock.unlock()
+  }
+
+  /// Collects the inbox and applies the registration changes other threads sent, in the order
+  /// they were sent, before any block or job collected with them runs. A change that runs the loop
+  /// nested (a schedule routine, say) has the nested run continue this same queue.
+  func applyControls(afterWake: Bool = false) {
+    collectInbox(afterWake: afterWake)
+    guard controlIndex < controls.count else { return }
+    controlDepth += 1
+    while controlIndex < controls.count {
+      let change = controls[controlIndex]
+      controlIndex += 1
+      change()
+    }
+    controlDepth -= 1
+    if controlDepth == 0 {
+      controls.removeAll(keepingCapacity: true)
+      controlIndex = 0
+    }
+  }
+
+  // MARK: Work points
+
+  /// Runs the collected blocks that may run in `mode`, oldest first; keeps the others.
+  /// (Performed blocks are not input sources: they never end a run as "handled a source".)
+  func runCollectedPerforms(in mode: RunLoopMode) {
+    guard livePerformCount > 0 else { return }
+    let inCommon = modeTable.commonModes.contains(mode)
+    performScanDepth += 1
+    var index = 0
+    while index < performs.count {
+      if let request = performs[index], request.canRun(in: mode, inCommon: inCommon) {
+        performs[index] = nil
+        livePerformCount -= 1
+        request.block()
+      }
+      index += 1
+    }
+    performScanDepth -= 1
+    guard performScanDepth == 0 else { return }  // a scan further out still walks the list
+    if livePerformCount == 0 {
+      performs.removeAll(keepingCapacity: true)
+    } else if performs.count > 2 * livePerformCount + 16 {
+      performs.removeAll { $0 == nil }
+    }
+  }
+
+  /// Whether a collected block may run in `mode`.
+  func hasRunnablePerform(in mode: RunLoopMode) -> Bool {
+    guard livePerformCount > 0 else { return false }
+    let inCommon = modeTable.commonModes.contains(mode)
+    return performs.contains { $0?.canRun(in: mode, inCommon: inCommon) ?? false }
+  }
+
+  /// Whether jobs may run here now: not inside one of the loop's own jobs (SPEC §10).
+  @inline(__always)
+  var mayRunJobs: Bool { jobDepth == 0 }
+
+  /// Whether collected jobs wait to run (and may run now).
+  @inline(__always)
+  var hasRunnableJobs: Bool { jobDepth == 0 && localJobIndex < localJobs.count }
+
+  /// Runs collected executor jobs, oldest first, at most `jobsPerPass` per call, so timers and
+  /// sources get their turn (a job that re-enqueues itself lands in the inbox, not in the batch
+  /// being run, so it runs at most once per call). Runs nothing inside a job: a run nested in one
+  /// of the loop's jobs must not start another (the serial contract).
+  func runCollectedJobs() {
+    guard jobDepth == 0, localJobIndex < localJobs.count else { return }
+    let end = min(localJobs.count, localJobIndex + Self.jobsPerPass)
+    let serial = loop.asUnownedSerialExecutor()
+    let task = loop.asUnownedTaskExecutor()
+    jobDepth = 1
+    defer { jobDepth = 0 }
+    while localJobIndex < end {
+      let job = localJobs[localJobIndex]
+      localJobIndex += 1
+      // Each job runs in the role it was enqueued in, so its awaits do not hop (see `JobRole`).
+      switch job.role {
+      case .serial: job.job.runSynchronously(on: serial)
+      case .task: job.job.runSynchronously(on: task)
+      }
+    }
+  }
+
+  /// One work point of a pass: registration changes (when asked), then blocks for `mode`, then
+  /// jobs.
+  @inline(__always)
+  func runWork(in mode: RunLoopMode, applyingControls: Bool) {
+    if applyingControls { applyControls() }
+    runCollectedPerforms(in: mode)
+    runCollectedJobs()
+  }
+
+  /// Collects the inbox, then runs blocks for `mode` and up to `jobsPerPass` jobs. For callers
+  /// outside a pass (the shutdown drain).
+  func runJobs() {
+    applyControls()
+    runCollectedJobs()
+  }
+}
+
+extension PerformRequest {
+  /// Whether the block may run during a pass in `mode` (`inCommon`: `mode` is in the common set).
+  @inline(__always)
+  func canRun(in mode: RunLoopMode, inCommon: Bool) -> Bool {
+    anyMode || modes.contains(mode) || (inCommon && modes.contains(.common))
+  }
+}

@@ -1,0 +1,369 @@
+/// What one run of the loop carries through its passes. Each run (nested ones too) has its own,
+/// so a nested run cannot disturb the run it is nested in.
+struct RunContext {
+  let contents: ModeContents
+  /// CLOCK_MONOTONIC nanoseconds; `Int64.max` for no limit.
+  let deadline: Int64
+  let returnAfterSourceHandled: Bool
+  /// The owned thread's top-level run: stays alive with nothing to watch (jobs can still arrive).
+  let keepsAlive: Bool
+  /// Asked between passes: true ends the run as `.stopped` (an async run whose task was cancelled).
+  let shouldEnd: (@Sendable () -> Bool)?
+  /// This run's ready sources (step 4), a reused buffer.
+  var readySources: [InputSource]
+}
+
+/// One run of the loop: a list of phases, one small method each, numbered as in SPEC §6 and the
+/// DocC article "One pass of the loop". Loop thread only.
+extension LoopCore {
+  /// Runs the loop in `mode` until it is stopped, its time limit passes, it has nothing to watch,
+  /// `shouldEnd` says so, or (when asked) one input source fired.
+  func run(
+    mode: RunLoopMode, deadline: Int64, returnAfterSourceHandled: Bool, keepsAlive: Bool,
+    shouldEnd: (@Sendable () -> Bool)? = nil
+  ) -> RunLoopRunResult {
+    applyControls()
+    let contents = modeTable.contents(for: mode)
+    var run = RunContext(
+      contents: contents, deadline: deadline, returnAfterSourceHandled: returnAfterSourceHandled,
+      keepsAlive: keepsAlive, shouldEnd: shouldEnd, readySources: spareReadyBuffers.popLast() ?? [])
+    defer { spareReadyBuffers.append(run.readySources) }
+    if isFinished(run) { return .finished }  // no entry/exit told
+    notifyObservers(contents, .entry)  // 1
+    let result = runPasses(&run)
+    notifyObservers(contents, .exit)  // 10
+    return result
+  }
+
+  /// Passes 2–9 until a pass ends the run.
+  private func runPasses(_ run: inout RunContext) -> RunLoopRunResult {
+    // A stop requested while the loop was not running ends this run at once (after entry).
+    if consumeStop() { return .stopped }
+    // Nested in a source's handler: the sources that step 4 further out has not fired yet are
+    // still signalled; consider them here too, instead of leaving them until the nested run ends.
+    let outerUnfired = unfiredReadySources
+    spareSignalled.append(contentsOf: outerUnfired)
+    defer { unfiredReadySources = outerUnfired }
+    let mode = run.contents.mode
+    while true {
+      beginPass(run)  // 2
+      notifyObservers(run.contents, .beforeSources)  // 3
+      runWork(in: mode, applyingControls: false)  // work point A: blocks and jobs sent so far
+      var handledSource = fireSignalledSources(&run)  // 4
+      runWork(in: mode, applyingControls: true)  // work point B: what the sources released
+      handledSource = waitAndHandleReadiness(run, handledSource: handledSource) || handledSource  // 5–8
+      // 9; work point C: what the timers released lands now, not a pass later.
+      runWork(in: mode, applyingControls: fireDueTimers(in: run.contents))
+      if let result = endOfPass(run, handledSource: handledSource) { return result }
+    }
+  }
+
+  /// Step 2: registration changes from other threads, the mode's descriptors armed (a nested run
+  /// in another mode may have silenced them), then observers are told beforeTimers.
+  @inline(__always)
+  private func beginPass(_ run: RunContext) {
+    applyControls()
+    armDescriptors(for: run.contents)
+    notifyObservers(run.contents, .beforeTimers)
+  }
+
+  /// End of pass, in CF's order: handled a source, timed out, stopped (or asked to end, or the
+  /// loop is shutting down), finished. nil: another pass.
+  @inline(__always)
+  private func endOfPass(_ run: RunContext, handledSource: Bool) -> RunLoopRunResult? {
+    if run.returnAfterSourceHandled && handledSource { return .handledSource }
+    if run.deadline != Int64.max && run.deadline <= LoopClock.monotonicNanoseconds() { return .timedOut }
+    if consumeStop() { return .stopped }
+    if let shouldEnd = run.shouldEnd, shouldEnd() { return .stopped }
+    if isFinished(run) { return .finished }
+    return nil
+  }
+
+  /// Whether sleeping now would strand something the inbox does not know about, or overrun the
+  /// run: the time limit passed (without one there is nothing to compare: no clock read, the hot
+  /// path); jobs left over from a capped work point; the mode emptied by a handler (nothing would
+  /// wake the sleep, and the end of the pass must report finished); a signal deferred or collected
+  /// after step 4 (the next pass fires it); a block for this mode that a nested run collected; a
+  /// run that was asked to end.
+  private func mustNotSleep(_ run: RunContext) -> Bool {
+    run.deadline != Int64.max && run.deadline <= LoopClock.monotonicNanoseconds()
+      || hasRunnableJobs || isFinished(run) || hasDeferredSource(in: run.contents)
+      || !spareSignalled.isEmpty || hasRunnablePerform(in: run.contents.mode)
+      || (run.shouldEnd?() ?? false)
+  }
+
+  /// Whether a signalled source waits in `deferredSignalled` although it is in this mode: it
+  /// joined the mode after step 4 of this pass, already signalled. Its signal is kept only here,
+  /// not in the inbox, so sleeping would strand it until some other wake-up.
+  private func hasDeferredSource(in contents: ModeContents) -> Bool {
+    deferredSignalled.contains { modeTable.record(for: $0)?.isIn(contents) ?? false }
+  }
+
+  /// SPEC §1: nothing to watch in the mode, and no jobs (that may run here) or blocks for this mode
+  /// waiting (CF counts pending blocks too). A loop that serves as an executor never finishes.
+  private func isFinished(_ run: RunContext) -> Bool {
+    guard run.contents.hasNothingToWatch, !run.keepsAlive, !hasRunnableJobs else { return false }
+    // Only blocks that can run in this mode keep it alive (as in CF): one waiting for another
+    // mode would otherwise keep an empty run asleep with nothing to wake it.
+    let mode = run.contents.mode
+    if hasRunnablePerform(in: mode) { return false }
+    let inCommon = modeTable.commonModes.contains(mode)
+    let countsJobs = mayRunJobs
+    return loop.inboxLock.withLock {
+      (!countsJobs || loop.inbox.jobs.isEmpty) && loop.inbox.controls.isEmpty
+        && !loop.inbox.performs.contains { $0.canRun(in: mode, inCommon: inCommon) }
+    }
+  }
+
+  /// Consumes a pending `stop()`. During shutdown every run, at every nesting level, stops.
+  private func consumeStop() -> Bool {
+    loop.inboxLock.withLock {
+      if loop.inbox.lifecycle != .active { return true }
+      guard loop.inbox.stopRequested else { return false }
+      loop.inbox.stopRequested = false
+      return true
+    }
+  }
+
+  /// Tells the mode's observers about `activity`, in order. Cheap when nobody asked for it. An
+  /// observer removed by an earlier callout of the same notification is not told.
+  @inline(__always)
+  func notifyObservers(_ contents: ModeContents, _ activity: LoopActivity) {
+    guard contents.observedActivities.contains(activity) else { return }
+    for case let record? in contents.observers {
+      guard case .observer(let observer) = record.kind, observer.activities.contains(activity),
+        record.isIn(contents)
+      else { continue }
+      observer.notify(activity, on: loop)
+    }
+  }
+
+  /// Step 4: fires every signalled custom source that is in this mode, lower orders first (equal
+  /// orders in signalling order). Sources signalled while in other modes only wait in
+  /// `deferredSignalled`. Returns whether any fired. Allocates nothing in the steady state.
+  private func fireSignalledSources(_ run: inout RunContext) -> Bool {
+    if spareSignalled.isEmpty && deferredSignalled.isEmpty { return false }
+    run.readySources.removeAll(keepingCapacity: true)
+    if !deferredSignalled.isEmpty {
+      spareSignalled.append(contentsOf: deferredSignalled)
+      deferredSignalled.removeAll(keepingCapacity: true)
+    }
+    var sameOrder = true
+    for source in spareSignalled {
+      // Not on this loop (removed, or moved away): the signal stays on the source for the loop it
+      // joins next. A source listed twice fires once (`consumeSignal` answers once per signal).
+      guard let record = modeTable.record(for: source) else { continue }
+      if record.isIn(run.contents) {
+        if let first = run.readySources.first, first.order != source.order { sameOrder = false }
+        run.readySources.append(source)
+      } else {
+        deferredSignalled.append(source)  // in other modes: fires when one of them runs
+      }
+    }
+    spareSignalled.removeAll(keepingCapacity: true)
+    if !sameOrder {
+      // Stable: equal orders keep signalling order.
+      let sorted = run.readySources.enumerated().sorted { lhs, rhs in
+        lhs.element.order != rhs.element.order ? lhs.element.order < rhs.element.order : lhs.offset < rhs.offset
+      }
+      run.readySources = sorted.map(\.element)
+    }
+    var fired = false
+    let ready = run.readySources
+    let outerUnfired = unfiredReadySources
+    for index in ready.indices {
+      let source = ready[index]
+      guard let perform = source.consumeSignal(on: loop) else { continue }
+      unfiredReadySources = ready[(index + 1)...]
+      perform(source)
+      fired = true
+    }
+    unfiredReadySources = outerUnfired
+    run.readySources.removeAll(keepingCapacity: true)
+    return fired
+  }
+
+  /// Arms the timerfd for the earlier of the mode's next timer (delayed by at most its
+  /// tolerance, never past the next timer's date) and the run's deadline.
+  private func armTimerfd(_ run: RunContext) {
+    let contents = run.contents
+    var wake = run.deadline == Int64.max ? nil : run.deadline as Int64?
+    dropStaleTimerEntries(contents)
+    if let first = contents.timers.first {
+      var timerWake = first.deadline.addingSaturating(first.payload.timer.toleranceNanoseconds)
+      if let next = contents.timers.deadlineAfterFirst { timerWake = min(timerWake, max(next, first.deadline)) }
+      wake = min(wake ?? Int64.max, timerWake)
+    }
+    poller.setTimer(deadline: wake)
+  }
+
+  /// Steps 5–8. Polls (no sleep, no beforeWaiting/afterWaiting) when the run must return after a
+  /// source that fired, or work is waiting; otherwise tells observers, sleeps, and tells them it
+  /// woke. Delivers readiness events. Returns whether a readiness source fired.
+  ///
+  /// A loop that watches no descriptor and no timer can only be woken by another thread: it
+  /// sleeps on its futex word instead of in `epoll_wait`, and a poll asks the kernel nothing.
+  private func waitAndHandleReadiness(_ run: RunContext, handledSource: Bool) -> Bool {
+    let mayBlock = !(handledSource && run.returnAfterSourceHandled) && !mustNotSleep(run)
+    // A nested run in another mode (from a handler, block or job above) may have silenced this
+    // mode's registrations: listen to them again before sleeping. (Free unless it did.)
+    armDescriptors(for: run.contents)
+    armTimerfd(run)
+    var mechanism = sleepMechanism
+    var ticket: UInt32 = 0
+    var sleeps = mayBlock && decideToSleep(on: mechanism, ticket: &ticket)
+    let announcesSleep = sleeps
+    if sleeps && run.contents.observedActivities.contains(.beforeWaiting) {
+      notifyObservers(run.contents, .beforeWaiting)  // 6
+      // The callouts may have added a timer or a descriptor, or moved a timer: watch them in
+      // this sleep. They may also have sent work, or run the loop nested, which took work into
+      // the loop's own hands or woke it up in the inbox's eyes (producers would then stay
+      // silent): decide again, everything step 5 checks, with a fresh ticket.
+      armDescriptors(for: run.contents)
+      armTimerfd(run)
+      mechanism = sleepMechanism
+      sleeps = !mustNotSleep(run) && decideToSleep(on: mechanism, ticket: &ticket)
+    }
+    var fired = false
+    switch mechanism {
+    case .futex:
+      if sleeps { poller.sleepOnFutex(ticket: ticket) }  // 7
+    case .epoll:
+      poller.wait(block: sleeps) { token, events in  // 7
+        fired = handleReadiness(token: token, events: events, contents: run.contents) || fired
+      }
+    }
+    applyControls(afterWake: true)  // awake again; this pass is the one a wake-up asked for
+    if announcesSleep { notifyObservers(run.contents, .afterWaiting) }  // 8
+    return fired
+  }
+
+  /// Tells the inbox the loop is about to sleep on `mechanism`, unless work is waiting; reads the
+  /// futex ticket under the same lock (a wake-up after the decision changes the word, so the
+  /// futex sleep then returns at once). Inside a job, waiting jobs do not keep the loop awake (it
+  /// cannot run them): they wake it when they arrive, and run once the job returns.
+  private func decideToSleep(on mechanism: LoopInbox.SleepMechanism, ticket: inout UInt32) -> Bool {
+    let ignoresJobs = !mayRunJobs
+    loop.inboxLock.lock()
+    defer { loop.inboxLock.unlock() }
+    guard loop.inbox.prepareToSleep(on: mechanism, ignoringJobs: ignoresJobs) else { return false }
+    ticket = poller.futexTicket()
+    return true
+  }
+
+  /// How the loop would sleep now: on the futex when only another thread can wake it (no
+  /// descriptor registered, the timerfd disarmed), else in `epoll_wait`.
+  private var sleepMechanism: LoopInbox.SleepMechanism {
+    descriptorsByToken.isEmpty && !poller.isTimerArmed ? .futex : .epoll
+  }
+
+  /// Delivers one readiness event; silences a registration that is not in the running mode.
+  private func handleReadiness(token: UInt64, events: UInt32, contents: ModeContents) -> Bool {
+    guard let record = descriptorsByToken[token], case .descriptor(let source) = record.kind else {
+      return false  // stale: removed already
+    }
+    guard record.isIn(contents) else {
+      setArmed(record, false)  // level-triggered: would fire forever in a mode that ignores it
+      return false
+    }
+    source.fire(DescriptorEvents(rawValue: events), on: loop)
+    return true
+  }
+
+  /// Step 9: fires the mode's due timers in (date, scheduling) order, popping them one by one, so
+  /// a run nested in a callout still finds the other due timers. A timer scheduled by a callout
+  /// waits for the next pass, and a timer never fires inside its own callout (a nested run in
+  /// another of its modes leaves it). Returns whether any fired.
+  private func fireDueTimers(in contents: ModeContents) -> Bool {
+    guard !contents.timers.isEmpty else { return false }
+    let now = LoopClock.monotonicNanoseconds()
+    let newest = timerSequence
+    var setAside: [TimerHeap<TimerHeapPayload>.Entry] = []
+    var fired = false
+    while let first = contents.timers.first, first.deadline <= now {
+      contents.timers.popFirst()
+      guard first.payload.isLive else { continue }  // stale entry
+      let record = first.payload.record
+      if first.sequence > newest || record.isFiring {
+        setAside.append(first)  // scheduled by a callout of this pass, or its callout is running
+        continue
+      }
+      fired = true
+      fire(record, first.payload.timer, firedAt: first.deadline)
+    }
+    for entry in setAside {
+      contents.timers.push(deadline: entry.deadline, sequence: entry.sequence, payload: entry.payload)
+    }
+    return fired
+  }
+
+  /// Fires one timer, then moves a repeating timer to the next point of its grid or invalidates
+  /// a one-shot one (unless the callout moved or removed it).
+  private func fire(_ record: MemberRecord, _ timer: LoopTimer, firedAt fireDate: Int64) {
+    let generation = record.generation
+    record.isFiring = true
+    timer.fire(on: loop)
+    record.isFiring = false
+    guard record.generation == generation, modeTable.record(for: timer) === record else { return }
+    if timer.advanceAfterFire(firedAt: fireDate, now: LoopClock.monotonicNanoseconds()) {
+      pushTimerEntries(record)
+    } else {
+      timer.invalidate()  // one-shot: done
+    }
+  }
+
+  /// Drops stale entries from the top of the mode's timer heap; compacts it when stale entries
+  /// outnumber live ones.
+  private func dropStaleTimerEntries(_ contents: ModeContents) {
+    if contents.timers.count > 64 && contents.timers.count > 2 * contents.timerCount {
+      contents.timers.compact { $0.payload.isLive }
+    }
+    contents.timers.dropStaleHead { $0.payload.isLive }
+  }
+
+  /// Makes a timer's heap entries match its fire date and modes (bumps its generation so older
+  /// entries go stale, then pushes one entry per mode).
+  func pushTimerEntries(_ record: MemberRecord) {
+    record.generation &+= 1
+    guard !record.modes.isEmpty, case .timer(let timer) = record.kind else { return }
+    let date = timer.fireDateNanoseconds
+    let payload = TimerHeapPayload(record: record, generation: record.generation)
+    for entry in record.modes {
+      timerSequence &+= 1
+      entry.contents.timers.push(deadline: date, sequence: timerSequence, payload: payload)
+    }
+  }
+
+  /// Arms the readiness registrations of `contents`' mode after a mode switch (lazy: the loop
+  /// silences registrations of other modes only when they report events).
+  private func armDescriptors(for contents: ModeContents) {
+    guard armedMode != contents.mode else { return }
+    armedMode = contents.mode
+    for record in contents.descriptors.values where !record.isArmed && !record.isPaused {
+      setArmed(record, true)
+    }
+  }
+
+  /// Listens to a readiness registration again, or silences it. Silencing takes it out of the
+  /// epoll set: a registration with no interest bits still reports errors and hang-ups (the
+  /// kernel always adds them), so in a mode that ignores it a hung-up descriptor would end every
+  /// wait at once.
+  func setArmed(_ record: MemberRecord, _ armed: Bool) {
+    guard record.token != 0, record.isArmed != armed, case .descriptor(let source) = record.kind else { return }
+    guard armed else {
+      poller.deregister(descriptor: source.descriptor)  // already gone (closed) is fine
+      record.isArmed = false
+      return
+    }
+    // The number may belong to a newer registration by now (this descriptor was closed and the
+    // number reused): then this one can never fire again.
+    guard tokenByDescriptor[source.descriptor] == record.token else { return }
+    do {
+      try poller.register(descriptor: source.descriptor, events: source.epollEvents, token: record.token)
+      record.isArmed = true
+    } catch {
+      // The descriptor was closed behind our back: it can never fire again.
+      record.isArmed = false
+    }
+  }
+}

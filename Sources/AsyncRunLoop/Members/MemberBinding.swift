@@ -1,0 +1,140 @@
+/// Something a loop can schedule in its modes: an `InputSource`, a `DescriptorSource`, a
+/// `LoopTimer` or a `LoopObserver`. Every kind shares one lifecycle, `MemberBinding`, held under
+/// the member's own lock; the loop-thread side of a member (its modes, heap entries, epoll
+/// registration) lives in the loop's `MemberRecord`, never on the member, so a member moving from
+/// one loop to another is never touched by two loop threads at once.
+protocol LoopMember: AnyObject, Sendable {
+  /// The member's kind, for messages ("InputSource", "LoopTimer", ...).
+  static var kindName: String { get }
+  /// Releases the closures of an invalidated member that its loop holds no record of (any thread:
+  /// the loop that was told, or the caller when that loop has terminated).
+  func releaseAfterInvalidation()
+  /// Runs `body` with the member's binding, under the member's lock. Any thread. `body` must not
+  /// call out (user code, other locks than the loop's inbox lock).
+  func withBinding<Result>(_ body: (inout MemberBinding) -> Result) -> Result
+}
+
+/// The one lifecycle every loop member shares (a pure state machine, held under the member's
+/// lock): unbound → bound to one loop (in a set of mode names) → unbound again after its last
+/// mode was removed (free to move to another loop) → … → invalidated (final).
+///
+/// The binding changes on the *calling* thread, at the moment `add`, `remove` or `invalidate` is
+/// called; the loop applies the matching change on its own thread later (in the order the calls
+/// were made). So "one loop at a time" is checked where the mistake is made, a member removed from
+/// its last mode may be added to another loop at once, and the loop can tell, when it applies an
+/// `add`, whether the member was invalidated since (it then schedules and detaches it at once, so
+/// the cancel routine and the closing delivery still happen: nothing accepted is lost).
+struct MemberBinding {
+  private enum State {
+    /// On no loop.
+    case unbound
+    /// On `loop`, in the modes `add` named (`.common` counts as one name).
+    case bound(RunLoopThread, modes: [RunLoopMode])
+    /// `invalidate()` was called: final.
+    case invalidated
+  }
+
+  private var state = State.unbound
+  /// The loop the member was last bound to. After its last mode was removed that loop may still
+  /// hold the member until it applies the removal; an invalidation is sent there too, so that loop
+  /// releases the member's closures after the removal (and its cancel routine) ran. Weak: a
+  /// removed member does not keep its old loop alive (a loop that is gone holds nothing).
+  private weak var lastLoop: RunLoopThread?
+
+  /// The loop the member is on, if any.
+  var loop: RunLoopThread? {
+    switch state {
+    case .bound(let loop, _): return loop
+    case .unbound, .invalidated: return nil
+    }
+  }
+
+  /// False once invalidated.
+  var isValid: Bool {
+    switch state {
+    case .unbound, .bound: return true
+    case .invalidated: return false
+    }
+  }
+
+  enum BindAction {
+    /// Bound (or already bound here): send the add to the loop.
+    case accepted
+    /// The member was invalidated: ignore the add.
+    case refused
+    /// The member is on another loop: a programming error (the caller traps, naming both loops).
+    case onAnotherLoop(RunLoopThread)
+  }
+
+  /// `loop.add(member, to: mode)`.
+  mutating func bind(to loop: RunLoopThread, mode: RunLoopMode) -> BindAction {
+    switch state {
+    case .unbound:
+      state = .bound(loop, modes: [mode])  // joins this loop
+      lastLoop = loop
+      return .accepted
+    case .bound(let current, var modes):
+      guard current === loop else { return .onAnotherLoop(current) }
+      if !modes.contains(mode) { modes.append(mode) }  // one more mode on the same loop
+      state = .bound(current, modes: modes)
+      return .accepted
+    case .invalidated:
+      return .refused  // adding an invalidated member is a no-op
+    }
+  }
+
+  /// `loop.remove(member, from: mode)`: true when the member is bound to `loop` (send the removal).
+  /// Removing the last mode name unbinds it: it may be added to any loop from now on.
+  mutating func unbind(from loop: RunLoopThread, mode: RunLoopMode) -> Bool {
+    switch state {
+    case .bound(let current, var modes):
+      guard current === loop else { return false }  // not on this loop: nothing to remove
+      modes.removeAll { $0 == mode }
+      state = modes.isEmpty ? .unbound : .bound(current, modes: modes)
+      return true
+    case .unbound, .invalidated:
+      return false
+    }
+  }
+
+  /// A refused add (the loop had terminated): forget `loop` (the member is invalidated next).
+  mutating func forget(_ loop: RunLoopThread) {
+    if case .bound(let current, _) = state, current === loop { state = .unbound }
+  }
+
+  /// `invalidate()`: returns the loop that must detach the member (the one it is on, or the one it
+  /// was last on, which may not have applied the removal yet; nil when it was never on a loop, or
+  /// is invalidated already), and whether this was the first call. Idempotent.
+  mutating func invalidate() -> (loop: RunLoopThread?, first: Bool) {
+    switch state {
+    case .unbound:
+      state = .invalidated
+      return (lastLoop, true)
+    case .bound(let loop, _):
+      state = .invalidated
+      return (loop, true)
+    case .invalidated:
+      return (nil, false)
+    }
+  }
+}
+
+extension LoopMember {
+  /// The loop the member is on (nil when on none or invalidated). Any thread.
+  var boundLoop: RunLoopThread? { withBinding { $0.loop } }
+
+  /// Whether the member is on `loop` now. Any thread.
+  func isBound(to loop: RunLoopThread) -> Bool { withBinding { $0.loop === loop } }
+}
+
+extension RunLoopThread {
+  /// The trap for adding a member that is on another loop.
+  static func trapOnAnotherLoop(_ kind: String, current: RunLoopThread, requested: RunLoopThread) -> Never {
+    preconditionFailure(
+      """
+      AsyncRunLoop: this \(kind) is on loop '\(current.name)' and cannot be added to loop \
+      '\(requested.name)': a member is on one loop at a time. Remove it from every mode of \
+      '\(current.name)' (or invalidate it and make a new one) first.
+      """)
+  }
+}
