@@ -9,8 +9,10 @@ import Testing
 
 // MARK: - Child-process helpers
 
-/// Ends an exit test's child process with status 1, printing `message` to its standard error.
-func childFail(_ message: String) -> Never {
+/// Ends an exit test's child process with status 1, printing `message` to its standard error and
+/// recording it as an issue (the child forwards issues to the parent test when it can).
+func childFail(_ message: String, sourceLocation: SourceLocation = #_sourceLocation) -> Never {
+  Issue.record(Comment(rawValue: message), sourceLocation: sourceLocation)
   let text = "CHILD FAIL: \(message)\n"
   _ = text.utf8CString.withUnsafeBufferPointer { write(2, $0.baseAddress, $0.count - 1) }
   exit(1)
