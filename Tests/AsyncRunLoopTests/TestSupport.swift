@@ -22,22 +22,144 @@ func waitUntil(
 }
 
 /// Runs `body` and fails the test (rather than hanging it) if it does not finish within `timeout`.
-/// The body keeps running in the background on a hang; the test records the failure.
+///
+/// The body runs in an unstructured task of its own (it inherits the test's task-local context,
+/// so its `#expect`s count for the test). On a hang the watchdog records the failure, cancels
+/// the body and returns nil at once, without waiting for it: the test ends and the run goes on.
+/// A body that still has not ended `hangGrace` later can never let the process end cleanly
+/// either, so the last resort (`HangReaper`) prints which test hung and exits the process with
+/// status 1: CI fails instead of stalling.
 func withWatchdog<T: Sendable>(
   timeout: Duration = .seconds(30), _ what: String = "operation",
   sourceLocation: SourceLocation = #_sourceLocation,
   _ body: @escaping @Sendable () async throws -> T
 ) async throws -> T? {
-  try await withThrowingTaskGroup(of: T?.self) { group in
-    group.addTask { try await body() }
-    group.addTask {
-      try? await Task.sleep(for: timeout)
-      return nil
+  let outcome = WatchdogOutcome<T>()
+  let finished = TestGate()
+  let task = Task {
+    let result: Result<T, any Error>
+    do { result = .success(try await body()) } catch { result = .failure(error) }
+    finished.open()
+    outcome.finish(.completed(result))
+  }
+  // The timer is a raw thread, not a task: hung work may be blocking every pool thread.
+  startThread(detached: true) {
+    if !finished.wait(timeout: timeout) { outcome.finish(.timedOut) }
+  }
+  switch await outcome.wait() {
+  case .completed(let result):
+    return try result.get()
+  case .timedOut:
+    Issue.record("watchdog: \(what) hung for \(timeout)", sourceLocation: sourceLocation)
+    task.cancel()
+    HangReaper.arm(what: what, sourceLocation: sourceLocation, finished: finished)
+    return nil
+  }
+}
+
+/// `withWatchdog` for synchronous tests and blocking work: runs `body` on a thread of its own and
+/// returns nil (having recorded the failure) if it does not finish within `timeout`, without
+/// waiting for it; the same last resort ends the process if it never finishes.
+///
+/// The body runs outside the test's task, so an `#expect` inside it may not be attributed to the
+/// test: return what you want to check and check it after this returns.
+func withWatchdogSync<T: Sendable>(
+  timeout: Duration = .seconds(30), _ what: String = "operation",
+  sourceLocation: SourceLocation = #_sourceLocation,
+  _ body: @escaping @Sendable () throws -> T
+) throws -> T? {
+  let result = Guarded<Result<T, any Error>?>(nil)
+  let finished = TestGate()
+  startThread(detached: true) {
+    let value = Result { try body() }
+    result.withLock { $0 = value }
+    finished.open()
+  }
+  guard finished.wait(timeout: timeout), let value = result.snapshot else {
+    Issue.record("watchdog: \(what) hung for \(timeout)", sourceLocation: sourceLocation)
+    HangReaper.arm(what: what, sourceLocation: sourceLocation, finished: finished)
+    return nil
+  }
+  return try value.get()
+}
+
+/// The watchdog's meeting point: the first of "the body finished" and "the timeout passed" wins.
+private final class WatchdogOutcome<T: Sendable>: Sendable {
+  enum Ending: Sendable {
+    case completed(Result<T, any Error>)
+    case timedOut
+  }
+
+  private enum State {
+    case idle
+    case waiting(CheckedContinuation<Ending, Never>)
+    case ended(Ending)
+    case delivered
+  }
+
+  private let state = Guarded(State.idle)
+
+  /// Records the ending, once; resumes the waiter if it waits already.
+  func finish(_ ending: Ending) {
+    let resume: CheckedContinuation<Ending, Never>? = state.withLock { state in
+      switch state {
+      case .idle:
+        state = .ended(ending)
+        return nil
+      case .waiting(let continuation):
+        state = .delivered
+        return continuation
+      case .ended, .delivered:
+        return nil  // the other side won
+      }
     }
-    defer { group.cancelAll() }
-    let first = try await group.next()!
-    if first == nil { Issue.record("watchdog: \(what) hung for \(timeout)", sourceLocation: sourceLocation) }
-    return first
+    resume?.resume(returning: ending)
+  }
+
+  func wait() async -> Ending {
+    await withCheckedContinuation { continuation in
+      let ready: Ending? = state.withLock { state in
+        switch state {
+        case .idle:
+          state = .waiting(continuation)
+          return nil
+        case .ended(let ending):
+          state = .delivered
+          return ending
+        case .waiting, .delivered:
+          preconditionFailure("watchdog waited twice")
+        }
+      }
+      if let ready { continuation.resume(returning: ready) }
+    }
+  }
+}
+
+/// The process-wide last resort for hung tests: once a watchdog gave up on a body, a thread waits
+/// `hangGrace` more for it; if it still has not ended, it prints which test hung and exits the
+/// process with status 1 (`_exit`: the hung work may hold locks that exit handlers need).
+enum HangReaper {
+  /// How long a hung body may linger after its watchdog fired: `ASYNC_RUN_LOOP_HANG_GRACE`
+  /// seconds, 60 by default.
+  static var hangGrace: Duration {
+    guard let raw = getenv("ASYNC_RUN_LOOP_HANG_GRACE"), let value = Int(String(cString: raw)), value > 0 else {
+      return .seconds(60)
+    }
+    return .seconds(value)
+  }
+
+  static func arm(what: String, sourceLocation: SourceLocation, finished: TestGate) {
+    let test = Test.current?.name ?? "(unknown test)"
+    let grace = hangGrace
+    startThread(detached: true) {
+      if finished.wait(timeout: grace) { return }
+      let message =
+        "watchdog: \(what) in test \(test) (\(sourceLocation)) is still hung \(grace) after its"
+        + " timeout; exiting the process so that CI fails instead of stalling\n"
+      fflush(nil)  // what the test run printed so far
+      _ = message.utf8CString.withUnsafeBufferPointer { write(2, $0.baseAddress, $0.count - 1) }
+      _exit(1)
+    }
   }
 }
 
