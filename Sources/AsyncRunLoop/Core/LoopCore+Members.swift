@@ -72,7 +72,7 @@ extension LoopCore {
   /// Applies an invalidation (or a shutdown): the member leaves every mode and is detached.
   func applyInvalidate(_ member: some LoopMember) {
     guard let record = modeTable.record(for: member) else {
-      member.releaseAfterInvalidation()  // not here (any more): only its closures are left
+      member.releaseAfterInvalidation(onThreadOf: loop)  // not here (any more): only its closures are left
       return
     }
     detach(record)
@@ -106,7 +106,9 @@ extension LoopCore {
     switch record.kind {
     case .source(let source):
       if !deferredSignalled.isEmpty { deferredSignalled.removeAll { $0 === source } }
-      if let cancel = source.left(loop) { cancel(source, loop) }
+      let leave = source.left(loop)
+      leave.close?(source)
+      leave.cancel?(source, loop)
     case .descriptor(let source):
       if record.token != 0 {
         descriptorsByToken[record.token] = nil

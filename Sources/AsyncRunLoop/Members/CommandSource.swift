@@ -6,9 +6,14 @@
 /// from different threads interleave in the order they took the buffer's lock).
 ///
 /// Nothing is lost silently: every command that `post` accepted (returned true for) is delivered
-/// exactly once. When the source is invalidated while on a loop, the loop delivers what is still
-/// buffered, refuses later posts (`post` returns false), and then calls `cancel`. A source that is
-/// invalidated before it was ever scheduled keeps its buffer undelivered.
+/// exactly once, on a loop thread. When the source is invalidated (or dropped, or its loop shuts
+/// down) while on a loop, the loop delivers what is still buffered, refuses later posts (`post`
+/// returns false), and then calls `cancel` — also when the invalidation races an `add` that was
+/// made before it, a removal, or the shutdown. Commands posted while the source is on no loop
+/// (before its first `add`, or after its removal from its last mode) wait for its next `add`; if
+/// it is invalidated instead, the loop it was last on delivers them. Only a source that has no
+/// loop to deliver on — invalidated before it was ever added, or after the loop it was last on
+/// terminated — drops what it holds (`pendingCount` tells how many commands wait).
 public final class CommandSource<Command: Sendable>: Sendable {
   /// The underlying input source: add it to a loop's modes, or invalidate it. Keep the
   /// `CommandSource` itself alive while you post to it: dropping it invalidates the source.
@@ -36,11 +41,9 @@ public final class CommandSource<Command: Sendable>: Sendable {
     let buffer = self.buffer
     source = InputSource(
       order: order, schedule: schedule,
-      cancel: { source, loop in
-        // Invalidated: refuse further posts, then deliver what was accepted before cancel.
-        if !source.isValid { buffer.drain(into: handler, closing: true) }
-        cancel?(source, loop)
-      },
+      cancel: cancel,
+      // Invalidated: refuse further posts, then deliver what was accepted (before cancel).
+      close: { _ in buffer.drain(into: handler, closing: true) },
       perform: { _ in buffer.drain(into: handler, closing: false) })
   }
 

@@ -100,7 +100,7 @@ public final class DescriptorSource: LoopMember, @unchecked Sendable {  // Safet
     loop?.detachInvalidated(self)
   }
 
-  func releaseAfterInvalidation() {}  // `invalidate()` released the handler already
+  func releaseAfterInvalidation(onThreadOf loop: RunLoopThread?) {}  // `invalidate()` released the handler already
 
   /// False once `invalidate()` was called. Any thread.
   public var isValid: Bool { lock.withLock { binding.isValid } }

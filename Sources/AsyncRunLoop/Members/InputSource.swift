@@ -36,15 +36,29 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
   ///   - schedule: Called once when the source is first added to a loop.
   ///   - cancel: Called once when the source leaves its loop or is invalidated.
   ///   - perform: Called each time the loop fires the signalled source.
-  public init(
+  public convenience init(
     order: Int = 0,
     schedule: (@Sendable (InputSource, RunLoopThread, RunLoopMode) -> Void)? = nil,
     cancel: (@Sendable (InputSource, RunLoopThread) -> Void)? = nil,
     perform: @escaping @Sendable (InputSource) -> Void
   ) {
+    self.init(order: order, schedule: schedule, cancel: cancel, close: nil, perform: perform)
+  }
+
+  /// Internal: `close` runs once, on a loop thread, when the invalidated source is done on its
+  /// loop, before `cancel`; or, when it was invalidated after leaving its last loop, on the thread
+  /// of the loop it was last on (`CommandSource` delivers what is still buffered there).
+  @usableFromInline
+  init(
+    order: Int,
+    schedule: (@Sendable (InputSource, RunLoopThread, RunLoopMode) -> Void)?,
+    cancel: (@Sendable (InputSource, RunLoopThread) -> Void)?,
+    close: (@Sendable (InputSource) -> Void)?,
+    perform: @escaping @Sendable (InputSource) -> Void
+  ) {
     self.order = order
     self.state = SignalState(
-      routines: .init(schedule: schedule, perform: perform, cancel: cancel))
+      routines: .init(schedule: schedule, perform: perform, cancel: cancel, close: close))
   }
 
   func withBinding<Result>(_ body: (inout MemberBinding) -> Result) -> Result {
@@ -77,8 +91,9 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
     loop?.detachInvalidated(self)
   }
 
-  func releaseAfterInvalidation() {
+  func releaseAfterInvalidation(onThreadOf loop: RunLoopThread?) {
     let released: SignalState.Routines? = lock.withLock { binding.isValid ? nil : state.release() }
+    if loop != nil, let close = released?.close { close(self) }
     withExtendedLifetime(released) {}  // whatever the routines captured is freed outside the lock
   }
 
@@ -98,9 +113,10 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
     lock.withLock { (state.routines?.schedule, state.isSignalled) }
   }
 
-  /// The source left `loop`: returns the cancel routine to call (after the lock is released),
-  /// releasing every routine when the source was invalidated. Loop thread.
-  func left(_ loop: RunLoopThread) -> (@Sendable (InputSource, RunLoopThread) -> Void)? {
+  /// The source left `loop`: returns the close routine (when it was invalidated) and the cancel
+  /// routine to call, in that order, after the lock is released, releasing every routine when the
+  /// source was invalidated. Loop thread.
+  func left(_ loop: RunLoopThread) -> SignalState.LeaveRoutines {
     lock.withLock { state.left(isValid: binding.isValid) }
   }
 
@@ -122,6 +138,13 @@ struct SignalState {
   struct Routines {
     var schedule: (@Sendable (InputSource, RunLoopThread, RunLoopMode) -> Void)?
     var perform: @Sendable (InputSource) -> Void
+    var cancel: (@Sendable (InputSource, RunLoopThread) -> Void)?
+    var close: (@Sendable (InputSource) -> Void)?
+  }
+
+  /// What a loop calls when the source leaves it.
+  struct LeaveRoutines {
+    var close: (@Sendable (InputSource) -> Void)?
     var cancel: (@Sendable (InputSource, RunLoopThread) -> Void)?
   }
 
@@ -147,10 +170,10 @@ struct SignalState {
 
   /// The source left its loop: returns the cancel routine to call, and releases the routines when
   /// the source is invalid. A valid source keeps its signal for the loop it joins next.
-  mutating func left(isValid: Bool) -> (@Sendable (InputSource, RunLoopThread) -> Void)? {
-    let cancel = routines?.cancel
+  mutating func left(isValid: Bool) -> LeaveRoutines {
+    let leave = LeaveRoutines(close: isValid ? nil : routines?.close, cancel: routines?.cancel)
     if !isValid { routines = nil }  // release whatever the routines captured
-    return cancel
+    return leave
   }
 
   /// Hands out the routines (for release outside the lock).

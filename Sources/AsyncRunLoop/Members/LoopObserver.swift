@@ -102,7 +102,7 @@ public final class LoopObserver: LoopMember, @unchecked Sendable {  // Safety: p
     loop?.detachInvalidated(self)
   }
 
-  func releaseAfterInvalidation() {}  // `invalidate()` released the callout already
+  func releaseAfterInvalidation(onThreadOf loop: RunLoopThread?) {}  // `invalidate()` released the callout already
 
   /// False once invalidated. Any thread.
   public var isValid: Bool { lock.withLock { binding.isValid } }

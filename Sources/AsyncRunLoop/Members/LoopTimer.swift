@@ -182,7 +182,7 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     if let waiter { CalloutWaits.end(waiter: waiter) }
   }
 
-  func releaseAfterInvalidation() {}  // `invalidate()` released the handler already
+  func releaseAfterInvalidation(onThreadOf loop: RunLoopThread?) {}  // `invalidate()` released the handler already
 
   /// False once invalidated (a one-shot timer invalidates itself after firing). Any thread.
   public var isValid: Bool { lock.withLock { binding.isValid } }

@@ -6,9 +6,10 @@
 protocol LoopMember: AnyObject, Sendable {
   /// The member's kind, for messages ("InputSource", "LoopTimer", ...).
   static var kindName: String { get }
-  /// Releases the closures of an invalidated member that its loop holds no record of (any thread:
-  /// the loop that was told, or the caller when that loop has terminated).
-  func releaseAfterInvalidation()
+  /// Releases the closures of an invalidated member that its loop holds no record of: on the
+  /// thread of `loop` (the loop it was last on, which was told), or on the caller's thread with
+  /// `loop` nil when that loop has terminated.
+  func releaseAfterInvalidation(onThreadOf loop: RunLoopThread?)
   /// Runs `body` with the member's binding, under the member's lock. Any thread. `body` must not
   /// call out (user code, other locks than the loop's inbox lock).
   func withBinding<Result>(_ body: (inout MemberBinding) -> Result) -> Result

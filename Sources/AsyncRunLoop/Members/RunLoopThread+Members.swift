@@ -191,7 +191,7 @@ extension RunLoopThread {
   /// detached every member already.
   func detachInvalidated(_ member: some LoopMember) {
     // Refused: the loop has terminated and detached every member already.
-    if !onLoopThread({ [self] in core.applyInvalidate(member) }) { member.releaseAfterInvalidation() }
+    if !onLoopThread({ [self] in core.applyInvalidate(member) }) { member.releaseAfterInvalidation(onThreadOf: nil) }
   }
 }
 
