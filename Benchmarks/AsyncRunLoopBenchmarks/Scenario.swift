@@ -26,6 +26,7 @@ enum Scenario {
     ("loops-1000", ResourceScenarios.loops1000),
     ("hop-allocations", ActorScenarios.hopAllocations),
     ("churn", ChurnScenarios.churn),
+    ("fill", FillScenarios.fill),
   ]
 
   /// Run only when named with `--only`.
