@@ -25,6 +25,8 @@ enum Scenario {
     ("timers-100k", ResourceScenarios.timers100k),
     ("loops-1000", ResourceScenarios.loops1000),
     ("hop-allocations", ActorScenarios.hopAllocations),
+    ("churn", ChurnScenarios.churn),
+    ("fill", FillScenarios.fill),
   ]
 
   /// Run only when named with `--only`.

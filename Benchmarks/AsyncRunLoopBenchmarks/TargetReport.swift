@@ -119,6 +119,49 @@ enum TargetReport {
         label: "hop-allocations asyncrunloop per round trip", bound: .atMost(0),
         measure: { figure($0, "hop-allocations", "asyncrunloop")?.value }),
     ]
+    + churnTargets
+
+  /// The churn peers whose name starts with `prefix`, as figures, by their member count `n`.
+  private static func churnFigures(_ results: [ScenarioResult], prefix: String) -> [(n: Double, figure: Figure)] {
+    guard let churn = results.first(where: { $0.name == "churn" }) else { return [] }
+    return churn.peers.compactMap { peer in
+      guard peer.name.hasPrefix(prefix), case .figure(let figure) = peer.outcome,
+        let n = figure.extras.first(where: { $0.0 == "n" })?.1
+      else { return nil }
+      return (n, figure)
+    }.sorted { $0.n < $1.n }
+  }
+
+  /// Issue 13: adding and removing costs the same per member whatever the loop holds (ns per
+  /// operation at the largest count ≤ 1.2× at the smallest, per kind and side), and a mass removal
+  /// of timers stalls no pass for more than 1 ms.
+  private static let churnTargets: [Target] =
+    ChurnKind.allCases.flatMap { kind in
+      ChurnSide.allCases.flatMap { side in
+        [("add", nil), ("remove", "remove_ns")].map { (operation: String, extra: String?) in
+          Target(
+            label: "churn \(kind.rawValue) \(operation) \(side.rawValue): ns/op big n / small n",
+            bound: .atMost(1.2),
+            measure: { results in
+              let figures = churnFigures(results, prefix: "\(kind.rawValue) \(side.rawValue) ")
+              guard let smallest = figures.first?.figure, let largest = figures.last?.figure, figures.count > 1 else {
+                return nil
+              }
+              func cost(_ figure: Figure) -> Double? {
+                guard let extra else { return figure.value }
+                return figure.extras.first { $0.0 == extra }?.1
+              }
+              guard let top = cost(largest), let bottom = cost(smallest) else { return nil }
+              return top / bottom
+            })
+        }
+      }
+    }
+    + ChurnSide.allCases.map { side in
+      Target(
+        label: "churn timer mass-removal \(side.rawValue): longest awake ns", bound: .atMost(1_000_000),
+        measure: { churnFigures($0, prefix: "timer mass-removal \(side.rawValue) ").last?.figure.value })
+    }
 
   /// One target checked against a run.
   struct Verdict {

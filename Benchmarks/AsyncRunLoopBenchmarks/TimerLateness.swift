@@ -102,7 +102,8 @@ final class TimerSequenceLateness: LatencySession {
 /// asyncrunloop-looptimer (extra): a repeating `LoopTimer` with a callback; the handler reads
 /// the timer's current fire date (it moves to the next grid point after the callout).
 final class LoopTimerLateness: LatencySession {
-  private let loop: RunLoopThread
+  /// The timer's loop (`fill` adds idle members to it).
+  let loop: RunLoopThread
 
   init() { loop = try! RunLoopThread(name: "looptimer") }
 

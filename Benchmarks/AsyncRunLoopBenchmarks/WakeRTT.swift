@@ -117,7 +117,8 @@ final class FloorWake: LatencySession {
 /// "append + signal + wake"; the handler rings the reply.
 final class AsyncRunLoopWake: LatencySession {
   private let reply = ReplyDoorbell()
-  private let loop: RunLoopThread
+  /// The server loop (`fill` adds idle members to it).
+  let loop: RunLoopThread
   private let source: CommandSource<UInt32>
 
   init(pin: PinPlan) {

@@ -1,0 +1,418 @@
+import AsyncRunLoop
+import CAsyncRunLoop
+import Glibc
+
+// churn (issue 13): what adding and removing a member costs as a loop fills up, per member kind,
+// from the loop thread and from another thread; and how long the loop stays awake after a mass
+// removal of timers. Public API only, so the scenario measures any core.
+
+/// The member kinds churn adds and removes.
+enum ChurnKind: String, CaseIterable, Sendable {
+  case inputSource = "input-source"
+  /// Each on its own eventfd (one descriptor per source).
+  case descriptorSource = "descriptor-source"
+  case timer
+  case observer
+}
+
+/// Where the adds and removes are called.
+enum ChurnSide: String, CaseIterable, Sendable {
+  /// In a `performAndWait` block: the change happens at once.
+  case loopThread = "loop-thread"
+  /// From the measuring thread: each change is sent to the loop; a `performAndWait` barrier
+  /// afterwards makes sure all of them were applied.
+  case crossThread = "cross-thread"
+}
+
+/// `count` idle members of one kind: never signalled, never readable, due in an hour or more,
+/// observing only `entry` (which a running owned loop does not report again).
+enum IdleMembers: Sendable {
+  case inputSources([InputSource])
+  case descriptorSources([DescriptorSource])
+  case timers([LoopTimer])
+  case observers([LoopObserver])
+
+  init(_ kind: ChurnKind, count: Int) {
+    switch kind {
+    case .inputSource:
+      self = .inputSources((0..<count).map { _ in InputSource { _ in } })
+    case .descriptorSource:
+      self = .descriptorSources(
+        (0..<count).map { _ in
+          let descriptor = eventfd(0, Int32(EFD_CLOEXEC) | Int32(EFD_NONBLOCK))
+          precondition(descriptor >= 0, "eventfd failed: \(carl_errno())")
+          return DescriptorSource(descriptor: descriptor) { _, _ in }
+        })
+    case .timer:
+      self = .timers(Self.farFutureTimers(count))
+    case .observer:
+      self = .observers((0..<count).map { _ in LoopObserver(activities: .entry) { _, _ in } })
+    }
+  }
+
+  /// Timers due between one hour and one hour plus a second from now, in a scrambled order (so
+  /// the heap is not filled in deadline order).
+  static func farFutureTimers(_ count: Int) -> [LoopTimer] {
+    let base = monotonicNanoseconds() + 3_600_000_000_000
+    return (0..<count).map { index in
+      let offset = Int64((UInt64(index) &* 2_654_435_761) % 1_000_000_000)
+      return LoopTimer(fireAt: LoopClock.Instant(nanoseconds: base + offset)) { _ in }
+    }
+  }
+
+  /// Adds every member to `loop`'s default mode, from the calling thread.
+  func add(to loop: RunLoopThread) {
+    switch self {
+    case .inputSources(let sources): for source in sources { loop.add(source) }
+    case .descriptorSources(let sources): for source in sources { try! loop.add(source) }
+    case .timers(let timers): for timer in timers { loop.add(timer) }
+    case .observers(let observers): for observer in observers { loop.add(observer) }
+    }
+  }
+
+  /// Removes every member from `loop`'s default mode, from the calling thread.
+  func remove(from loop: RunLoopThread) {
+    switch self {
+    case .inputSources(let sources): for source in sources { loop.remove(source) }
+    case .descriptorSources(let sources): for source in sources { loop.remove(source) }
+    case .timers(let timers): for timer in timers { loop.remove(timer) }
+    case .observers(let observers): for observer in observers { loop.remove(observer) }
+    }
+  }
+
+  /// Closes the descriptors (after the sources were removed).
+  func close() {
+    guard case .descriptorSources(let sources) = self else { return }
+    for source in sources { _ = Glibc.close(source.descriptor) }
+  }
+}
+
+/// Nanoseconds `body` takes on the loop thread (timed there, so the wake-up is not counted).
+func timedOnLoop(_ loop: RunLoopThread, _ body: @escaping @Sendable () -> Void) -> Int64 {
+  try! loop.performAndWait {
+    let start = monotonicNanoseconds()
+    body()
+    return monotonicNanoseconds() - start
+  }
+}
+
+/// How long churn's rounds took per kind and side, so that a count whose round would take too long
+/// is skipped: on a core whose add or remove scans, the cost per member grows with the count, and
+/// 100k input sources would take minutes. Used by the measuring thread only.
+final class ChurnTimeBudget {
+  /// The longest predicted round that is still measured.
+  let limitNanoseconds: Int64
+  /// How long the rounds of one measurement may take together (at least one round runs).
+  let measurementNanoseconds: Int64
+  /// The largest count measured so far per "kind side", and how long its round took.
+  private var measured: [String: (count: Int, nanoseconds: Int64)] = [:]
+
+  init(mode: RunMode) {
+    switch mode {
+    case .smoke: (limitNanoseconds, measurementNanoseconds) = (1_000_000_000, 100_000_000)
+    case .quick: (limitNanoseconds, measurementNanoseconds) = (3_000_000_000, 1_000_000_000)
+    case .full: (limitNanoseconds, measurementNanoseconds) = (20_000_000_000, 4_000_000_000)
+    }
+  }
+
+  func record(_ key: String, count: Int, nanoseconds: Int64) {
+    if measured[key].map({ $0.count <= count }) ?? true { measured[key] = (count, nanoseconds) }
+  }
+
+  /// How long a round of `count` would take if the time per member grew linearly with the count
+  /// (quadratic in total) from the largest smaller count measured; nil when none was.
+  func predictedRound(_ key: String, count: Int) -> Int64? {
+    guard let (smaller, nanoseconds) = measured[key], smaller < count else { return nil }
+    let scale = Double(count) / Double(smaller)
+    return Int64(Double(nanoseconds) * scale * scale)
+  }
+}
+
+/// One (kind, side, count) of churn: on a fresh loop, create `count` members, add them all, then
+/// remove them all. The value is ns per add; extras `remove_ns` and `create_ns` per member, and
+/// `n`. Each measurement is the median of up to `rounds` rounds, as many as fit in the budget's
+/// measurement time, after a discarded warm-up round for counts up to 1k. A count whose round
+/// the budget predicts to be too long is not measured (NaN, reason on stderr).
+final class ChurnSession: FigureSession {
+  private let kind: ChurnKind
+  private let side: ChurnSide
+  private let count: Int
+  private let rounds: Int
+  private let cpu: Int?
+  private let budget: ChurnTimeBudget
+  private var key: String { "\(kind.rawValue) \(side.rawValue)" }
+
+  init(kind: ChurnKind, side: ChurnSide, count: Int, rounds: Int, cpu: Int?, budget: ChurnTimeBudget) {
+    self.kind = kind
+    self.side = side
+    self.count = count
+    self.rounds = rounds
+    self.cpu = cpu
+    self.budget = budget
+  }
+
+  func measure() -> Figure {
+    if let predicted = budget.predictedRound(key, count: count), predicted > budget.limitNanoseconds {
+      progress(
+        "churn: \(key) \(count) skipped: one round would take ~\(predicted / 1_000_000_000) s"
+          + " (limit \(budget.limitNanoseconds / 1_000_000_000) s), extrapolated from the largest smaller count")
+      return Figure(value: .nan)
+    }
+    if count <= 1_000 { _ = measureRound() }  // warm-up
+    var adds: [Double] = []
+    var removes: [Double] = []
+    var creates: [Double] = []
+    let start = monotonicNanoseconds()
+    while adds.count < rounds && (adds.isEmpty || monotonicNanoseconds() - start < budget.measurementNanoseconds) {
+      let roundStart = monotonicNanoseconds()
+      let (create, add, remove) = measureRound()
+      budget.record(key, count: count, nanoseconds: monotonicNanoseconds() - roundStart)
+      creates.append(create)
+      adds.append(add)
+      removes.append(remove)
+    }
+    return Figure(
+      value: median(adds),
+      extras: [
+        ("remove_ns", median(removes)), ("create_ns", median(creates)), ("n", Double(count)),
+        ("rounds", Double(adds.count)),
+      ])
+  }
+
+  /// One round on a fresh loop: ns per create, add and remove.
+  private func measureRound() -> (Double, Double, Double) {
+    let loop = try! RunLoopThread(name: "churn", cpu: cpu)
+    defer { loop.shutdownAndWait() }
+    var start = monotonicNanoseconds()
+    let members = IdleMembers(kind, count: count)
+    let create = monotonicNanoseconds() - start
+    defer { members.close() }
+    let add: Int64
+    let remove: Int64
+    switch side {
+    case .loopThread:
+      add = timedOnLoop(loop) { members.add(to: loop) }
+      remove = timedOnLoop(loop) { members.remove(from: loop) }
+    case .crossThread:
+      start = monotonicNanoseconds()
+      members.add(to: loop)
+      try! loop.performAndWait {}  // applied after every change sent before it
+      add = monotonicNanoseconds() - start
+      start = monotonicNanoseconds()
+      members.remove(from: loop)
+      try! loop.performAndWait {}
+      remove = monotonicNanoseconds() - start
+    }
+    let perMember = Double(count)
+    return (Double(create) / perMember, Double(add) / perMember, Double(remove) / perMember)
+  }
+
+  func close() {}
+}
+
+/// Timestamps the loop's sleeps: `beforeWaiting` and `afterWaiting`, on the loop thread.
+private final class SleepRecorder: @unchecked Sendable {
+  // Safety: `events` is only touched on the loop thread: by the observer's callout and by blocks
+  // run there with `performAndWait`.
+  var events: [(activity: LoopActivity, at: Int64)] = []
+
+  init() { events.reserveCapacity(1_024) }
+
+  /// The longest stretch the loop stayed awake in `events`, starting the first stretch at
+  /// `start` (when nil, at the first `afterWaiting`): each stretch ends at a `beforeWaiting`.
+  func longestAwake(from start: Int64?) -> Int64 {
+    var awakeSince = start
+    var longest: Int64 = 0
+    for event in events {
+      if event.activity == .afterWaiting {
+        awakeSince = event.at
+      } else if let since = awakeSince {
+        longest = max(longest, event.at - since)
+        awakeSince = nil
+      }
+    }
+    return longest
+  }
+}
+
+/// churn's mass removal: `count` far-future timers on a fresh loop, removed all at once; the
+/// value is the longest stretch the loop stayed awake from the end of the removals until it had
+/// slept and been woken `wakes` more times (by an empty `performAndWait`, 2 ms apart). Extras:
+/// `removal_pass_rest_ns`, the rest of the pass that ran the removals (loop thread) or the
+/// barrier after them (cross-thread); `baseline_ns`, the same measurement with the timers
+/// still there and nothing removed; `n`. From the loop thread the removal calls themselves are
+/// not counted; cross-thread, the passes that apply the removals are (they are the pass).
+final class MassRemovalPass: FigureSession {
+  private let side: ChurnSide
+  private let count: Int
+  private let cpu: Int?
+  private let wakes = 5
+
+  init(side: ChurnSide, count: Int, cpu: Int?) {
+    self.side = side
+    self.count = count
+    self.cpu = cpu
+  }
+
+  func measure() -> Figure {
+    let loop = try! RunLoopThread(name: "churn-removal", cpu: cpu)
+    defer { loop.shutdownAndWait() }
+    let recorder = SleepRecorder()
+    let observer = LoopObserver(activities: [.beforeWaiting, .afterWaiting]) { _, activity in
+      recorder.events.append((activity, monotonicNanoseconds()))
+    }
+    defer { observer.invalidate() }
+    loop.add(observer)
+    let timers = IdleMembers(.timer, count: count)
+    _ = timedOnLoop(loop) { timers.add(to: loop) }
+
+    // Baseline: the same wake-ups with the timers in place.
+    try! loop.performAndWait { recorder.events.removeAll(keepingCapacity: true) }
+    wakeRepeatedly(loop)
+    let baseline = try! loop.performAndWait { recorder.longestAwake(from: nil) }
+
+    let removed: Int64
+    switch side {
+    case .loopThread:
+      removed = try! loop.performAndWait {
+        recorder.events.removeAll(keepingCapacity: true)
+        timers.remove(from: loop)
+        return monotonicNanoseconds()
+      }
+    case .crossThread:
+      let sent = try! loop.performAndWait {
+        recorder.events.removeAll(keepingCapacity: true)
+        return monotonicNanoseconds()
+      }
+      timers.remove(from: loop)
+      try! loop.performAndWait {}
+      removed = sent
+    }
+    wakeRepeatedly(loop)
+    let (longest, rest) = try! loop.performAndWait {
+      let firstSleep = recorder.events.first { $0.activity == .beforeWaiting }?.at ?? removed
+      return (recorder.longestAwake(from: removed), firstSleep - removed)
+    }
+    return Figure(
+      value: Double(longest),
+      extras: [("removal_pass_rest_ns", Double(rest)), ("baseline_ns", Double(baseline)), ("n", Double(count))])
+  }
+
+  /// Lets the loop fall asleep, then wakes it with an empty block, `wakes` times.
+  private func wakeRepeatedly(_ loop: RunLoopThread) {
+    for _ in 0..<wakes {
+      sleepNanoseconds(2_000_000)
+      try! loop.performAndWait {}
+    }
+    sleepNanoseconds(2_000_000)
+  }
+
+  func close() {}
+}
+
+/// The process's descriptor limit, raised to the hard limit for the descriptor-source sizes.
+struct DescriptorBudget {
+  /// The soft limit before and after raising it, and the hard limit.
+  let softBefore: Int
+  let soft: Int
+  let hard: Int
+  /// How many more descriptors churn may open (leaving room for loops and the rest).
+  let available: Int
+
+  /// Raises the soft RLIMIT_NOFILE to the hard limit.
+  static func raise() -> DescriptorBudget {
+    var limit = rlimit()
+    getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
+    let before = Int(limit.rlim_cur)
+    if limit.rlim_cur < limit.rlim_max {
+      var raised = limit
+      raised.rlim_cur = limit.rlim_max
+      if setrlimit(Int32(RLIMIT_NOFILE.rawValue), &raised) == 0 { limit = raised }
+    }
+    let soft = Int(clamping: limit.rlim_cur)
+    return DescriptorBudget(
+      softBefore: before, soft: soft, hard: Int(clamping: limit.rlim_max),
+      available: max(0, soft - openDescriptorCount() - 256))
+  }
+}
+
+enum ChurnScenarios {
+  /// The member counts per kind: quick mode stops at 10k except for timers.
+  static func sizes(_ kind: ChurnKind, _ mode: RunMode) -> [Int] {
+    switch mode {
+    case .smoke: return [100, 1_000]
+    case .quick: return kind == .timer ? [1_000, 10_000, 100_000] : [1_000, 10_000]
+    case .full: return [1_000, 10_000, 100_000]
+    }
+  }
+
+  /// Rounds per measurement (their median is the figure).
+  static func rounds(_ count: Int, _ mode: RunMode) -> Int {
+    if mode == .smoke { return 1 }
+    return count <= 1_000 ? 9 : (count <= 10_000 ? 5 : 1)
+  }
+
+  /// "1k", "100k", or the plain count (0, 100) when it is not a multiple of 1000.
+  static func label(_ count: Int) -> String {
+    count > 0 && count % 1_000 == 0 ? "\(count / 1_000)k" : "\(count)"
+  }
+
+  /// The peer name of one (kind, side, count).
+  static func peerName(_ kind: ChurnKind, _ side: ChurnSide, _ count: Int) -> String {
+    "\(kind.rawValue) \(side.rawValue) \(label(count))"
+  }
+
+  /// The peer name of the mass-removal measurement.
+  static func removalPeerName(_ side: ChurnSide, _ count: Int) -> String {
+    "timer mass-removal \(side.rawValue) \(label(count))"
+  }
+
+  static func churn(_ context: BenchmarkContext) -> ScenarioResult {
+    let mode = context.mode
+    let cpu = context.pin.serverCPU
+    let budget = DescriptorBudget.raise()
+    let timeBudget = ChurnTimeBudget(mode: mode)
+    var notes = [
+      "per kind and size, on a fresh loop: create n idle members, add them all, remove them all;"
+        + " value = ns per add, remove_ns = ns per remove",
+      "loop-thread: in a performAndWait block (timed inside); cross-thread: from the measuring thread,"
+        + " then a performAndWait barrier (timed around)",
+      "sizes: timers \(sizes(.timer, mode).map(label).joined(separator: "/")), other kinds "
+        + "\(sizes(.inputSource, mode).map(label).joined(separator: "/")); median of up to 9 rounds at 1k,"
+        + " 5 at 10k, 1 at 100k, as many as fit in \(timeBudget.measurementNanoseconds / 1_000_000) ms",
+      "a size whose round would take over \(timeBudget.limitNanoseconds / 1_000_000_000) s (extrapolated"
+        + " quadratically from the size below) is skipped: the reason is on stderr",
+      "timer mass-removal: longest time awake between sleeps (ns) from the end of the removals of n far-future"
+        + " timers through 5 wake-ups; cross-thread includes the passes that apply the removals",
+      "RLIMIT_NOFILE soft \(budget.softBefore) raised to \(budget.soft) (hard \(budget.hard));"
+        + " descriptor-source sizes capped at \(budget.available)",
+    ]
+    var peers: [PeerSpec<any FigureSession>] = []
+    for kind in ChurnKind.allCases {
+      var counts = sizes(kind, mode)
+      if kind == .descriptorSource {
+        let capped = counts.map { min($0, budget.available) }
+        if capped != counts { notes.append("descriptor-source: \(counts.last!) capped to \(capped.last!)") }
+        counts = capped.reduce(into: []) { if !$0.contains($1) && $1 > 0 { $0.append($1) } }
+      }
+      for side in ChurnSide.allCases {
+        for count in counts {
+          let rounds = rounds(count, mode)
+          peers.append(
+            PeerSpec(name: peerName(kind, side, count)) {
+              ChurnSession(kind: kind, side: side, count: count, rounds: rounds, cpu: cpu, budget: timeBudget)
+            })
+        }
+      }
+    }
+    let removalCount = sizes(.timer, mode).last!
+    for side in ChurnSide.allCases {
+      peers.append(
+        PeerSpec(name: removalPeerName(side, removalCount)) {
+          MassRemovalPass(side: side, count: removalCount, cpu: cpu)
+        })
+    }
+    return runFigureScenario(
+      "churn", unit: "ns", notes: notes, peers: peers, warmUp: false, repetitions: mode.figureRepetitions)
+  }
+}

@@ -1,0 +1,195 @@
+/// What an `IndexedTimerHeap` stores: a loop-thread-only object (one per timer and mode) that
+/// remembers where its entry sits, so the heap can remove or move it without searching.
+///
+/// Implement `heapIndex` as a plain stored property of a final class, marked
+/// `@exclusivity(unchecked)` (it is written on every level of a sift, and only ever on the loop
+/// thread), initialised to -1.
+protocol TimerHeapElement: AnyObject {
+  /// The element's position in the heap's storage, or -1 when it is in no heap. Written only by
+  /// the heap.
+  var heapIndex: Int { get set }
+}
+
+/// A binary min-heap of timer entries ordered by (deadline, sequence), so entries with equal
+/// deadlines come out in the order they were scheduled (as libuv orders its timers), that can
+/// also remove or re-time any entry in O(log n).
+///
+/// Each entry holds an element whose `heapIndex` the heap keeps equal to the entry's position, so
+/// `remove(_:)` and `update(_:deadline:sequence:)` find the entry at once instead of leaving a
+/// stale entry behind. An element is in at most one heap at a time (it has one index): the loop
+/// holds one element per (timer, mode).
+///
+/// A pure value with no threads or clocks in it; not thread-safe. Tests drive it with plain
+/// numbers.
+struct IndexedTimerHeap<Element: TimerHeapElement> {
+  /// One scheduled element.
+  struct Entry {
+    /// Absolute deadline, CLOCK_MONOTONIC nanoseconds.
+    var deadline: Int64
+    /// Tie-breaker: the order in which entries were scheduled.
+    var sequence: UInt64
+    var element: Element
+
+    /// Whether this entry comes out before `other`.
+    @inline(__always)
+    func precedes(_ other: Entry) -> Bool { precedes(deadline: other.deadline, sequence: other.sequence) }
+
+    /// Whether this entry comes out before an entry with `deadline` and `sequence`.
+    @inline(__always)
+    func precedes(deadline otherDeadline: Int64, sequence otherSequence: UInt64) -> Bool {
+      deadline < otherDeadline || (deadline == otherDeadline && sequence < otherSequence)
+    }
+  }
+
+  /// The entries in heap order: `entries[i]` precedes its children `entries[2i+1]` and
+  /// `entries[2i+2]`, and `entries[i].element.heapIndex == i`.
+  private(set) var entries: [Entry] = []
+
+  /// Creates an empty heap.
+  init() {}
+
+  var isEmpty: Bool { entries.isEmpty }
+  var count: Int { entries.count }
+
+  /// The entry with the earliest (deadline, sequence), or nil when the heap is empty.
+  var first: Entry? { entries.first }
+
+  /// The smallest deadline among the first entry's children: no entry other than `first` has an
+  /// earlier deadline. Used to bound how long tolerance may delay the first timer.
+  var deadlineAfterFirst: Int64? {
+    switch entries.count {
+    case 0, 1: return nil
+    case 2: return entries[1].deadline
+    default: return min(entries[1].deadline, entries[2].deadline)
+    }
+  }
+
+  /// Every element in the heap, in storage (not deadline) order; for shutdown.
+  var elements: LazyMapSequence<[Entry], Element> { entries.lazy.map(\.element) }
+
+  /// Whether `element` is in this heap. O(1).
+  func contains(_ element: Element) -> Bool { index(of: element) != nil }
+
+  /// The entry of `element`, or nil when it is not in this heap. O(1).
+  func entry(for element: Element) -> Entry? { index(of: element).map { entries[$0] } }
+
+  /// Schedules `element`. O(log n).
+  /// - Precondition: `element` is in no heap (`heapIndex == -1`).
+  mutating func insert(_ element: Element, deadline: Int64, sequence: UInt64) {
+    precondition(element.heapIndex == -1, "IndexedTimerHeap.insert: the element is already in a heap")
+    element.heapIndex = entries.count
+    entries.append(Entry(deadline: deadline, sequence: sequence, element: element))
+    siftUp(from: entries.count - 1)
+  }
+
+  /// Takes `element` out of the heap and sets its `heapIndex` to -1. O(log n).
+  /// - Returns: false (and does nothing) when `element` is not in this heap.
+  @discardableResult
+  mutating func remove(_ element: Element) -> Bool {
+    guard let index = index(of: element) else { return false }
+    removeEntry(at: index)
+    return true
+  }
+
+  /// Gives `element` a new deadline and sequence and moves it to its place. O(log n).
+  /// - Precondition: `element` is in this heap.
+  mutating func update(_ element: Element, deadline: Int64, sequence: UInt64) {
+    guard let index = index(of: element) else { preconditionFailure("IndexedTimerHeap.update: not in this heap") }
+    let movesLater = entries.withUnsafeMutableBufferPointer { heap in
+      let movesLater = heap[index].precedes(deadline: deadline, sequence: sequence)
+      heap[index].deadline = deadline
+      heap[index].sequence = sequence
+      return movesLater
+    }
+    // Later than before: it can only go down; earlier: only up.
+    if movesLater { siftDown(from: index) } else { siftUp(from: index) }
+  }
+
+  /// Removes and returns the first entry, setting its element's `heapIndex` to -1. O(log n).
+  @discardableResult
+  mutating func popFirst() -> Entry? {
+    guard !entries.isEmpty else { return nil }
+    let first = entries[0]
+    removeEntry(at: 0)
+    return first
+  }
+
+  /// Empties the heap, setting every element's `heapIndex` to -1. O(n).
+  mutating func removeAll() {
+    for entry in entries { entry.element.heapIndex = -1 }
+    entries.removeAll()
+  }
+
+  // MARK: Storage
+
+  /// Where `element` sits in this heap, or nil: its index must be in range and point back at it
+  /// (an element of another heap has an index too).
+  @inline(__always)
+  private func index(of element: Element) -> Int? {
+    let index = element.heapIndex
+    guard index >= 0, index < entries.count, entries[index].element === element else { return nil }
+    return index
+  }
+
+  /// Removes the entry at `index`: the last entry fills the hole and sifts whichever way it must.
+  private mutating func removeEntry(at index: Int) {
+    entries[index].element.heapIndex = -1
+    let last = entries.count - 1
+    if index == last {
+      entries.removeLast()
+      return
+    }
+    entries.swapAt(index, last)
+    entries.removeLast()
+    entries[index].element.heapIndex = index
+    // The moved entry came from a leaf: it can belong above or below `index`.
+    if index > 0 && entries[index].precedes(entries[(index - 1) / 2]) {
+      siftUp(from: index)
+    } else {
+      siftDown(from: index)
+    }
+  }
+
+  // The sifts use the "hole" technique on the buffer: the entry being placed is moved out once,
+  // each entry it passes moves one level into the hole (a bitwise move, so the element reference
+  // is never retained or released) and gets its new index, and the placed entry is moved into
+  // the final hole. Nothing in between can fail, so the hole never outlives the sift.
+
+  private mutating func siftUp(from start: Int) {
+    entries.withUnsafeMutableBufferPointer { heap in
+      guard let base = heap.baseAddress else { return }
+      var hole = start
+      let moving = (base + hole).move()
+      while hole > 0 {
+        let parent = (hole - 1) / 2
+        guard moving.precedes(base[parent]) else { break }
+        (base + hole).moveInitialize(from: base + parent, count: 1)
+        base[hole].element.heapIndex = hole
+        hole = parent
+      }
+      (base + hole).initialize(to: moving)
+      base[hole].element.heapIndex = hole
+    }
+  }
+
+  private mutating func siftDown(from start: Int) {
+    entries.withUnsafeMutableBufferPointer { heap in
+      guard let base = heap.baseAddress else { return }
+      let count = heap.count
+      var hole = start
+      let moving = (base + hole).move()
+      while true {
+        let left = 2 * hole + 1
+        guard left < count else { break }
+        let right = left + 1
+        let smaller = right < count && base[right].precedes(base[left]) ? right : left
+        guard base[smaller].precedes(moving) else { break }
+        (base + hole).moveInitialize(from: base + smaller, count: 1)
+        base[hole].element.heapIndex = hole
+        hole = smaller
+      }
+      (base + hole).initialize(to: moving)
+      base[hole].element.heapIndex = hole
+    }
+  }
+}
