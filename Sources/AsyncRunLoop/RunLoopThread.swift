@@ -28,59 +28,34 @@ public enum RunLoopError: Error, Equatable, CustomStringConvertible {
 /// precondition). Every callback (source routines, timer and observer callouts, performed blocks,
 /// executor jobs) runs on the loop's thread.
 public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
-  // Safety: `name`, `poller`, `ownsThread`, `isMainLoop`, `inboxLock` and `threadLock` are
-  // immutable references; `core` and `serialExecutorRole` are written once in init, before the
-  // loop is published, and only read afterwards. `inbox` is only touched with `inboxLock` held;
-  // `threadState` only with `threadLock` held. `core`'s state (a `LoopCore`, not Sendable) is
+  // Safety: `name`, `shared` and `isStandIn` are immutable; `core` and `serialExecutorRole` are
+  // written once in init, before the loop is published, and only read afterwards. The cross-thread
+  // state lives in `shared` (a `LoopShared`, with its own proof); `core`'s state (a `LoopCore`) is
   // touched only on the loop's thread: the public entry points that use it call
   // `preconditionOnLoopThread()` or check `isOnLoopThread` (or forward to the loop thread through
-  // `inbox.controls`).
+  // the inbox).
 
   /// The loop's name (also its thread's name, truncated to 15 bytes by the kernel).
   public let name: String
-  let poller: EpollPoller
-  /// True for loops created with `init(name:)`: they run on a thread of their own until shutdown.
-  let ownsThread: Bool
-  let isMainLoop: Bool
-
-  // `@exclusivity(unchecked)` on the hot state below: a dynamic exclusivity check costs a
-  // thread-local lookup per access, which after a wake-up was the largest user-space item left in
-  // the wake-rtt profile. These properties are confined to the loop thread (or, for `inbox`, the
-  // inbox lock), and the pass copies or swaps an array before calling out of the loop, so no
-  // access overlaps a callout's (`runCollectedPerforms`, `fireSignalledSources`, `fireDueTimers`).
-  let inboxLock = PthreadLock.make()
-  @exclusivity(unchecked) var inbox = LoopInbox()
-
-  let threadLock = PthreadLock.make()
-  var threadState = ThreadState.notStarted
+  /// The cross-thread half (inbox, wake-up, thread bookkeeping); what members bind to.
+  let shared: LoopShared
+  /// The loop-thread half (modes, members, the pass). Written once in init.
+  private(set) var core: LoopCore!
   /// The loop's `SerialExecutor` role (see `JobRole`). Written once, at the end of init, before
   /// the loop is visible to any other thread; only read afterwards.
   private(set) var serialExecutorRole: LoopSerialExecutor!
-  let terminatedGate = BlockingGate()
-
-  /// The owned thread's life, for joining it exactly once. The thread is never detached while
-  /// the loop lives, so `shutdownAndWait()` can always join it (and a loop released without
-  /// anyone joining joins, or detaches, its finished thread in `deinit`).
-  enum ThreadState {
-    case notStarted
-    case running(pthread_t)
-    /// `shutdownAndWait()` will join the thread.
-    case joinerRegistered(pthread_t)
-    /// The thread's work is done and nobody joined it yet.
-    case finished(pthread_t)
-    /// Joined (or, from `deinit` on the thread itself, detached).
-    case reaped
-  }
-
-  // MARK: Loop thread only
-
-  /// The loop-thread state and the pass (see `LoopCore`). Written once in init.
-  private(set) var core: LoopCore!
+  /// A stand-in that a dropped loop's thread hands to callouts while it drains (see `deinit`).
+  let isStandIn: Bool
   /// Jobs scheduled through `SchedulingExecutor` (Task.sleep under the loop's preference).
   let scheduledJobCounter = LockedValue(0)
 
+  var poller: EpollPoller { shared.poller }
+  /// True for loops created with `init(name:)`: they run on a thread of their own until shutdown.
+  var ownsThread: Bool { shared.ownsThread }
+  var isMainLoop: Bool { shared.isMainLoop }
+
   /// Creates a loop on a new thread named `name`, which runs it (in the default mode) until
-  /// `shutdown()`. Any thread.
+  /// `shutdown()`, or until the last reference to the loop is released. Any thread.
   /// - Parameters:
   ///   - name: The loop's and thread's name.
   ///   - cpu: If given, the thread is pinned to this CPU.
@@ -90,27 +65,35 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
     try startThread(cpu: cpu)
   }
 
+  /// Releasing the last reference to a loop that owns its thread shuts it down (as `shutdown()`):
+  /// the thread drains the loop — every accepted job and block runs, every member is detached
+  /// (cancel routines run) — and exits, and the loop's descriptors are closed. Callouts during
+  /// that drain receive a stand-in `RunLoopThread` for the same loop (the original is gone). It
+  /// does not wait for the drain. Actors and tasks that use the loop as their executor hold it,
+  /// so they keep it alive.
   deinit {
-    // Nobody joined the owned thread: reap it now (it has finished its work; on its own thread,
-    // which may drop the last reference as it ends, detach instead).
-    if case .finished(let thread) = threadState {
-      if pthread_equal(thread, pthread_self()) != 0 {
-        pthread_detach(thread)
-      } else {
-        pthread_join(thread, nil)
-      }
-    }
+    guard !isStandIn, shared.ownsThread else { return }
+    // Not joined: a drain must not block whoever dropped the loop. The thread detaches itself.
+    core.handleWillDeinit(makeStandIn: { RunLoopThread(standInFor: self) })
   }
 
   init(name: String, ownsThread: Bool, isMainLoop: Bool) throws(SystemCallError) {
     self.name = name
-    self.ownsThread = ownsThread
-    self.isMainLoop = isMainLoop
-    self.poller = try EpollPoller()
-    // `collectInbox` swaps the inbox's jobs with the core's, so taking jobs allocates nothing
-    // once both are warm.
-    inbox.jobs.reserveCapacity(256)
-    core = LoopCore(loop: self, poller: poller)
+    self.isStandIn = false
+    shared = LoopShared(name: name, ownsThread: ownsThread, isMainLoop: isMainLoop, poller: try EpollPoller())
+    let core = LoopCore(shared: shared)
+    self.core = core
+    shared.coreIfSet = core
+    shared.handle = self
+    serialExecutorRole = LoopSerialExecutor(loop: self)
+  }
+
+  /// A stand-in for a dropped handle: the same loop, another object (see `deinit`).
+  private init(standInFor dropped: RunLoopThread) {
+    name = dropped.name
+    isStandIn = true
+    shared = dropped.shared
+    core = dropped.core
     serialExecutorRole = LoopSerialExecutor(loop: self)
   }
 
@@ -119,9 +102,9 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
   /// The loop whose thread is calling, if it has one, without creating one. Any thread.
   public static var currentIfExists: RunLoopThread? {
     if let pointer = carl_current_loop() {
-      return Unmanaged<RunLoopThread>.fromOpaque(pointer).takeUnretainedValue()
+      return Unmanaged<LoopShared>.fromOpaque(pointer).takeUnretainedValue().handle
     }
-    if carl_is_main_thread() != 0, let main = mainIfCreated { return main.bindMainThread() }
+    if carl_is_main_thread() != 0, let main = mainIfCreated, main.isOnLoopThread { return main }
     return nil
   }
 
@@ -136,10 +119,7 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
   /// True when the caller is on this loop's thread. Any thread. Not fooled by thread-id reuse:
   /// the check reads a thread-local slot, which a new thread starts empty.
   @inline(__always)
-  public var isOnLoopThread: Bool {
-    if carl_current_loop() == Unmanaged.passUnretained(self).toOpaque() { return true }
-    return isMainLoop && carl_is_main_thread() != 0 && bindMainThread() === self
-  }
+  public var isOnLoopThread: Bool { shared.isOnLoopThread }
 
   /// Traps with a clear message unless called on the loop's thread.
   @inline(__always)
@@ -156,10 +136,10 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
     } catch {
       preconditionFailure("AsyncRunLoop: cannot create the current thread's loop: \(error)")
     }
-    let retained = Unmanaged.passRetained(loop).toOpaque()
-    carl_set_current_loop(retained)
-    // When the thread exits, the loop terminates (late jobs go to the fallback) and is released.
-    _ = carl_set_thread_exit_release(retained) { pointer in
+    carl_set_current_loop(loop.shared.identity)
+    // The thread keeps its loop; when the thread exits, the loop terminates (late jobs go to the
+    // fallback) and is released.
+    _ = carl_set_thread_exit_release(Unmanaged.passRetained(loop).toOpaque()) { pointer in
       guard let pointer else { return }
       let loop = Unmanaged<RunLoopThread>.fromOpaque(pointer).takeRetainedValue()
       loop.threadDidExit()
@@ -171,51 +151,30 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
 
   private func startThread(cpu: Int?) throws(SystemCallError) {
     let started = BlockingGate()
-    let context = Unmanaged.passRetained(ThreadStart(loop: self, cpu: cpu, started: started)).toOpaque()
+    let start = ThreadStart(core: core, handle: Unmanaged.passRetained(self), cpu: cpu, started: started)
+    let context = Unmanaged.passRetained(start).toOpaque()
     var thread = pthread_t()
     let rc = pthread_create(
       &thread, nil,
       { raw in
         let start = Unmanaged<ThreadStart>.fromOpaque(raw!).takeRetainedValue()
-        start.loop.threadMain(cpu: start.cpu, started: start.started)
+        start.core.threadMain(holding: start.handle, cpu: start.cpu, started: start.started)
         return nil
       }, context)
     guard rc == 0 else {
       Unmanaged<ThreadStart>.fromOpaque(context).release()
+      start.handle.release()
       throw SystemCallError(call: "pthread_create", errno: rc)
     }
-    threadLock.withLock { threadState = .running(thread) }
+    shared.threadLock.withLock { shared.threadState = .running(thread) }
     started.wait()  // the loop is current on its thread before init returns
-  }
-
-  private func threadMain(cpu: Int?, started: BlockingGate) {
-    // The kernel keeps at most 15 bytes of a thread's name.
-    _ = carl_set_thread_name(String(decoding: name.utf8.prefix(15), as: UTF8.self))
-    if let cpu { _ = carl_pin_current_thread(Int32(cpu)) }
-    carl_set_current_loop(Unmanaged.passUnretained(self).toOpaque())
-    started.open()
-    while true {
-      _ = core.run(mode: .default, deadline: Int64.max, returnAfterSourceHandled: false, keepsAlive: true)
-      if inboxLock.withLock({ inbox.lifecycle != .active }) { break }
-    }
-    core.drainForShutdown()
-    carl_set_current_loop(nil)
-    threadLock.withLock {
-      switch threadState {
-      case .running(let thread):
-        threadState = .finished(thread)  // a later shutdownAndWait (or deinit) joins it
-      case .notStarted, .joinerRegistered, .finished, .reaped:
-        break
-      }
-    }
-    terminatedGate.open()
   }
 
   /// A non-owned loop's thread exited: nothing will run the loop any more.
   private func threadDidExit() {
-    _ = inboxLock.withLock { inbox.beginShutdown() }
+    _ = shared.inboxLock.withLock { shared.inbox.beginShutdown() }
     core.drainForShutdown()
-    terminatedGate.open()
+    shared.terminatedGate.open()
   }
 
   // MARK: Cross-thread requests
@@ -223,22 +182,19 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
   /// Runs `action` after releasing the inbox lock.
   @inline(__always)
   func perform(_ action: LoopInbox.WakeAction) {
-    switch action {
-    case .none: break
-    case .wakeLoop(let mechanism): poller.wake(mechanism)
-    }
+    shared.perform(action)
   }
 
   /// Stops the innermost run of the loop (it returns `.stopped`). A stop that arrives while the
   /// loop is not running is remembered and ends the next run at once. Any thread.
   /// An owned loop's thread starts a new run after a stop; use `shutdown()` to end it.
   public func stop() {
-    perform(inboxLock.withLock { inbox.stop() })
+    perform(shared.inboxLock.withLock { shared.inbox.stop() })
   }
 
   /// Wakes the loop if it sleeps, so it makes a pass. Any thread.
   public func wakeUp() {
-    perform(inboxLock.withLock { inbox.wakeUp() })
+    perform(shared.inboxLock.withLock { shared.inbox.wakeUp() })
   }
 
   /// Shuts the loop down, without waiting. Any thread; calling it again is a no-op.
@@ -252,7 +208,7 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
   public func shutdown() {
     // A non-owned loop's runs end now; it drains when its thread exits (or, for the main loop,
     // when `runMainLoop()` returns).
-    let (_, wake) = inboxLock.withLock { inbox.beginShutdown() }
+    let (_, wake) = shared.inboxLock.withLock { shared.inbox.beginShutdown() }
     perform(wake)
   }
 
@@ -260,10 +216,10 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
   /// thread except the loop's own (there it cannot wait for itself and only starts the shutdown).
   public func shutdownAndWait() {
     guard ownsThread, !isOnLoopThread else { return shutdown() }
-    let join: pthread_t? = threadLock.withLock {
-      switch threadState {
+    let join: pthread_t? = shared.threadLock.withLock {
+      switch shared.threadState {
       case .running(let thread), .finished(let thread):
-        threadState = .joinerRegistered(thread)  // this call joins it
+        shared.threadState = .joinerRegistered(thread)  // this call joins it
         return thread
       case .notStarted, .joinerRegistered, .reaped:
         return nil  // another caller joins (or joined) it: wait for the drain to end
@@ -272,21 +228,22 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
     shutdown()
     if let join {
       pthread_join(join, nil)
-      threadLock.withLock { threadState = .reaped }
+      shared.threadLock.withLock { shared.threadState = .reaped }
     } else {
-      terminatedGate.wait()
+      shared.terminatedGate.wait()
     }
   }
 
   /// True once `shutdown()` was called (or a non-owned loop's thread exited). Any thread.
-  public var isShutDown: Bool { inboxLock.withLock { inbox.lifecycle != .active } }
+  public var isShutDown: Bool { shared.isShutDown }
 
   /// Runs `block` on the loop thread during a pass in one of `modes` (`.common` by default),
   /// waking the loop to do so. Any thread. Blocks run in the order they were performed.
   /// - Returns: false when the loop has shut down and the block was refused (not run).
   @discardableResult
   public func perform(inModes modes: [RunLoopMode] = [.common], _ block: @escaping @Sendable () -> Void) -> Bool {
-    guard let wake = inboxLock.withLock({ inbox.perform(PerformRequest(modes: modes, block: block)) }) else {
+    guard let wake = shared.inboxLock.withLock({ shared.inbox.perform(PerformRequest(modes: modes, block: block)) })
+    else {
       return false
     }
     perform(wake)
@@ -326,29 +283,22 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
   /// the loop's next pass. Returns false when the loop has terminated.
   @discardableResult
   func onLoopThread(_ change: @escaping () -> Void) -> Bool {
-    if isOnLoopThread {
-      change()
-      return true
-    }
-    guard let wake = inboxLock.withLock({ inbox.control(change) }) else { return false }
-    perform(wake)
-    return true
-  }
-
-  /// A source was signalled: queue it and wake the loop. Any thread.
-  func enqueueSignalled(_ source: InputSource) {
-    perform(inboxLock.withLock { inbox.signal(source) })
+    shared.onLoopThread { _ in change() }
   }
 }
 
 /// What a new owned thread needs to start.
 private final class ThreadStart: @unchecked Sendable {  // Safety: proof below
   // Safety: immutable after init; handed from the creating thread to the new thread once.
-  let loop: RunLoopThread
+  let core: LoopCore
+  /// One reference to the handle, which the thread holds while it is awake (see
+  /// `LoopCore.releaseHandleForSleep`).
+  let handle: Unmanaged<RunLoopThread>
   let cpu: Int?
   let started: BlockingGate
-  init(loop: RunLoopThread, cpu: Int?, started: BlockingGate) {
-    self.loop = loop
+  init(core: LoopCore, handle: Unmanaged<RunLoopThread>, cpu: Int?, started: BlockingGate) {
+    self.core = core
+    self.handle = handle
     self.cpu = cpu
     self.started = started
   }

@@ -317,32 +317,41 @@ struct ReliabilityTests {
     await execShutdown(loop)
   }
 
-  @Test func aLoopWhoseLastReferenceIsDroppedKeepsRunningAndCanShutItselfDown() async throws {
+  /// Dropping the last reference to an owned loop shuts it down: its thread drains it (every
+  /// accepted command is delivered, cancel runs once, callouts see a stand-in handle with the
+  /// same name) and exits, and the handle is freed; nothing waits for the drain.
+  @Test func aLoopWhoseLastReferenceIsDroppedDrainsAndIsReclaimed() throws {
     let weak = ExecWeakLoop()
-    let ticks = Locked(0)
+    let delivered = Locked(0)
+    let cancels = Locked(0)
     let names = Locked<Set<String>>([])
-    try Self.startOrphanLoop(weak: weak, ticks: ticks, names: names)
-    waitUntil("the orphan loop's timer ticks 20 times") { ticks.withLock { $0 } >= 20 }
-    waitUntil("the orphan loop is released after its thread exits") { weak.isGone }
-    usleep(5_000)
-    #expect(ticks.withLock { $0 } == 20)  // its timer was invalidated by the shutdown
+    let accepted = try Self.startOrphanLoop(weak: weak, delivered: delivered, cancels: cancels, names: names)
+    waitUntil("the dropped loop's handle is freed") { weak.isGone }
+    waitUntil("the dropped loop's thread exits") { threadCount(named: "rel-orphan") == 0 }
+    waitUntil("its cancel routine ran") { cancels.withLock { $0 } == 1 }
+    #expect(delivered.withLock { $0 } == accepted)
+    #expect(cancels.withLock { $0 } == 1)
     #expect(names.withLock { $0 } == ["rel-orphan"])
   }
 
-  private static func startOrphanLoop(weak: ExecWeakLoop, ticks: Locked<Int>, names: Locked<Set<String>>) throws {
+  private static func startOrphanLoop(
+    weak: ExecWeakLoop, delivered: Locked<Int>, cancels: Locked<Int>, names: Locked<Set<String>>
+  ) throws -> Int {
     let loop = try RunLoopThread(name: "rel-orphan")
     weak.set(loop)
-    loop.add(
-      LoopTimer(after: .milliseconds(1), repeatingEvery: .milliseconds(1)) { _ in
-        let current = RunLoopThread.current  // the only way back to the loop
-        names.withLock { _ = $0.insert(current.name) }
-        if ticks.withLock({
-          $0 += 1; return $0
-        }) == 20 {
-          current.shutdown()
-        }
-      })
-  }  // the last user reference goes here
+    let commands = CommandSource<Int>(
+      cancel: { _, loop in
+        names.withLock { _ = $0.insert(loop.name) }
+        cancels.withLock { $0 += 1 }
+      },
+      handler: { _ in delivered.withLock { $0 += 1 } })
+    loop.add(commands.source, to: .common)
+    loop.add(LoopTimer(after: .milliseconds(1), repeatingEvery: .milliseconds(1)) { _ in })
+    _ = try loop.performAndWait { 0 }
+    var accepted = 0
+    for value in 0..<100 where commands.post(value) { accepted += 1 }
+    return accepted
+  }  // the last user references (loop and command source) go here
 
   @Test func wakeStopAndPerformRacingShutdownNeitherCrashNorLoseBlocks() async throws {
     for round in 0..<(20 * stressFactor) {

@@ -57,6 +57,35 @@ func withWatchdog<T: Sendable>(
   }
 }
 
+/// `withWatchdog` for blocking work in an async test: runs `body` on a thread of its own (so a
+/// long blocking body does not hold one of the few cooperative-pool threads that every other
+/// test's tasks need) and returns nil, having recorded the failure, if it does not finish within
+/// `timeout`, without waiting for it. As with `withWatchdogSync`, check results after it returns.
+func withWatchdogOnThread<T: Sendable>(
+  timeout: Duration = .seconds(30), _ what: String = "operation",
+  sourceLocation: SourceLocation = #_sourceLocation,
+  _ body: @escaping @Sendable () throws -> T
+) async throws -> T? {
+  let outcome = WatchdogOutcome<T>()
+  let finished = TestGate()
+  startThread(detached: true) {
+    let result = Result { try body() }
+    finished.open()
+    outcome.finish(.completed(result))
+  }
+  startThread(detached: true) {
+    if !finished.wait(timeout: timeout) { outcome.finish(.timedOut) }
+  }
+  switch await outcome.wait() {
+  case .completed(let result):
+    return try result.get()
+  case .timedOut:
+    Issue.record("watchdog: \(what) hung for \(timeout)", sourceLocation: sourceLocation)
+    HangReaper.arm(what: what, sourceLocation: sourceLocation, finished: finished)
+    return nil
+  }
+}
+
 /// `withWatchdog` for synchronous tests and blocking work: runs `body` on a thread of its own and
 /// returns nil (having recorded the failure) if it does not finish within `timeout`, without
 /// waiting for it; the same last resort ends the process if it never finishes.

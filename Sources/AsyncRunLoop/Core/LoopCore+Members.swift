@@ -65,7 +65,7 @@ extension LoopCore {
     if modeTable.remove(record, from: mode) {
       detach(record)
     } else if case .timer = record.kind {
-      pushTimerEntries(record)  // its entries in the mode it left go stale
+      record.generation &+= 1  // its modes changed (its entry left that mode's heap)
     }
   }
 
@@ -123,7 +123,7 @@ extension LoopCore {
       }
       source.left(loop)
     case .timer:
-      record.generation &+= 1  // its heap entries go stale
+      record.generation &+= 1  // `removeEverywhere` took its entries out of the heaps
     case .observer:
       break
     }

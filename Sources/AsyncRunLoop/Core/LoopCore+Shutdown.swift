@@ -19,8 +19,8 @@ extension LoopCore {
       runOneDrainRound()
       round += 1
       let force = round >= Self.shutdownDrainRounds
-      let finished: Bool = loop.inboxLock.withLock {
-        switch loop.inbox.terminate(force: force) {
+      let finished: Bool = shared.inboxLock.withLock {
+        switch shared.inbox.terminate(force: force) {
         case .keepDraining:
           return false
         case .terminated(let leftovers):
@@ -50,7 +50,7 @@ extension LoopCore {
   private func detachEveryMember() {
     for record in modeTable.allRecords {
       let member = record.member
-      if member.isBound(to: loop) { member.invalidateMember() }  // detaches inline: we are the loop thread
+      if member.isBound(to: shared) { member.invalidateMember() }  // detaches inline: we are the loop thread
       detach(record)  // a no-op when invalidate did it
     }
   }
@@ -58,12 +58,12 @@ extension LoopCore {
   /// One drain round: every waiting block (whatever its modes), then the jobs waiting now (new
   /// arrivals wait for the next round). Signalled sources are dropped (they are detached).
   private func runOneDrainRound() {
-    let arrived: [PerformRequest] = loop.inboxLock.withLock {
+    let arrived: [PerformRequest] = shared.inboxLock.withLock {
       defer {
-        loop.inbox.performs.removeAll()
-        loop.inbox.signalled.removeAll()
+        shared.inbox.performs.removeAll()
+        shared.inbox.signalled.removeAll()
       }
-      return loop.inbox.performs
+      return shared.inbox.performs
     }
     let blocks = performs.compactMap { $0 } + arrived
     performs.removeAll()

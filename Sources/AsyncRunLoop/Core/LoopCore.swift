@@ -12,12 +12,22 @@
 /// Every pass reads these, so the hot ones skip dynamic exclusivity checks (a thread-local lookup
 /// each): they are confined to the loop thread, and no access spans a callout.
 final class LoopCore {
-  /// The handle that owns this core. Safety of `unowned(unsafe)`: the handle holds the core
-  /// strongly and the core is only used by the loop's thread while the handle exists (the thread
-  /// keeps the handle alive while it runs).
-  unowned(unsafe) let loop: RunLoopThread
+  /// The cross-thread half: inbox, wake-up, thread bookkeeping; members bind to it.
+  let shared: LoopShared
   let poller: EpollPoller
   let modeTable = ModeTable()
+
+  /// The handle callouts receive: the user's, or, once it was dropped, a stand-in.
+  @inline(__always)
+  var loop: RunLoopThread { shared.handle.unsafelyUnwrapped }
+
+  // MARK: The owned thread's hold on its handle
+
+  /// The owned thread's reference to its handle, held while it is awake and released around its
+  /// top-level sleeps, so that the user's last release can reclaim the loop.
+  @exclusivity(unchecked) var heldHandle: Unmanaged<RunLoopThread>?
+  /// The stand-in handle of a dropped loop (kept until the thread exits).
+  var standIn: RunLoopThread?
 
   // MARK: Executor jobs
 
@@ -71,9 +81,9 @@ final class LoopCore {
   /// The most executor jobs one work point runs before the pass looks at timers and sources again.
   static let jobsPerPass = 1024
 
-  init(loop: RunLoopThread, poller: EpollPoller) {
-    self.loop = loop
-    self.poller = poller
+  init(shared: LoopShared) {
+    self.shared = shared
+    self.poller = shared.poller
     localJobs.reserveCapacity(256)
   }
 
@@ -89,30 +99,30 @@ final class LoopCore {
       localJobs.removeAll(keepingCapacity: true)
       localJobIndex = 0
     }
-    loop.inboxLock.lock()
+    shared.inboxLock.lock()
     if afterWake {
-      loop.inbox.didWake()
-      loop.inbox.wakeRequested = false
+      shared.inbox.didWake()
+      shared.inbox.wakeRequested = false
     }
-    if !loop.inbox.controls.isEmpty {
+    if !shared.inbox.controls.isEmpty {
       if controls.isEmpty {
-        swap(&loop.inbox.controls, &controls)
+        swap(&shared.inbox.controls, &controls)
       } else {
-        controls.append(contentsOf: loop.inbox.controls)
-        loop.inbox.controls.removeAll(keepingCapacity: true)
+        controls.append(contentsOf: shared.inbox.controls)
+        shared.inbox.controls.removeAll(keepingCapacity: true)
       }
     }
-    if !loop.inbox.performs.isEmpty {
-      for request in loop.inbox.performs { performs.append(request) }
-      livePerformCount += loop.inbox.performs.count
-      loop.inbox.performs.removeAll(keepingCapacity: true)
+    if !shared.inbox.performs.isEmpty {
+      for request in shared.inbox.performs { performs.append(request) }
+      livePerformCount += shared.inbox.performs.count
+      shared.inbox.performs.removeAll(keepingCapacity: true)
     }
-    if needJobs && !loop.inbox.jobs.isEmpty { swap(&loop.inbox.jobs, &localJobs) }
-    if !loop.inbox.signalled.isEmpty {
-      spareSignalled.append(contentsOf: loop.inbox.signalled)
-      loop.inbox.signalled.removeAll(keepingCapacity: true)
+    if needJobs && !shared.inbox.jobs.isEmpty { swap(&shared.inbox.jobs, &localJobs) }
+    if !shared.inbox.signalled.isEmpty {
+      spareSignalled.append(contentsOf: shared.inbox.signalled)
+      shared.inbox.signalled.removeAll(keepingCapacity: true)
     }
-    loop.inboxLock.unlock()
+    shared.inboxLock.unlock()
   }
 
   /// Collects the inbox and applies the registration changes other threads sent, in the order

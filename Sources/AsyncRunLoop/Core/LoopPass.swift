@@ -109,18 +109,18 @@ extension LoopCore {
     if hasRunnablePerform(in: mode) { return false }
     let inCommon = modeTable.commonModes.contains(mode)
     let countsJobs = mayRunJobs
-    return loop.inboxLock.withLock {
-      (!countsJobs || loop.inbox.jobs.isEmpty) && loop.inbox.controls.isEmpty
-        && !loop.inbox.performs.contains { $0.canRun(in: mode, inCommon: inCommon) }
+    return shared.inboxLock.withLock {
+      (!countsJobs || shared.inbox.jobs.isEmpty) && shared.inbox.controls.isEmpty
+        && !shared.inbox.performs.contains { $0.canRun(in: mode, inCommon: inCommon) }
     }
   }
 
   /// Consumes a pending `stop()`. During shutdown every run, at every nesting level, stops.
   private func consumeStop() -> Bool {
-    loop.inboxLock.withLock {
-      if loop.inbox.lifecycle != .active { return true }
-      guard loop.inbox.stopRequested else { return false }
-      loop.inbox.stopRequested = false
+    shared.inboxLock.withLock {
+      if shared.inbox.lifecycle != .active { return true }
+      guard shared.inbox.stopRequested else { return false }
+      shared.inbox.stopRequested = false
       return true
     }
   }
@@ -134,7 +134,7 @@ extension LoopCore {
       guard case .observer(let observer) = record.kind, observer.activities.contains(activity),
         record.isIn(contents)
       else { continue }
-      observer.notify(activity, on: loop)
+      observer.notify(activity, on: shared)
     }
   }
 
@@ -173,7 +173,7 @@ extension LoopCore {
     let outerUnfired = unfiredReadySources
     for index in ready.indices {
       let source = ready[index]
-      guard let perform = source.consumeSignal(on: loop) else { continue }
+      guard let perform = source.consumeSignal(on: shared) else { continue }
       unfiredReadySources = ready[(index + 1)...]
       perform(source)
       fired = true
@@ -188,9 +188,8 @@ extension LoopCore {
   private func armTimerfd(_ run: RunContext) {
     let contents = run.contents
     var wake = run.deadline == Int64.max ? nil : run.deadline as Int64?
-    dropStaleTimerEntries(contents)
     if let first = contents.timers.first {
-      var timerWake = first.deadline.addingSaturating(first.payload.timer.toleranceNanoseconds)
+      var timerWake = first.deadline.addingSaturating(first.element.timer.toleranceNanoseconds)
       if let next = contents.timers.deadlineAfterFirst { timerWake = min(timerWake, max(next, first.deadline)) }
       wake = min(wake ?? Int64.max, timerWake)
     }
@@ -225,11 +224,15 @@ extension LoopCore {
       sleeps = !mustNotSleep(run) && decideToSleep(on: mechanism, ticket: &ticket)
     }
     var fired = false
+    // The owned thread's own run lets go of its handle while it sleeps (see `LoopCore+Thread`).
+    let letsGo = sleeps && run.keepsAlive
+    if letsGo { releaseHandleForSleep() }
     switch mechanism {
     case .futex:
       if sleeps { poller.sleepOnFutex(ticket: ticket) }  // 7
+      if letsGo { reacquireHandleAfterSleep() }
     case .epoll:
-      poller.wait(block: sleeps) { token, events in  // 7
+      poller.wait(block: sleeps, afterWait: { if letsGo { reacquireHandleAfterSleep() } }) { token, events in  // 7
         fired = handleReadiness(token: token, events: events, contents: run.contents) || fired
       }
     }
@@ -244,9 +247,9 @@ extension LoopCore {
   /// cannot run them): they wake it when they arrive, and run once the job returns.
   private func decideToSleep(on mechanism: LoopInbox.SleepMechanism, ticket: inout UInt32) -> Bool {
     let ignoresJobs = !mayRunJobs
-    loop.inboxLock.lock()
-    defer { loop.inboxLock.unlock() }
-    guard loop.inbox.prepareToSleep(on: mechanism, ignoringJobs: ignoresJobs) else { return false }
+    shared.inboxLock.lock()
+    defer { shared.inboxLock.unlock() }
+    guard shared.inbox.prepareToSleep(on: mechanism, ignoringJobs: ignoresJobs) else { return false }
     ticket = poller.futexTicket()
     return true
   }
@@ -266,7 +269,7 @@ extension LoopCore {
       setArmed(record, false)  // level-triggered: would fire forever in a mode that ignores it
       return false
     }
-    source.fire(DescriptorEvents(rawValue: events), on: loop)
+    source.fire(DescriptorEvents(rawValue: events), on: shared)
     return true
   }
 
@@ -275,24 +278,24 @@ extension LoopCore {
   /// waits for the next pass, and a timer never fires inside its own callout (a nested run in
   /// another of its modes leaves it). Returns whether any fired.
   private func fireDueTimers(in contents: ModeContents) -> Bool {
-    guard !contents.timers.isEmpty else { return false }
+    guard let head = contents.timers.first, head.deadline <= LoopClock.monotonicNanoseconds() else { return false }
     let now = LoopClock.monotonicNanoseconds()
     let newest = timerSequence
-    var setAside: [TimerHeap<TimerHeapPayload>.Entry] = []
+    var setAside: [IndexedTimerHeap<TimerEntry>.Entry] = []
     var fired = false
     while let first = contents.timers.first, first.deadline <= now {
       contents.timers.popFirst()
-      guard first.payload.isLive else { continue }  // stale entry
-      let record = first.payload.record
+      let record = first.element.record
       if first.sequence > newest || record.isFiring {
         setAside.append(first)  // scheduled by a callout of this pass, or its callout is running
         continue
       }
       fired = true
-      fire(record, first.payload.timer, firedAt: first.deadline)
+      fire(record, first.element.timer, firedAt: first.deadline)
     }
-    for entry in setAside {
-      contents.timers.push(deadline: entry.deadline, sequence: entry.sequence, payload: entry.payload)
+    for entry in setAside where entry.element.heapIndex < 0 && entry.element.record.isIn(contents) {
+      // Still in this mode and not re-timed meanwhile: back in the heap as it was.
+      contents.timers.insert(entry.element, deadline: entry.deadline, sequence: entry.sequence)
     }
     return fired
   }
@@ -302,9 +305,11 @@ extension LoopCore {
   private func fire(_ record: MemberRecord, _ timer: LoopTimer, firedAt fireDate: Int64) {
     let generation = record.generation
     record.isFiring = true
-    timer.fire(on: loop)
+    timer.fire(on: shared)
     record.isFiring = false
-    guard record.generation == generation, modeTable.record(for: timer) === record else { return }
+    guard record.generation == generation, modeTable.record(for: timer) === record else {
+      return  // the callout moved or removed it: its entries follow that already
+    }
     if timer.advanceAfterFire(firedAt: fireDate, now: LoopClock.monotonicNanoseconds()) {
       pushTimerEntries(record)
     } else {
@@ -312,25 +317,20 @@ extension LoopCore {
     }
   }
 
-  /// Drops stale entries from the top of the mode's timer heap; compacts it when stale entries
-  /// outnumber live ones.
-  private func dropStaleTimerEntries(_ contents: ModeContents) {
-    if contents.timers.count > 64 && contents.timers.count > 2 * contents.timerCount {
-      contents.timers.compact { $0.payload.isLive }
-    }
-    contents.timers.dropStaleHead { $0.payload.isLive }
-  }
-
-  /// Makes a timer's heap entries match its fire date and modes (bumps its generation so older
-  /// entries go stale, then pushes one entry per mode).
+  /// Makes a timer's heap entries match its fire date and modes: each mode's entry is moved to
+  /// the date (or put back, after a fire popped it), in O(log n).
   func pushTimerEntries(_ record: MemberRecord) {
     record.generation &+= 1
     guard !record.modes.isEmpty, case .timer(let timer) = record.kind else { return }
     let date = timer.fireDateNanoseconds
-    let payload = TimerHeapPayload(record: record, generation: record.generation)
-    for entry in record.modes {
+    for membership in record.modes {
+      guard let entry = membership.timerEntry else { continue }
       timerSequence &+= 1
-      entry.contents.timers.push(deadline: date, sequence: timerSequence, payload: payload)
+      if entry.heapIndex >= 0 {
+        membership.contents.timers.update(entry, deadline: date, sequence: timerSequence)
+      } else {
+        membership.contents.timers.insert(entry, deadline: date, sequence: timerSequence)
+      }
     }
   }
 

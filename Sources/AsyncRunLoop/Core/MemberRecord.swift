@@ -16,12 +16,11 @@ final class MemberRecord {
   let kind: Kind
   /// The member's identity (the key of `ModeTable.records`).
   let key: ObjectIdentifier
-  /// The modes holding the member on this loop, with the member's slot in each mode's ordered
-  /// observer list (unused, -1, for the other kinds).
-  @exclusivity(unchecked) var modes: [(contents: ModeContents, slot: Int)] = []
+  /// The modes holding the member on this loop.
+  @exclusivity(unchecked) var modes: [Membership] = []
 
-  /// Timer: bumped whenever the fire date or the modes change; heap entries of older generations
-  /// are stale.
+  /// Timer: bumped whenever its fire date or its modes change (so a pass can tell that a callout
+  /// moved or removed the timer it is firing).
   @exclusivity(unchecked) var generation: UInt64 = 0
   /// Timer: a callout of it is running (so a nested run never fires it inside its own callout).
   @exclusivity(unchecked) var isFiring = false
@@ -72,14 +71,23 @@ final class MemberRecord {
   }
 }
 
-/// A timer-heap entry's payload: the timer's record and the generation it was scheduled under.
-struct TimerHeapPayload {
-  let record: MemberRecord
-  let generation: UInt64
+/// One mode holding a member: the member's slot in that mode's ordered observer list (-1 for
+/// the other kinds), and a timer's entry in that mode's heap.
+struct Membership {
+  let contents: ModeContents
+  var slot: Int
+  var timerEntry: TimerEntry?
+}
 
-  /// Whether the entry still stands for the timer's current fire date and modes.
-  @inline(__always)
-  var isLive: Bool { generation == record.generation }
+/// A timer's place in one mode's timer heap (one per timer and mode), so the loop can remove or
+/// move it in O(log n) instead of leaving stale entries behind. Loop thread only.
+final class TimerEntry: TimerHeapElement {
+  /// Safety of `unowned(unsafe)`: the record owns its entries (through `modes`) and takes them out
+  /// of their heaps before it drops them, so a heap never holds an entry whose record is gone.
+  unowned(unsafe) let record: MemberRecord
+  @exclusivity(unchecked) var heapIndex = -1
+
+  init(record: MemberRecord) { self.record = record }
 
   var timer: LoopTimer {
     guard case .timer(let timer) = record.kind else { preconditionFailure("AsyncRunLoop: not a timer record") }

@@ -23,8 +23,8 @@ final class ModeContents {
   @exclusivity(unchecked) var observedActivities: LoopActivity = []
   /// The timers in this mode.
   @exclusivity(unchecked) var timerCount = 0
-  /// Those timers' pending fire dates (plus stale entries, see `TimerHeap`).
-  @exclusivity(unchecked) var timers = TimerHeap<TimerHeapPayload>()
+  /// Those timers' pending fire dates, one entry per timer (removed or moved in O(log n)).
+  @exclusivity(unchecked) var timers = IndexedTimerHeap<TimerEntry>()
 
   init(mode: RunLoopMode) { self.mode = mode }
 
@@ -194,24 +194,30 @@ final class ModeTable {
   private func insert(_ record: MemberRecord, into contents: ModeContents) -> Bool {
     guard !record.isIn(contents) else { return false }
     var slot = -1
+    var timerEntry: TimerEntry?
     switch record.kind {
     case .source: contents.sourceCount += 1
     case .descriptor: contents.descriptors[record.key] = record
-    case .timer: contents.timerCount += 1
+    case .timer:
+      contents.timerCount += 1
+      timerEntry = TimerEntry(record: record)  // the loop puts it in the heap (`pushTimerEntries`)
     case .observer: slot = contents.insertObserver(record)
     }
-    record.modes.append((contents, slot))
+    record.modes.append(Membership(contents: contents, slot: slot, timerEntry: timerEntry))
     return true
   }
 
   private func extract(_ record: MemberRecord, from contents: ModeContents) {
     guard let position = record.modes.firstIndex(where: { $0.contents === contents }) else { return }
     let slot = record.modes[position].slot
+    let timerEntry = record.modes[position].timerEntry
     record.modes.remove(at: position)
     switch record.kind {
     case .source: contents.sourceCount -= 1
     case .descriptor: contents.descriptors[record.key] = nil
-    case .timer: contents.timerCount -= 1
+    case .timer:
+      contents.timerCount -= 1
+      if let timerEntry { contents.timers.remove(timerEntry) }
     case .observer: contents.removeObserver(at: slot)
     }
   }

@@ -64,7 +64,7 @@ extension RunLoopThread {
             keepsAlive: false, shouldEnd: { ending.isRequested })
           continuation.resume(returning: .success(result))
         }
-        guard let wake = inboxLock.withLock({ inbox.perform(request) }) else {
+        guard let wake = shared.inboxLock.withLock({ shared.inbox.perform(request) }) else {
           continuation.resume(returning: .failure(.shutDown(loop: name)))
           return
         }

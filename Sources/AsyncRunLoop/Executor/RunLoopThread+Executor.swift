@@ -19,7 +19,7 @@ extension RunLoopThread: SerialExecutor, TaskExecutor {
 
   /// Enqueues a job in `role` (the loop's serial role, or its task-executor role). Any thread.
   func enqueue(_ job: UnownedJob, role: JobRole) {
-    switch inboxLock.withLock({ inbox.enqueue(LoopJob(job: job, role: role)) }) {
+    switch shared.inboxLock.withLock({ shared.inbox.enqueue(LoopJob(job: job, role: role)) }) {
     case .accepted(let wake):
       perform(wake)
     case .runElsewhere:

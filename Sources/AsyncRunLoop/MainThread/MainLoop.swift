@@ -43,13 +43,6 @@ extension RunLoopThread {
 
   static var mainIfCreated: RunLoopThread? { mainStorage.withLock { $0 } }
 
-  /// Main thread: makes the main loop the thread's current loop (so later checks are one load).
-  @discardableResult
-  func bindMainThread() -> RunLoopThread {
-    if carl_current_loop() == nil { carl_set_current_loop(Unmanaged.passUnretained(self).toOpaque()) }
-    return self
-  }
-
   /// True when the caller runs on the process's main thread (thread id == process id). Any thread;
   /// cheap: after a thread's first call, one thread-local read.
   public static var isMainThread: Bool { MainThread.isCurrent }

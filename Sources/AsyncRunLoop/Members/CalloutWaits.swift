@@ -5,13 +5,13 @@
 enum CalloutWaits {
   /// Waiting loop → the loop whose callout it waits for. A loop thread waits for one thing at a
   /// time, so one edge per waiter.
-  private static let edges = LockedValue([ObjectIdentifier: RunLoopThread]())
+  private static let edges = LockedValue([ObjectIdentifier: LoopShared]())
 
   /// Records that `waiter`'s thread is about to wait for a callout on `target`; false (recording
   /// nothing) when `target` is, directly or through other loops, waiting for `waiter`.
-  static func begin(waiter: RunLoopThread, target: RunLoopThread) -> Bool {
+  static func begin(waiter: LoopShared, target: LoopShared) -> Bool {
     edges.withLock { edges in
-      var next: RunLoopThread? = target
+      var next: LoopShared? = target
       while let loop = next {
         if loop === waiter { return false }  // the chain leads back to the waiter: a cycle
         next = edges[ObjectIdentifier(loop)]
@@ -22,7 +22,7 @@ enum CalloutWaits {
   }
 
   /// `waiter`'s wait ended.
-  static func end(waiter: RunLoopThread) {
+  static func end(waiter: LoopShared) {
     _ = edges.withLock { $0.removeValue(forKey: ObjectIdentifier(waiter)) }
   }
 }

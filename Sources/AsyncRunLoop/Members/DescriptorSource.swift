@@ -86,7 +86,7 @@ public final class DescriptorSource: LoopMember, @unchecked Sendable {  // Safet
   /// Removes the source from every mode of its loop (deregistering the descriptor) and releases
   /// the handler. No handler call starts after this returns. Any thread; idempotent.
   public func invalidate() {
-    let (loop, released, invalidated): (RunLoopThread?, Any?, (@Sendable () -> Void)?) = lock.withLock {
+    let (loop, released, invalidated): (LoopShared?, Any?, (@Sendable () -> Void)?) = lock.withLock {
       let (loop, first) = binding.invalidate()
       guard first else { return (nil, nil, nil) }
       defer {
@@ -121,7 +121,7 @@ public final class DescriptorSource: LoopMember, @unchecked Sendable {  // Safet
 
   /// Loop thread: delivers events to the handler (not after invalidation, nor once the source
   /// left `loop`).
-  func fire(_ events: DescriptorEvents, on loop: RunLoopThread) {
+  func fire(_ events: DescriptorEvents, on loop: LoopShared) {
     let current: (@Sendable (DescriptorSource, DescriptorEvents) -> Void)? = lock.withLock {
       binding.loop === loop ? handler : nil
     }

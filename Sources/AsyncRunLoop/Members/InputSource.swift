@@ -71,7 +71,7 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
   /// ("signal + wake" as one call). Any thread. A no-op on an invalidated source.
   /// Signals that arrive before the source is added to a loop are kept and fire once it is.
   public func signal() {
-    let loop: RunLoopThread? = lock.withLock {
+    let loop: LoopShared? = lock.withLock {
       guard binding.isValid, state.signal() else { return nil }
       return binding.loop  // nil when not on a loop: the loop it joins picks the signal up
     }
@@ -82,7 +82,7 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
   /// loop's thread; before this returns when called there) if it was on a loop. Releases the
   /// routines. Any thread; idempotent.
   public func invalidate() {
-    let loop: RunLoopThread? = lock.withLock {
+    let loop: LoopShared? = lock.withLock {
       let (loop, first) = binding.invalidate()
       guard first else { return nil }
       state.invalidate(keepingRoutines: loop != nil)  // the loop's detach hands out cancel
@@ -122,7 +122,7 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
 
   /// Clears the signal just before `perform` runs and returns the routine to run, or nil when the
   /// source was invalidated, is no longer signalled, or is no longer on `loop`. Loop thread.
-  func consumeSignal(on loop: RunLoopThread) -> (@Sendable (InputSource) -> Void)? {
+  func consumeSignal(on loop: LoopShared) -> (@Sendable (InputSource) -> Void)? {
     // Not `withLock`: a closure returned through its generic result is re-abstracted, which
     // heap-allocated a thunk context on every fire of the source.
     lock.lock()

@@ -88,7 +88,7 @@ public final class LoopObserver: LoopMember, @unchecked Sendable {  // Safety: p
   /// modes (at once on the loop thread, on its next pass from other threads). Any thread;
   /// idempotent; never blocks. Releases the callout.
   public func invalidate() {
-    let (loop, released, invalidated): (RunLoopThread?, Any?, (@Sendable () -> Void)?) = lock.withLock {
+    let (loop, released, invalidated): (LoopShared?, Any?, (@Sendable () -> Void)?) = lock.withLock {
       let (loop, first) = binding.invalidate()
       guard first else { return (nil, nil, nil) }
       defer {
@@ -109,7 +109,7 @@ public final class LoopObserver: LoopMember, @unchecked Sendable {  // Safety: p
 
   /// Loop thread of `loop`: tells the observer (unless it was invalidated or left `loop`); a
   /// one-shot observer invalidates itself afterwards.
-  func notify(_ activity: LoopActivity, on loop: RunLoopThread) {
+  func notify(_ activity: LoopActivity, on loop: LoopShared) {
     guard let current = lock.withLock({ binding.loop === loop ? callout : nil }) else { return }
     current(self, activity)
     if !repeats { invalidate() }

@@ -48,7 +48,7 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   private var handler: (@Sendable (LoopTimer) -> Void)?
   private var fireDateNs: Int64
   /// The loop whose thread runs a callout of this timer now (set and cleared by that thread).
-  private var firingLoop: RunLoopThread?
+  private var firingLoop: LoopShared?
   /// Threads in `invalidateAndWait` waiting for the running callout to end.
   private var firingWaiters: [BlockingGate] = []
   /// Internal: called once when the timer is invalidated before a one-shot fire completed it
@@ -133,7 +133,7 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   /// thread; idempotent; never blocks. No callout starts after it returns; a callout that had
   /// already started on the loop thread may still be running (see `invalidateAndWait()`).
   public func invalidate() {
-    let (loop, released, invalidated): (RunLoopThread?, Any?, (@Sendable () -> Void)?) = lock.withLock {
+    let (loop, released, invalidated): (LoopShared?, Any?, (@Sendable () -> Void)?) = lock.withLock {
       let (loop, first) = binding.invalidate()
       guard first else { return (nil, nil, nil) }
       defer {
@@ -156,7 +156,7 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   ///   a loop thread whose callout the timer's callout is itself waiting for, directly or through
   ///   other loops (two loops' timers invalidating each other with this call).
   public func invalidateAndWait() throws(RunLoopError) {
-    let (target, gate): (RunLoopThread?, BlockingGate?) = lock.withLock {
+    let (target, gate): (LoopShared?, BlockingGate?) = lock.withLock {
       guard let loop = firingLoop else { return (nil, nil) }
       if loop.isOnLoopThread { return (loop, nil) }  // its callout is on this very stack
       let gate = BlockingGate()
@@ -169,7 +169,7 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
       throw RunLoopError.wouldDeadlock(
         "invalidateAndWait() from inside a callout of the same timer on loop '\(target.name)' would wait for itself")
     }
-    let waiter = RunLoopThread.currentIfExists
+    let waiter = RunLoopThread.currentIfExists?.shared
     if let waiter, !CalloutWaits.begin(waiter: waiter, target: target) {
       lock.withLock { firingWaiters.removeAll { $0 === gate } }
       throw RunLoopError.wouldDeadlock(
@@ -195,7 +195,7 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   /// Runs the handler if the timer is still valid and on `loop`. Loop thread of `loop`. While it
   /// runs, `invalidateAndWait()` from another thread waits for it to end. The loop never fires a
   /// timer inside its own callout, so one `firingLoop` is enough.
-  func fire(on loop: RunLoopThread) {
+  func fire(on loop: LoopShared) {
     lock.lock()
     guard binding.loop === loop, let current = handler else {
       lock.unlock()

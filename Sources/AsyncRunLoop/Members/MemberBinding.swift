@@ -16,7 +16,8 @@ protocol LoopMember: AnyObject, Sendable {
 }
 
 /// The one lifecycle every loop member shares (a pure state machine, held under the member's
-/// lock): unbound → bound to one loop (in a set of mode names) → unbound again after its last
+/// lock): unbound → bound to one loop (its `LoopShared`: a member never keeps a loop's handle
+/// alive) (in a set of mode names) → unbound again after its last
 /// mode was removed (free to move to another loop) → … → invalidated (final).
 ///
 /// The binding changes on the *calling* thread, at the moment `add`, `remove` or `invalidate` is
@@ -30,7 +31,7 @@ struct MemberBinding {
     /// On no loop.
     case unbound
     /// On `loop`, in the modes `add` named (`.common` counts as one name).
-    case bound(RunLoopThread, modes: [RunLoopMode])
+    case bound(LoopShared, modes: [RunLoopMode])
     /// `invalidate()` was called: final.
     case invalidated
   }
@@ -38,12 +39,12 @@ struct MemberBinding {
   private var state = State.unbound
   /// The loop the member was last bound to. After its last mode was removed that loop may still
   /// hold the member until it applies the removal; an invalidation is sent there too, so that loop
-  /// releases the member's closures after the removal (and its cancel routine) ran. Weak: a
-  /// removed member does not keep its old loop alive (a loop that is gone holds nothing).
-  private weak var lastLoop: RunLoopThread?
+  /// releases the member's closures after the removal (and its cancel routine) ran. (The loop's
+  /// shared half, not its handle: a removed member never keeps a loop's handle alive.)
+  private var lastLoop: LoopShared?
 
   /// The loop the member is on, if any.
-  var loop: RunLoopThread? {
+  var loop: LoopShared? {
     switch state {
     case .bound(let loop, _): return loop
     case .unbound, .invalidated: return nil
@@ -64,11 +65,11 @@ struct MemberBinding {
     /// The member was invalidated: ignore the add.
     case refused
     /// The member is on another loop: a programming error (the caller traps, naming both loops).
-    case onAnotherLoop(RunLoopThread)
+    case onAnotherLoop(LoopShared)
   }
 
   /// `loop.add(member, to: mode)`.
-  mutating func bind(to loop: RunLoopThread, mode: RunLoopMode) -> BindAction {
+  mutating func bind(to loop: LoopShared, mode: RunLoopMode) -> BindAction {
     switch state {
     case .unbound:
       state = .bound(loop, modes: [mode])  // joins this loop
@@ -86,7 +87,7 @@ struct MemberBinding {
 
   /// `loop.remove(member, from: mode)`: true when the member is bound to `loop` (send the removal).
   /// Removing the last mode name unbinds it: it may be added to any loop from now on.
-  mutating func unbind(from loop: RunLoopThread, mode: RunLoopMode) -> Bool {
+  mutating func unbind(from loop: LoopShared, mode: RunLoopMode) -> Bool {
     switch state {
     case .bound(let current, var modes):
       guard current === loop else { return false }  // not on this loop: nothing to remove
@@ -99,14 +100,14 @@ struct MemberBinding {
   }
 
   /// A refused add (the loop had terminated): forget `loop` (the member is invalidated next).
-  mutating func forget(_ loop: RunLoopThread) {
+  mutating func forget(_ loop: LoopShared) {
     if case .bound(let current, _) = state, current === loop { state = .unbound }
   }
 
   /// `invalidate()`: returns the loop that must detach the member (the one it is on, or the one it
   /// was last on, which may not have applied the removal yet; nil when it was never on a loop, or
   /// is invalidated already), and whether this was the first call. Idempotent.
-  mutating func invalidate() -> (loop: RunLoopThread?, first: Bool) {
+  mutating func invalidate() -> (loop: LoopShared?, first: Bool) {
     switch state {
     case .unbound:
       state = .invalidated
@@ -122,15 +123,15 @@ struct MemberBinding {
 
 extension LoopMember {
   /// The loop the member is on (nil when on none or invalidated). Any thread.
-  var boundLoop: RunLoopThread? { withBinding { $0.loop } }
+  var boundLoop: LoopShared? { withBinding { $0.loop } }
 
   /// Whether the member is on `loop` now. Any thread.
-  func isBound(to loop: RunLoopThread) -> Bool { withBinding { $0.loop === loop } }
+  func isBound(to loop: LoopShared) -> Bool { withBinding { $0.loop === loop } }
 }
 
 extension RunLoopThread {
   /// The trap for adding a member that is on another loop.
-  static func trapOnAnotherLoop(_ kind: String, current: RunLoopThread, requested: RunLoopThread) -> Never {
+  static func trapOnAnotherLoop(_ kind: String, current: LoopShared, requested: RunLoopThread) -> Never {
     preconditionFailure(
       """
       AsyncRunLoop: this \(kind) is on loop '\(current.name)' and cannot be added to loop \

@@ -42,11 +42,6 @@ extension RunLoopThread {
     unbind(timer, from: mode)
   }
 
-  /// Loop side of `LoopTimer.setFireDate`. Any thread.
-  func rescheduleTimer(_ timer: LoopTimer) {
-    onLoopThread { [self] in core.applyReschedule(timer) }
-  }
-
   // MARK: Observers
 
   /// Adds `observer` to `mode` (every common mode for `.common`). Any thread. Traps if the
@@ -88,9 +83,9 @@ extension RunLoopThread {
           failure = error  // the caller is here, waiting for the answer
         } else {
           // Nobody is waiting for an answer: tell the handler, and drop the source.
-          source.fire(.error, on: core.loop)
+          source.fire(.error, on: core.shared)
         }
-        source.withBinding { $0.forget(core.loop) }
+        source.withBinding { $0.forget(core.shared) }
         source.invalidate()
       }
     }
@@ -107,7 +102,7 @@ extension RunLoopThread {
 
   /// Adds `mode` to the common set: everything already in `.common` joins it. Any thread.
   public func addModeToCommonModes(_ mode: RunLoopMode) {
-    onLoopThread { [self] in core.applyAddToCommonModes(mode) }
+    shared.onLoopThread { core in core.applyAddToCommonModes(mode) }
   }
 
   /// The modes in the common set. Loop thread only.
@@ -122,7 +117,7 @@ extension RunLoopThread {
     case sent(LoopInbox.WakeAction)
     case ignored
     case refusedTerminated
-    case onAnotherLoop(RunLoopThread)
+    case onAnotherLoop(LoopShared)
   }
 
   /// Binds `member` to this loop in `mode` and has the loop apply `change`: inline on the loop
@@ -133,8 +128,9 @@ extension RunLoopThread {
   func bind<Member: LoopMember>(
     _ member: Member, to mode: RunLoopMode, _ change: @escaping (LoopCore) -> Void
   ) {
-    if isOnLoopThread {
-      switch member.withBinding({ $0.bind(to: self, mode: mode) }) {
+    let shared = self.shared
+    if shared.isOnLoopThread {
+      switch member.withBinding({ $0.bind(to: shared, mode: mode) }) {
       case .accepted:
         core.applyControls()
         change(core)
@@ -146,11 +142,10 @@ extension RunLoopThread {
       return
     }
     let outcome: SendOutcome = member.withBinding { binding in
-      switch binding.bind(to: self, mode: mode) {
+      switch binding.bind(to: shared, mode: mode) {
       case .accepted:
-        let core: LoopCore = self.core
-        guard let wake = inboxLock.withLock({ inbox.control({ change(core) }) }) else {
-          binding.forget(self)
+        guard let wake = shared.send(change) else {
+          binding.forget(shared)
           return .refusedTerminated
         }
         return .sent(wake)
@@ -171,27 +166,19 @@ extension RunLoopThread {
   /// Unbinds `member` from `mode` of this loop (a no-op when it is not here) and has the loop
   /// apply the removal, in order with the member's other calls (see `bind`).
   func unbind<Member: LoopMember>(_ member: Member, from mode: RunLoopMode) {
-    let core: LoopCore = self.core
-    if isOnLoopThread {
-      guard member.withBinding({ $0.unbind(from: self, mode: mode) }) else { return }
+    let shared = self.shared
+    if shared.isOnLoopThread {
+      guard member.withBinding({ $0.unbind(from: shared, mode: mode) }) else { return }
       core.applyControls()
       core.applyRemove(member, from: mode)
       return
     }
     let wake: LoopInbox.WakeAction? = member.withBinding { binding in
-      guard binding.unbind(from: self, mode: mode) else { return nil }
+      guard binding.unbind(from: shared, mode: mode) else { return nil }
       // Refused: the loop has terminated and detached every member already.
-      return inboxLock.withLock { inbox.control { core.applyRemove(member, from: mode) } }
+      return shared.send { core in core.applyRemove(member, from: mode) }
     }
     if let wake { perform(wake) }
-  }
-
-  /// Has the loop detach an invalidated member (after `invalidate()` changed its binding). On
-  /// the loop thread at once; from other threads on the loop's next pass. A terminated loop has
-  /// detached every member already.
-  func detachInvalidated(_ member: some LoopMember) {
-    // Refused: the loop has terminated and detached every member already.
-    if !onLoopThread({ [self] in core.applyInvalidate(member) }) { member.releaseAfterInvalidation(onThreadOf: nil) }
   }
 }
 

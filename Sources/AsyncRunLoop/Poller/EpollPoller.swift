@@ -132,7 +132,8 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
   /// timerfd is read (a system call each, before the loop gets to the timer or the work): the
   /// eventfd is edge-triggered, and the expired timerfd is reset by the next `setTimer`, which the
   /// loop calls before every wait. Loop thread.
-  func wait(block: Bool, _ handleReadiness: (UInt64, UInt32) -> Void) {
+  /// `afterWait` runs right after the kernel returned, before any event is reported.
+  func wait(block: Bool, afterWait: () -> Void = {}, _ handleReadiness: (UInt64, UInt32) -> Void) {
     waitCount &+= 1
     let thisWait = waitCount
     let count: Int
@@ -142,6 +143,7 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
     } catch {
       preconditionFailure("AsyncRunLoop: \(error)")
     }
+    afterWait()
     for index in 0..<count {
       let event = eventBuffer[index]
       let token = withUnsafePointer(to: event) { carl_epoll_event_token($0) }

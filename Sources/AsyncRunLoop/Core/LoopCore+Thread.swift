@@ -1,0 +1,120 @@
+import CAsyncRunLoop
+import Glibc
+
+/// The owned thread's life, and how a loop whose last handle is released gets reclaimed.
+///
+/// The thread holds one reference to its `RunLoopThread` handle while it is awake (so callouts
+/// always see a live handle) and lets go of it around each top-level sleep. So the user's last
+/// release can only happen while the thread sleeps (or on the thread itself, when it lets go):
+/// `handleWillDeinit` then installs a stand-in handle for the same loop, starts the shutdown and
+/// wakes the thread, which drains with the stand-in and exits, detached. Nothing polls.
+extension LoopCore {
+  /// The owned thread's body: runs the loop until shutdown, drains it, and exits.
+  func threadMain(holding handle: Unmanaged<RunLoopThread>, cpu: Int?, started: BlockingGate) {
+    heldHandle = handle
+    shared.inboxLock.withLock { shared.threadHoldsHandle = true }
+    // The kernel keeps at most 15 bytes of a thread's name.
+    _ = carl_set_thread_name(String(decoding: shared.name.utf8.prefix(15), as: UTF8.self))
+    if let cpu { _ = carl_pin_current_thread(Int32(cpu)) }
+    carl_set_current_loop(shared.identity)
+    started.open()
+    while true {
+      _ = run(mode: .default, deadline: Int64.max, returnAfterSourceHandled: false, keepsAlive: true)
+      if shared.isShutDown { break }
+    }
+    letGoOfHandleIfDropped()
+    drainForShutdown()
+    carl_set_current_loop(nil)
+    let dropped = shared.inboxLock.withLock { shared.handleDropped }
+    shared.threadLock.withLock {
+      switch shared.threadState {
+      case .running(let thread):
+        if dropped {
+          pthread_detach(thread)  // nobody will join a dropped loop's thread
+          shared.threadState = .reaped
+        } else {
+          shared.threadState = .finished(thread)  // a later shutdownAndWait (or deinit) joins it
+        }
+      case .notStarted, .joinerRegistered, .finished, .reaped:
+        break
+      }
+    }
+    shared.terminatedGate.open()
+    standIn = nil
+    // Last: this may be the handle's last reference (its deinit then detaches this thread).
+    releaseHeldHandle()
+  }
+
+  /// Before a top-level sleep of the owned thread: lets go of the handle, so that the user's last
+  /// release can reclaim the loop while it sleeps. May run the handle's deinit right here.
+  func releaseHandleForSleep() {
+    guard heldHandle != nil else { return }
+    releaseHeldHandle()
+  }
+
+  /// After that sleep, before anything calls out: holds the handle again, unless it was dropped
+  /// meanwhile (then `loop` is the stand-in, which the core holds).
+  func reacquireHandleAfterSleep() {
+    guard heldHandle == nil else { return }
+    shared.inboxLock.lock()
+    if !shared.handleDropped, let handle = shared.handle {
+      // Alive or, if its last release is racing this line, not yet past its deinit's first step,
+      // which waits (`handleLetGo`) until this thread lets go again.
+      heldHandle = Unmanaged.passRetained(handle)
+      shared.threadHoldsHandle = true
+    }
+    shared.inboxLock.unlock()
+  }
+
+  /// The run ended because the handle was dropped while this thread held it again: let go now
+  /// (the dropping deinit waits for that), and drain with the stand-in.
+  private func letGoOfHandleIfDropped() {
+    if shared.inboxLock.withLock({ shared.handleDropped }) { releaseHeldHandle() }
+  }
+
+  private func releaseHeldHandle() {
+    guard let handle = heldHandle else { return }
+    heldHandle = nil
+    let waiter: BlockingGate? = shared.inboxLock.withLock {
+      shared.threadHoldsHandle = false
+      defer { shared.handleLetGo = nil }
+      return shared.handleLetGo
+    }
+    handle.release()
+    waiter?.open()
+  }
+
+  /// The handle's deinit (an owned loop's last reference was released). Any thread.
+  func handleWillDeinit(makeStandIn: () -> RunLoopThread) {
+    let state = shared.threadLock.withLock { shared.threadState }
+    switch state {
+    case .running:
+      break  // the thread lives: it drains with a stand-in, below
+    case .finished(let thread):
+      // Shut down and drained already, and nobody joined: reap the thread now (on its own thread,
+      // which drops the last reference as it ends, detach instead).
+      if pthread_equal(thread, pthread_self()) != 0 { pthread_detach(thread) } else { pthread_join(thread, nil) }
+      shared.threadLock.withLock { shared.threadState = .reaped }
+      return
+    case .notStarted, .joinerRegistered, .reaped:
+      return
+    }
+    let standIn = makeStandIn()
+    let onLoopThread = shared.isOnLoopThread
+    let (wake, waitFor): (LoopInbox.WakeAction, BlockingGate?) = shared.inboxLock.withLock {
+      shared.handleDropped = true
+      shared.handle = standIn
+      self.standIn = standIn  // written under the lock the loop thread reads `handle` under
+      var gate: BlockingGate?
+      if shared.threadHoldsHandle && !onLoopThread {
+        // The thread took the handle again in the instant of its last release: it lets go at the
+        // end of its run (this shutdown ends it).
+        gate = BlockingGate()
+        shared.handleLetGo = gate
+      }
+      return (shared.inbox.beginShutdown().wake, gate)
+    }
+    shared.perform(wake)
+    waitFor?.wait()
+  }
+}

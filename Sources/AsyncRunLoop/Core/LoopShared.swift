@@ -1,0 +1,141 @@
+import CAsyncRunLoop
+import Glibc
+
+/// The cross-thread half of a loop: its name, poller (wake-up), inbox and thread bookkeeping.
+/// Members bind to this object, never to the `RunLoopThread` handle, so a member scheduled on a
+/// loop does not keep the user's handle alive: dropping the last handle reclaims the loop (see
+/// `RunLoopThread.deinit`).
+///
+/// The calling thread's "current loop" slot points at this object, so `isOnLoopThread` is one
+/// load and a compare, and stays right when the handle is replaced (a dropped loop drains with a
+/// stand-in handle).
+final class LoopShared: @unchecked Sendable {  // Safety: proof below
+  // Safety: `name`, `ownsThread`, `isMainLoop`, `poller`, `inboxLock`, `threadLock` and
+  // `terminatedGate` are immutable references. `inbox` and `handleDropped` are only touched with
+  // `inboxLock` held; `threadState` only with `threadLock` held. `handle` and `core` are written
+  // in init, and `handle` again only by the dropping handle's deinit under `inboxLock` while the
+  // loop thread holds no reference to it (asleep, see `LoopCore.releaseHandleForSleep`), or by the
+  // loop thread itself; the loop thread reads it after `reacquireHandleAfterSleep` took the lock.
+  // `core` is only dereferenced on the loop thread (checked with `isOnLoopThread`), while the
+  // loop thread keeps the core alive.
+
+  /// The loop's name (also its thread's name, truncated to 15 bytes by the kernel).
+  let name: String
+  /// True for loops created with `init(name:)`: they run on a thread of their own until shutdown.
+  let ownsThread: Bool
+  let isMainLoop: Bool
+  let poller: EpollPoller
+
+  // `@exclusivity(unchecked)`: a dynamic exclusivity check costs a thread-local lookup per access,
+  // which after a wake-up was the largest user-space item left in the wake-rtt profile. `inbox`
+  // is only touched under `inboxLock`, and no access spans a call out.
+  let inboxLock = PthreadLock.make()
+  @exclusivity(unchecked) var inbox = LoopInbox()
+  /// The user's handle was released (`RunLoopThread.deinit`): `handle` is now a stand-in.
+  var handleDropped = false
+
+  let threadLock = PthreadLock.make()
+  var threadState = ThreadState.notStarted
+  let terminatedGate = BlockingGate()
+
+  /// The handle that callouts receive (the user's, or after it was dropped a stand-in); set right
+  /// after init.
+  unowned(unsafe) var handle: RunLoopThread?
+  /// The loop-thread half; set right after init. Safety of `unowned(unsafe)`: dereferenced on the
+  /// loop thread only, where the running loop (or the handle) keeps the core alive.
+  unowned(unsafe) var coreIfSet: LoopCore?
+  @inline(__always)
+  var core: LoopCore { coreIfSet.unsafelyUnwrapped }
+
+  /// Under `inboxLock`: the owned thread holds its reference to `handle` now (see
+  /// `LoopCore.releaseHandleForSleep`).
+  var threadHoldsHandle = false
+  /// Under `inboxLock`: a dropping handle's deinit waits here for the thread to let go.
+  var handleLetGo: BlockingGate?
+
+  /// The owned thread's life, for joining it exactly once.
+  enum ThreadState {
+    case notStarted
+    case running(pthread_t)
+    /// `shutdownAndWait()` will join the thread.
+    case joinerRegistered(pthread_t)
+    /// The thread's work is done and nobody joined it yet.
+    case finished(pthread_t)
+    /// Joined, or detached (a dropped loop's thread, which nobody will join).
+    case reaped
+  }
+
+  init(name: String, ownsThread: Bool, isMainLoop: Bool, poller: EpollPoller) {
+    self.name = name
+    self.ownsThread = ownsThread
+    self.isMainLoop = isMainLoop
+    self.poller = poller
+    // `collectInbox` swaps the inbox's jobs with the core's, so taking jobs allocates nothing
+    // once both are warm.
+    inbox.jobs.reserveCapacity(256)
+  }
+
+  /// The value of the calling thread's "current loop" slot while it is this loop's thread.
+  @inline(__always)
+  var identity: UnsafeMutableRawPointer { Unmanaged.passUnretained(self).toOpaque() }
+
+  /// True when the caller is on this loop's thread. Any thread. Not fooled by thread-id reuse:
+  /// the check reads a thread-local slot, which a new thread starts empty.
+  @inline(__always)
+  var isOnLoopThread: Bool {
+    if carl_current_loop() == identity { return true }
+    guard isMainLoop, carl_is_main_thread() != 0 else { return false }
+    if carl_current_loop() == nil { carl_set_current_loop(identity) }  // bind the main thread once
+    return carl_current_loop() == identity
+  }
+
+  /// Wakes the loop the way the inbox said (after releasing the inbox lock).
+  @inline(__always)
+  func perform(_ action: LoopInbox.WakeAction) {
+    switch action {
+    case .none: break
+    case .wakeLoop(let mechanism): poller.wake(mechanism)
+    }
+  }
+
+  /// A source was signalled: queue it and wake the loop. Any thread.
+  func enqueueSignalled(_ source: InputSource) {
+    perform(inboxLock.withLock { inbox.signal(source) })
+  }
+
+  /// Sends a registration change to the loop thread: at once when called there, otherwise on
+  /// the loop's next pass. Returns false when the loop has terminated.
+  @discardableResult
+  func onLoopThread(_ change: @escaping (LoopCore) -> Void) -> Bool {
+    if isOnLoopThread {
+      core.applyControls()  // changes sent before from other threads come first
+      change(core)
+      return true
+    }
+    guard let wake = send(change) else { return false }
+    perform(wake)
+    return true
+  }
+
+  /// Queues a change for the loop thread (the caller wakes it with the result, after releasing
+  /// any lock it holds). nil once terminated. Any thread.
+  func send(_ change: @escaping (LoopCore) -> Void) -> LoopInbox.WakeAction? {
+    inboxLock.withLock {
+      inbox.control { [unowned(unsafe) self] in change(self.core) }
+    }
+  }
+
+  /// Has the loop detach an invalidated member. A terminated loop has detached every member
+  /// already: then only the member's closures are left to release, here.
+  func detachInvalidated(_ member: some LoopMember) {
+    if !onLoopThread({ core in core.applyInvalidate(member) }) { member.releaseAfterInvalidation(onThreadOf: nil) }
+  }
+
+  /// Loop side of `LoopTimer.setFireDate`. Any thread.
+  func rescheduleTimer(_ timer: LoopTimer) {
+    onLoopThread { core in core.applyReschedule(timer) }
+  }
+
+  /// True once shutdown began. Any thread.
+  var isShutDown: Bool { inboxLock.withLock { inbox.lifecycle != .active } }
+}
