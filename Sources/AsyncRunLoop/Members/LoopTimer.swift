@@ -93,6 +93,10 @@ public final class LoopTimer: ModeMember, @unchecked Sendable {  // Safety: proo
   }
 
   /// Creates a timer from seconds given as floating-point numbers (the CFRunLoop/NSTimer style).
+  ///
+  /// Finite values of any size are accepted and saturate like huge `Duration`s do: a delay or
+  /// tolerance beyond about 292 years means "never" (or "as soon as possible" for a hugely
+  /// negative delay), and a hugely negative interval makes a one-shot timer.
   /// - Throws: `LoopTimerError` for a NaN or infinite delay or interval, or a bad tolerance.
   public convenience init(
     seconds delay: Double, repeatingEverySeconds interval: Double? = nil, toleranceSeconds tolerance: Double = 0,
@@ -102,8 +106,16 @@ public final class LoopTimer: ModeMember, @unchecked Sendable {  // Safety: proo
     if let interval, !interval.isFinite { throw .invalidInterval(interval) }
     guard tolerance.isFinite, tolerance >= 0 else { throw .invalidTolerance(tolerance) }
     self.init(
-      after: .seconds(delay), repeatingEvery: interval.map { .seconds($0) }, tolerance: .seconds(tolerance),
-      handler: handler)
+      after: Self.saturatingDuration(seconds: delay), repeatingEvery: interval.map(Self.saturatingDuration(seconds:)),
+      tolerance: Self.saturatingDuration(seconds: tolerance), handler: handler)
+  }
+
+  /// `seconds` as a `Duration`, clamped first: `Duration.seconds(_:)` traps beyond about ±1.7e20 s,
+  /// while a timer saturates far sooner (its times are `Int64` nanoseconds, about ±9.2e9 s), so
+  /// ±1e12 s keeps every answer the same and never traps. `seconds` must be finite. Pure.
+  static func saturatingDuration(seconds: Double) -> Duration {
+    let limit = 1e12
+    return .seconds(min(max(seconds, -limit), limit))
   }
 
   /// The repeat interval, or nil for a one-shot timer.
