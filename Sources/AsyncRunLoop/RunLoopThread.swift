@@ -106,11 +106,18 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
   /// `shutdown()`. Any thread.
   /// - Parameters:
   ///   - name: The loop's and thread's name.
-  ///   - cpu: If given, the thread is pinned to this CPU.
-  /// - Throws: `SystemCallError` if the kernel refuses a descriptor or the thread.
+  ///   - cpu: If given, the thread is pinned to this CPU from its start. It must be in
+  ///     `0 ..< CPU_SETSIZE` (1024) and in the process's affinity mask (`sched_getaffinity` of the
+  ///     process: the CPUs `taskset` or a cpuset allow); this is checked on the calling thread
+  ///     before anything is created.
+  /// - Throws: `SystemCallError` if the kernel refuses a descriptor or the thread; for a `cpu`
+  ///   the thread cannot be pinned to, `EINVAL` with a `reason` naming the loop, the CPU and the
+  ///   rule. Nothing is left behind when it throws: no thread, no descriptor.
   public convenience init(name: String, cpu: Int? = nil) throws(SystemCallError) {
+    var pin: Int32?
+    if let cpu { pin = try CPUAffinity.validatedCPU(cpu, loop: name) }
     try self.init(name: name, ownsThread: true, isMainLoop: false)
-    try startThread(cpu: cpu)
+    try startThread(pinnedTo: pin)
   }
 
   deinit {
@@ -191,29 +198,39 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
 
   // MARK: Owned thread
 
-  private func startThread(cpu: Int?) throws(SystemCallError) {
+  /// Starts the owned thread, pinned to `cpu` (a validated CPU number) if given. The pin is an
+  /// attribute of the new thread: when the kernel refuses it, `pthread_create` fails and no thread
+  /// exists (it never runs any of our code).
+  func startThread(pinnedTo cpu: Int32?) throws(SystemCallError) {
+    var attributes = pthread_attr_t()
+    pthread_attr_init(&attributes)
+    defer { pthread_attr_destroy(&attributes) }
+    if let cpu {
+      let rc = carl_thread_attributes_pin(&attributes, cpu)
+      guard rc == 0 else { throw SystemCallError(call: "pthread_attr_setaffinity_np(cpu \(cpu))", errno: rc) }
+    }
     let started = BlockingGate()
-    let context = Unmanaged.passRetained(ThreadStart(loop: self, cpu: cpu, started: started)).toOpaque()
+    let context = Unmanaged.passRetained(ThreadStart(loop: self, started: started)).toOpaque()
     var thread = pthread_t()
     let rc = pthread_create(
-      &thread, nil,
+      &thread, &attributes,
       { raw in
         let start = Unmanaged<ThreadStart>.fromOpaque(raw!).takeRetainedValue()
-        start.loop.threadMain(cpu: start.cpu, started: start.started)
+        start.loop.threadMain(started: start.started)
         return nil
       }, context)
     guard rc == 0 else {
       Unmanaged<ThreadStart>.fromOpaque(context).release()
-      throw SystemCallError(call: "pthread_create", errno: rc)
+      throw SystemCallError(
+        call: cpu.map { "pthread_create (loop '\(name)' pinned to cpu \($0))" } ?? "pthread_create", errno: rc)
     }
     threadLock.withLock { threadState = .running(thread) }
     started.wait()  // the loop is current on its thread before init returns
   }
 
-  private func threadMain(cpu: Int?, started: BlockingGate) {
+  private func threadMain(started: BlockingGate) {
     // The kernel keeps at most 15 bytes of a thread's name.
     _ = carl_set_thread_name(String(decoding: name.utf8.prefix(15), as: UTF8.self))
-    if let cpu { _ = carl_pin_current_thread(Int32(cpu)) }
     carl_set_current_loop(Unmanaged.passUnretained(self).toOpaque())
     started.open()
     while true {
@@ -367,11 +384,9 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
 private final class ThreadStart: @unchecked Sendable {  // Safety: proof below
   // Safety: immutable after init; handed from the creating thread to the new thread once.
   let loop: RunLoopThread
-  let cpu: Int?
   let started: BlockingGate
-  init(loop: RunLoopThread, cpu: Int?, started: BlockingGate) {
+  init(loop: RunLoopThread, started: BlockingGate) {
     self.loop = loop
-    self.cpu = cpu
     self.started = started
   }
 }

@@ -1,3 +1,4 @@
+import CAsyncRunLoop
 import Glibc
 import Testing
 
@@ -40,5 +41,113 @@ struct BadInputTests {
     let timer = try LoopTimer(seconds: 1, repeatingEverySeconds: 0.25, toleranceSeconds: 0.001) { _ in }
     #expect(timer.interval == .milliseconds(250))
     #expect(timer.tolerance == .milliseconds(1))
+  }
+}
+
+/// A CPU number below CPU_SETSIZE that the process's affinity mask does not allow (nil when the
+/// mask allows every one, on a machine with 1024 CPUs).
+private func disallowedCPU() throws -> Int? {
+  let allowed = Set(try CPUAffinity.allowedCPUs())
+  return (0..<Int(carl_cpu_set_size())).first { !allowed.contains($0) }
+}
+
+/// The CPUs the calling thread may run on.
+@Sendable private func loopThreadCPUs() -> [Int] {
+  var cpus = [Int32](repeating: 0, count: Int(carl_cpu_set_size()))
+  let count = carl_thread_allowed_cpus(&cpus, Int32(cpus.count))
+  return cpus.prefix(Int(max(count, 0))).map(Int.init)
+}
+
+extension BadInputTests {
+  // MARK: Pinning a loop to a CPU
+
+  @Test(arguments: [9999, -1, 1024, Int.max, Int.min])
+  func pinningToACPUOutsideTheValidRangeThrows(cpu: Int) {
+    #expect {
+      _ = try RunLoopThread(name: "bad-pin", cpu: cpu)
+    } throws: { error in
+      guard let error = error as? SystemCallError else { return false }
+      let text = error.description
+      return error.errno == EINVAL && text.contains("loop 'bad-pin' to cpu \(cpu)") && text.contains("0..<1024")
+        && text.contains("affinity mask")
+    }
+  }
+
+  @Test func pinningToACPUTheAffinityMaskDoesNotAllowThrows() throws {
+    let cpu = try #require(try disallowedCPU())
+    let allowed = CPUAffinity.describe(try CPUAffinity.allowedCPUs())
+    #expect {
+      _ = try RunLoopThread(name: "bad-pin-mask", cpu: cpu)
+    } throws: { error in
+      guard let error = error as? SystemCallError else { return false }
+      return error.errno == EINVAL && error.description.contains("to cpu \(cpu)")
+        && error.description.contains("allows cpus \(allowed)")
+    }
+  }
+
+  @Test func theAllowedCPUsAreListedAsRanges() {
+    #expect(CPUAffinity.describe([0, 1, 2, 5]) == "0-2,5")
+    #expect(CPUAffinity.describe([3]) == "3")
+    #expect(CPUAffinity.describe([]) == "none")
+  }
+
+  @Test func pinningToAnAllowedCPUStartsTheLoopThere() throws {
+    let cpu = try #require(try CPUAffinity.allowedCPUs().last)
+    let loop = try RunLoopThread(name: "bad-pin-ok", cpu: cpu)
+    defer { loop.shutdownAndWait() }
+    #expect(try loop.performAndWait(loopThreadCPUs) == [cpu])
+  }
+
+  /// The kernel's refusal (here: a pin the check above would have refused, made anyway) fails
+  /// `pthread_create` itself, so no thread exists, and the loop object with its descriptors goes.
+  @Test func aPinTheKernelRefusesLeavesNoThreadAndNoLoop() throws {
+    let cpu = try #require(try disallowedCPU())
+    weak var released: RunLoopThread?
+    do {
+      let loop = try RunLoopThread(name: "bad-pin-kernel", ownsThread: true, isMainLoop: false)
+      released = loop
+      #expect {
+        try loop.startThread(pinnedTo: Int32(cpu))
+      } throws: { error in
+        (error as? SystemCallError)?.errno == EINVAL
+          && (error as? SystemCallError)?.call.contains("pinned to cpu \(cpu)") == true
+      }
+    }
+    #expect(released == nil)
+    #expect(threadCount(named: "bad-pin-kernel") == 0)
+  }
+
+  /// In a process of its own, where nothing else opens descriptors or starts threads.
+  @Test func failedPinsLeakNoDescriptorsAndNoThreads() async {
+    await #expect(processExitsWith: .success) {
+      let disallowed = try disallowedCPU() ?? 9999
+      let descriptors = openDescriptorCount()
+      let threads = threadCount()
+      for cpu in [9999, -1, Int.max, disallowed] {
+        for _ in 0..<20 {
+          guard (try? RunLoopThread(name: "bad-pin-leak", cpu: cpu)) == nil else { exit(2) }
+          let loop = try RunLoopThread(name: "bad-pin-leak", ownsThread: true, isMainLoop: false)
+          guard (try? loop.startThread(pinnedTo: Int32(disallowed))) == nil else { exit(3) }
+        }
+      }
+      guard openDescriptorCount() == descriptors else { exit(4) }
+      guard threadCount() == threads else { exit(5) }
+    }
+  }
+}
+
+extension BadInputTests {
+  /// Under a narrowed affinity mask (as `taskset -c 1` leaves it), a pinned group uses the CPUs
+  /// the mask allows, not 0..<online: pinning outside the mask would throw.
+  @Test func pinnedLoopGroupUsesTheCPUsTheAffinityMaskAllows() async {
+    await #expect(processExitsWith: .success) {
+      guard let cpu = try CPUAffinity.allowedCPUs().last, cpu > 0 else { return }  // needs a CPU besides 0
+      guard carl_restrict_process_to_cpu(Int32(cpu)) == 0 else { exit(2) }
+      let group = try LoopGroup(count: 2, name: "bad-group", pinToCPUs: true)
+      defer { group.shutdownAndWait() }
+      for loop in group.loops {
+        guard try loop.performAndWait(loopThreadCPUs) == [cpu] else { exit(3) }
+      }
+    }
   }
 }
