@@ -229,3 +229,39 @@ extension BadInputTests {
     #expect(onLoop.1 == true)
   }
 }
+
+extension BadInputTests {
+  // MARK: A repeating timer's tolerance is capped at half its interval
+
+  @Test func aRepeatingTimersToleranceIsCappedAtHalfItsInterval() throws {
+    let timer = LoopTimer(after: .milliseconds(10), repeatingEvery: .milliseconds(10), tolerance: .seconds(1)) { _ in }
+    #expect(timer.tolerance == .milliseconds(5))
+    let small = LoopTimer(after: .zero, repeatingEvery: .milliseconds(10), tolerance: .milliseconds(2)) { _ in }
+    #expect(small.tolerance == .milliseconds(2))
+    let zeroInterval = LoopTimer(after: .zero, repeatingEvery: .zero, tolerance: .seconds(1)) { _ in }
+    #expect(zeroInterval.tolerance == .zero)
+    let seconds = try LoopTimer(seconds: 0.01, repeatingEverySeconds: 0.01, toleranceSeconds: 1) { _ in }
+    #expect(seconds.tolerance == .milliseconds(5))
+  }
+
+  @Test func aOneShotTimerKeepsItsWholeTolerance() {
+    let timer = LoopTimer(after: .milliseconds(10), tolerance: .seconds(1)) { _ in }
+    #expect(timer.tolerance == .seconds(1))
+    let negativeInterval = LoopTimer(after: .zero, repeatingEvery: .seconds(-1), tolerance: .seconds(1)) { _ in }
+    #expect(negativeInterval.tolerance == .seconds(1))  // a negative interval makes a one-shot timer
+  }
+
+  /// Behaviour, not timing: with the cap, twenty fires take about 200 ms; without it (about one
+  /// fire a second) they would not fit in the generous bound.
+  @Test func aFastTimerWithAHugeToleranceStillFiresOftenEnough() throws {
+    let loop = try RunLoopThread(name: "bad-tolerance")
+    defer { loop.shutdownAndWait() }
+    let fires = Locked(0)
+    let timer = LoopTimer(after: .milliseconds(10), repeatingEvery: .milliseconds(10), tolerance: .seconds(1)) { _ in
+      fires.withLock { $0 += 1 }
+    }
+    loop.add(timer)
+    waitUntil(timeout: .seconds(15), "twenty fires") { fires.withLock { $0 } >= 20 }
+    timer.invalidate()
+  }
+}

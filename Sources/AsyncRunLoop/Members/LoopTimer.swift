@@ -21,7 +21,9 @@ public enum LoopTimerError: Error, Equatable, CustomStringConvertible {
 ///   in another mode) fires once and moves to the next future multiple of its interval: it
 ///   stays on its original grid and never bursts to catch up.
 /// - It never fires early. With a tolerance the loop may fire it up to that much late, so that
-///   nearby timers share one wake-up.
+///   nearby timers share one wake-up. As in CFRunLoop, a repeating timer's tolerance is capped at
+///   half its interval (a 10 ms timer asked for 1 s of tolerance gets 5 ms): a larger one would let
+///   the loop skip whole periods. `tolerance` reports the capped value.
 /// - It fires only while its loop runs in one of the timer's modes.
 /// - Bad input has defined answers: a delay in the past (or negative) fires once as soon as
 ///   possible; a huge delay saturates (no overflow, no spin); a negative repeat interval makes a
@@ -62,7 +64,8 @@ public final class LoopTimer: ModeMember, @unchecked Sendable {  // Safety: proo
   /// - Parameters:
   ///   - fireDate: When to fire first. A date in the past fires as soon as possible.
   ///   - interval: The repeat interval; nil (or negative) for a one-shot timer.
-  ///   - tolerance: How late the loop may fire it (negative counts as zero).
+  ///   - tolerance: How late the loop may fire it (negative counts as zero; for a repeating
+  ///     timer, at most half the interval).
   ///   - handler: Runs on the loop thread at each fire.
   public convenience init(
     fireAt fireDate: LoopClock.Instant, repeatingEvery interval: Duration? = nil,
@@ -79,7 +82,8 @@ public final class LoopTimer: ModeMember, @unchecked Sendable {  // Safety: proo
     self.onInvalidate = onInvalidate
     let intervalNs = interval?.saturatedNanoseconds
     self.intervalNanoseconds = intervalNs.flatMap { $0 < 0 ? nil : $0 }
-    self.toleranceNanoseconds = max(0, tolerance.saturatedNanoseconds)
+    self.toleranceNanoseconds = Self.effectiveTolerance(
+      tolerance.saturatedNanoseconds, interval: intervalNanoseconds)
     self.fireDateNs = fireDate.nanoseconds
     self.handler = handler
   }
@@ -120,8 +124,18 @@ public final class LoopTimer: ModeMember, @unchecked Sendable {  // Safety: proo
 
   /// The repeat interval, or nil for a one-shot timer.
   public var interval: Duration? { intervalNanoseconds.map { .nanoseconds($0) } }
-  /// The tolerance.
+  /// How late the loop may fire the timer: the tolerance it was created with, never negative,
+  /// and for a repeating timer at most half its interval (CFRunLoop's rule).
   public var tolerance: Duration { .nanoseconds(toleranceNanoseconds) }
+
+  /// The tolerance a timer uses: `requested` clamped to zero or more, and for a repeating timer
+  /// (`interval` non-nil) to at most half the interval, so that a 10 ms timer with 1 s of
+  /// tolerance still fires about every 10 ms instead of once a second. Pure.
+  static func effectiveTolerance(_ requested: Int64, interval: Int64?) -> Int64 {
+    let tolerance = max(0, requested)
+    guard let interval else { return tolerance }
+    return min(tolerance, interval / 2)
+  }
 
   /// The next time the timer fires. Any thread.
   public var fireDate: LoopClock.Instant {

@@ -135,7 +135,8 @@ extension RunLoopThread {
   /// - Parameters:
   ///   - interval: The period (positive; traps otherwise). The first tick is due one interval
   ///     from now.
-  ///   - tolerance: How late the loop may fire a tick so that timers share wake-ups.
+  ///   - tolerance: How late the loop may fire a tick so that timers share wake-ups; at most half
+  ///     the interval (see `LoopTimer`).
   ///   - missedTicks: What to do about ticks missed because the loop or the consumer was late.
   ///   - modes: The modes the timer fires in (`.common` by default).
   public func timer(
