@@ -322,9 +322,13 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
 
   /// Runs `block` on the loop thread during a pass in one of `modes` (`.common` by default),
   /// waking the loop to do so. Any thread. Blocks run in the order they were performed.
+  ///
+  /// `modes` must name at least one mode (traps otherwise, like every API that takes a mode list):
+  /// a block performed in no mode would never run, only be dropped at shutdown.
   /// - Returns: false when the loop has shut down and the block was refused (not run).
   @discardableResult
   public func perform(inModes modes: [RunLoopMode] = [.common], _ block: @escaping @Sendable () -> Void) -> Bool {
+    precondition(!modes.isEmpty, Self.emptyModesMessage("perform(inModes:)", loop: name))
     guard let wake = inboxLock.withLock({ inbox.perform(PerformRequest(modes: modes, block: block)) }) else {
       return false
     }
@@ -338,12 +342,16 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
   /// As in CF, a loop that is not an owned loop thread runs the block when its thread next runs
   /// it: the caller blocks until then. The exception is the main loop, which nothing else could
   /// run: when it is not running the call fails instead of hanging.
+  ///
+  /// `modes` must name at least one mode (traps otherwise, even on the loop's thread), as for
+  /// `perform(inModes:_:)`.
   /// - Throws: `RunLoopError.shutDown` if the loop has shut down (or shuts down before running
   ///   it); `RunLoopError.wouldDeadlock` for the main loop when it is not running. Rethrows what
   ///   `block` throws.
   public func performAndWait<T: Sendable>(
     inModes modes: [RunLoopMode] = [.common], _ block: @escaping @Sendable () throws -> T
   ) throws -> T {
+    precondition(!modes.isEmpty, Self.emptyModesMessage("performAndWait(inModes:)", loop: name))
     if isOnLoopThread { return try block() }
     if isShutDown { throw RunLoopError.shutDown(loop: name) }
     if isMainLoop && !RunLoopThread.isMainLoopRunning {
@@ -359,6 +367,12 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
     gate.wait()
     guard let result = box.take() else { throw RunLoopError.shutDown(loop: name) }
     return try result.get()
+  }
+
+  /// The trap message for an empty `modes` list passed to `function`.
+  static func emptyModesMessage(_ function: String, loop: String) -> String {
+    "AsyncRunLoop: \(function) on loop '\(loop)' needs at least one mode in 'modes' (a block performed in no mode "
+      + "would never run)"
   }
 
   /// Sends a registration change to the loop thread: at once when called there, otherwise on

@@ -265,3 +265,25 @@ extension BadInputTests {
     timer.invalidate()
   }
 }
+
+extension BadInputTests {
+  // MARK: An empty mode list traps
+
+  @Test func performInNoModeTrapsNamingTheLoopAndTheParameter() async {
+    let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+      let loop = try RunLoopThread(name: "bad-modes")
+      loop.perform(inModes: []) {}
+    }
+    expectStandardError(
+      of: result, mentions: "perform(inModes:) on loop 'bad-modes' needs at least one mode in 'modes'")
+  }
+
+  @Test func performAndWaitInNoModeTrapsEvenOnTheLoopThread() async {
+    let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+      let loop = try RunLoopThread(name: "bad-modes-wait")
+      _ = try loop.performAndWait { try loop.performAndWait(inModes: []) { 1 } }
+    }
+    expectStandardError(
+      of: result, mentions: "performAndWait(inModes:) on loop 'bad-modes-wait' needs at least one mode in 'modes'")
+  }
+}
