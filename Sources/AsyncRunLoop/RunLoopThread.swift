@@ -229,8 +229,7 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
   }
 
   private func threadMain(started: BlockingGate) {
-    // The kernel keeps at most 15 bytes of a thread's name.
-    _ = carl_set_thread_name(String(decoding: name.utf8.prefix(15), as: UTF8.self))
+    _ = carl_set_thread_name(Self.kernelThreadName(name))
     carl_set_current_loop(Unmanaged.passUnretained(self).toOpaque())
     started.open()
     while true {
@@ -248,6 +247,20 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
       }
     }
     terminatedGate.open()
+  }
+
+  /// The longest prefix of `name` the kernel keeps as a thread name: at most 15 bytes, cut
+  /// between Unicode scalars. Cutting inside one would decode to U+FFFD (3 bytes), which can push
+  /// the name past 15 bytes, and the kernel then refuses it (the thread stays unnamed). Pure.
+  static func kernelThreadName(_ name: String) -> String {
+    var bytes = 0
+    var kept = String.UnicodeScalarView()
+    for scalar in name.unicodeScalars {
+      bytes += UTF8.width(scalar)
+      guard bytes <= 15 else { break }
+      kept.append(scalar)
+    }
+    return String(kept)
   }
 
   /// A non-owned loop's thread exited: nothing will run the loop any more.
