@@ -287,3 +287,33 @@ extension BadInputTests {
       of: result, mentions: "performAndWait(inModes:) on loop 'bad-modes-wait' needs at least one mode in 'modes'")
   }
 }
+
+extension BadInputTests {
+  // MARK: The sweep: other user input
+
+  /// 18 bytes of two-byte characters: a byte-wise cut at 15 made an invalid name the kernel
+  /// refused, so the loop's thread stayed unnamed.
+  @Test func aLongNonASCIINameStillNamesTheThread() throws {
+    let loop = try RunLoopThread(name: "ééééééééé")
+    defer { loop.shutdownAndWait() }
+    #expect(threadCount(named: "ééééééé") == 1)
+    #expect(RunLoopThread.kernelThreadName("abcdefghijklmnopq") == "abcdefghijklmno")
+  }
+
+  @Test func emptyModeListsOfSequencesTrapNamingTheLoop() async {
+    let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+      let loop = try RunLoopThread(name: "bad-seq-modes")
+      _ = loop.signalSequence(modes: [])
+    }
+    expectStandardError(
+      of: result, mentions: "a SignalSequence on loop 'bad-seq-modes' needs at least one mode in 'modes'")
+  }
+
+  @Test func aNonPositiveTimerSequenceIntervalTrapsNamingTheLoop() async {
+    let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+      let loop = try RunLoopThread(name: "bad-seq-every")
+      _ = loop.timer(every: .zero)
+    }
+    expectStandardError(of: result, mentions: "timer(every:) on loop 'bad-seq-every' needs a positive interval")
+  }
+}

@@ -143,7 +143,8 @@ extension RunLoopThread {
     every interval: Duration, tolerance: Duration = .zero, missedTicks: MissedTickPolicy = .skip,
     modes: [RunLoopMode] = [.common]
   ) -> TimerSequence {
-    precondition(interval > .zero, "AsyncRunLoop: timer(every:) needs a positive interval, not \(interval)")
+    precondition(
+      interval > .zero, "AsyncRunLoop: timer(every:) on loop '\(name)' needs a positive interval, not \(interval)")
     return makeTimerSequence(
       firstDue: .now.advanced(by: interval), interval: interval, tolerance: tolerance, missedTicks: missedTicks,
       modes: modes)
@@ -170,7 +171,7 @@ extension RunLoopThread {
     firstDue: LoopClock.Instant, interval: Duration?, tolerance: Duration, missedTicks: MissedTickPolicy,
     modes: [RunLoopMode]
   ) -> TimerSequence {
-    precondition(!modes.isEmpty, "AsyncRunLoop: a timer sequence needs at least one mode")
+    precondition(!modes.isEmpty, "AsyncRunLoop: a timer sequence on loop '\(name)' needs at least one mode in 'modes'")
     let sequence = TimerSequence(
       loop: self, firstDue: firstDue, interval: interval, tolerance: tolerance, missedTicks: missedTicks)
     for mode in modes { add(sequence.timer, to: mode) }
