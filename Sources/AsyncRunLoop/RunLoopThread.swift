@@ -58,11 +58,18 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
   /// `shutdown()`, or until the last reference to the loop is released. Any thread.
   /// - Parameters:
   ///   - name: The loop's and thread's name.
-  ///   - cpu: If given, the thread is pinned to this CPU.
-  /// - Throws: `SystemCallError` if the kernel refuses a descriptor or the thread.
+  ///   - cpu: If given, the thread is pinned to this CPU from its start. It must be in
+  ///     `0 ..< CPU_SETSIZE` (1024) and in the process's affinity mask (`sched_getaffinity` of the
+  ///     process: the CPUs `taskset` or a cpuset allow); this is checked on the calling thread
+  ///     before anything is created.
+  /// - Throws: `SystemCallError` if the kernel refuses a descriptor or the thread; for a `cpu`
+  ///   the thread cannot be pinned to, `EINVAL` with a `reason` naming the loop, the CPU and the
+  ///   rule. Nothing is left behind when it throws: no thread, no descriptor.
   public convenience init(name: String, cpu: Int? = nil) throws(SystemCallError) {
+    var pin: Int32?
+    if let cpu { pin = try CPUAffinity.validatedCPU(cpu, loop: name) }
     try self.init(name: name, ownsThread: true, isMainLoop: false)
-    try startThread(cpu: cpu)
+    try startThread(pinnedTo: pin)
   }
 
   /// Releasing the last reference to a loop that owns its thread shuts it down (as `shutdown()`):
@@ -149,25 +156,50 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
 
   // MARK: Owned thread
 
-  private func startThread(cpu: Int?) throws(SystemCallError) {
+  /// Starts the owned thread, pinned to `cpu` (a validated CPU number) if given. The pin is an
+  /// attribute of the new thread: when the kernel refuses it, `pthread_create` fails and no thread
+  /// exists (it never runs any of our code).
+  func startThread(pinnedTo cpu: Int32?) throws(SystemCallError) {
+    var attributes = pthread_attr_t()
+    pthread_attr_init(&attributes)
+    defer { pthread_attr_destroy(&attributes) }
+    if let cpu {
+      let rc = carl_thread_attributes_pin(&attributes, cpu)
+      guard rc == 0 else { throw SystemCallError(call: "pthread_attr_setaffinity_np(cpu \(cpu))", errno: rc) }
+    }
     let started = BlockingGate()
-    let start = ThreadStart(core: core, handle: Unmanaged.passRetained(self), cpu: cpu, started: started)
+    let start = ThreadStart(core: core, handle: Unmanaged.passRetained(self), started: started)
     let context = Unmanaged.passRetained(start).toOpaque()
     var thread = pthread_t()
     let rc = pthread_create(
-      &thread, nil,
+      &thread, &attributes,
       { raw in
         let start = Unmanaged<ThreadStart>.fromOpaque(raw!).takeRetainedValue()
-        start.core.threadMain(holding: start.handle, cpu: start.cpu, started: start.started)
+        start.core.threadMain(holding: start.handle, started: start.started)
         return nil
       }, context)
     guard rc == 0 else {
       Unmanaged<ThreadStart>.fromOpaque(context).release()
       start.handle.release()
-      throw SystemCallError(call: "pthread_create", errno: rc)
+      throw SystemCallError(
+        call: cpu.map { "pthread_create (loop '\(name)' pinned to cpu \($0))" } ?? "pthread_create", errno: rc)
     }
     shared.threadLock.withLock { shared.threadState = .running(thread) }
     started.wait()  // the loop is current on its thread before init returns
+  }
+
+  /// The longest prefix of `name` the kernel keeps as a thread name: at most 15 bytes, cut
+  /// between Unicode scalars. Cutting inside one would decode to U+FFFD (3 bytes), which can push
+  /// the name past 15 bytes, and the kernel then refuses it (the thread stays unnamed). Pure.
+  static func kernelThreadName(_ name: String) -> String {
+    var bytes = 0
+    var kept = String.UnicodeScalarView()
+    for scalar in name.unicodeScalars {
+      bytes += UTF8.width(scalar)
+      guard bytes <= 15 else { break }
+      kept.append(scalar)
+    }
+    return String(kept)
   }
 
   /// A non-owned loop's thread exited: nothing will run the loop any more.
@@ -239,9 +271,13 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
 
   /// Runs `block` on the loop thread during a pass in one of `modes` (`.common` by default),
   /// waking the loop to do so. Any thread. Blocks run in the order they were performed.
+  ///
+  /// `modes` must name at least one mode (traps otherwise, like every API that takes a mode list):
+  /// a block performed in no mode would never run, only be dropped at shutdown.
   /// - Returns: false when the loop has shut down and the block was refused (not run).
   @discardableResult
   public func perform(inModes modes: [RunLoopMode] = [.common], _ block: @escaping @Sendable () -> Void) -> Bool {
+    precondition(!modes.isEmpty, Self.emptyModesMessage("perform(inModes:)", loop: name))
     guard let wake = shared.inboxLock.withLock({ shared.inbox.perform(PerformRequest(modes: modes, block: block)) })
     else {
       return false
@@ -256,12 +292,16 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
   /// As in CF, a loop that is not an owned loop thread runs the block when its thread next runs
   /// it: the caller blocks until then. The exception is the main loop, which nothing else could
   /// run: when it is not running the call fails instead of hanging.
+  ///
+  /// `modes` must name at least one mode (traps otherwise, even on the loop's thread), as for
+  /// `perform(inModes:_:)`.
   /// - Throws: `RunLoopError.shutDown` if the loop has shut down (or shuts down before running
   ///   it); `RunLoopError.wouldDeadlock` for the main loop when it is not running. Rethrows what
   ///   `block` throws.
   public func performAndWait<T: Sendable>(
     inModes modes: [RunLoopMode] = [.common], _ block: @escaping @Sendable () throws -> T
   ) throws -> T {
+    precondition(!modes.isEmpty, Self.emptyModesMessage("performAndWait(inModes:)", loop: name))
     if isOnLoopThread { return try block() }
     if isShutDown { throw RunLoopError.shutDown(loop: name) }
     if isMainLoop && !RunLoopThread.isMainLoopRunning {
@@ -279,6 +319,12 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
     return try result.get()
   }
 
+  /// The trap message for an empty `modes` list passed to `function`.
+  static func emptyModesMessage(_ function: String, loop: String) -> String {
+    "AsyncRunLoop: \(function) on loop '\(loop)' needs at least one mode in 'modes' (a block performed in no mode "
+      + "would never run)"
+  }
+
   /// Sends a registration change to the loop thread: at once when called there, otherwise on
   /// the loop's next pass. Returns false when the loop has terminated.
   @discardableResult
@@ -294,12 +340,10 @@ private final class ThreadStart: @unchecked Sendable {  // Safety: proof below
   /// One reference to the handle, which the thread holds while it is awake (see
   /// `LoopCore.releaseHandleForSleep`).
   let handle: Unmanaged<RunLoopThread>
-  let cpu: Int?
   let started: BlockingGate
-  init(core: LoopCore, handle: Unmanaged<RunLoopThread>, cpu: Int?, started: BlockingGate) {
+  init(core: LoopCore, handle: Unmanaged<RunLoopThread>, started: BlockingGate) {
     self.core = core
     self.handle = handle
-    self.cpu = cpu
     self.started = started
   }
 }

@@ -30,4 +30,50 @@ int carl_pin_current_thread(int cpu) {
   return pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
 }
 
+int carl_cpu_set_size(void) { return CPU_SETSIZE; }
+
+static int carl_allowed_cpus(pid_t pid, int *cpus, int capacity) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(pid, sizeof(set), &set) != 0) {
+    return -errno;
+  }
+  int count = 0;
+  for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
+    if (CPU_ISSET(cpu, &set)) {
+      if (count < capacity) {
+        cpus[count] = cpu;
+      }
+      count++;
+    }
+  }
+  return count;
+}
+
+int carl_process_allowed_cpus(int *cpus, int capacity) { return carl_allowed_cpus(getpid(), cpus, capacity); }
+
+int carl_thread_allowed_cpus(int *cpus, int capacity) { return carl_allowed_cpus(0, cpus, capacity); }
+
+int carl_restrict_process_to_cpu(int cpu) {
+  if (cpu < 0 || cpu >= CPU_SETSIZE) {
+    return EINVAL;
+  }
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return sched_setaffinity(getpid(), sizeof(set), &set) == 0 ? 0 : errno;
+}
+
+int carl_thread_attributes_pin(pthread_attr_t *attributes, int cpu) {
+  if (cpu < 0 || cpu >= CPU_SETSIZE) {
+    return EINVAL;
+  }
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return pthread_attr_setaffinity_np(attributes, sizeof(set), &set);
+}
+
 int carl_set_thread_name(const char *name) { return pthread_setname_np(pthread_self(), name); }
+
+int carl_get_thread_name(char *name, size_t capacity) { return pthread_getname_np(pthread_self(), name, capacity); }

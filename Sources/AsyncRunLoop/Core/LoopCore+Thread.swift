@@ -10,12 +10,10 @@ import Glibc
 /// wakes the thread, which drains with the stand-in and exits, detached. Nothing polls.
 extension LoopCore {
   /// The owned thread's body: runs the loop until shutdown, drains it, and exits.
-  func threadMain(holding handle: Unmanaged<RunLoopThread>, cpu: Int?, started: BlockingGate) {
+  func threadMain(holding handle: Unmanaged<RunLoopThread>, started: BlockingGate) {
     heldHandle = handle
     shared.inboxLock.withLock { shared.threadHoldsHandle = true }
-    // The kernel keeps at most 15 bytes of a thread's name.
-    _ = carl_set_thread_name(String(decoding: shared.name.utf8.prefix(15), as: UTF8.self))
-    if let cpu { _ = carl_pin_current_thread(Int32(cpu)) }
+    _ = carl_set_thread_name(RunLoopThread.kernelThreadName(shared.name))  // pinned already, if asked
     carl_set_current_loop(shared.identity)
     started.open()
     while true {

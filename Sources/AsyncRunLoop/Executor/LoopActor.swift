@@ -21,7 +21,8 @@ extension LoopActor {
 extension RunLoopThread {
   /// A loop on a new thread named `name`, for places that cannot handle an error (a global
   /// actor's stored loop, a `static let`). Traps with the system error if the kernel refuses a
-  /// descriptor or a thread — use `init(name:)` where you can handle it. Any thread.
+  /// descriptor or a thread, or `cpu` is one the thread cannot be pinned to (see
+  /// `init(name:cpu:)`) — use `init(name:cpu:)` where you can handle it. Any thread.
   public static func named(_ name: String, cpu: Int? = nil) -> RunLoopThread {
     do {
       return try RunLoopThread(name: name, cpu: cpu)

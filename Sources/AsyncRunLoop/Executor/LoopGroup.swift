@@ -15,15 +15,19 @@ public final class LoopGroup: Sendable {
   /// - Parameters:
   ///   - count: How many loops (at least 1).
   ///   - name: The prefix of the loops' names.
-  ///   - pinToCPUs: Pin loop *i* to CPU *i* modulo the number of online CPUs.
+  ///   - pinToCPUs: Pin loop *i* to the *i*-th CPU (modulo their number) of those the process
+  ///     may run on (its affinity mask, see `RunLoopThread(name:cpu:)`).
   /// - Throws: `SystemCallError` if a loop cannot be created (the ones created are shut down).
   public init(count: Int, name: String = "loop", pinToCPUs: Bool = false) throws(SystemCallError) {
-    precondition(count >= 1, "AsyncRunLoop: a LoopGroup needs at least one loop")
-    let cpus = max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
+    precondition(count >= 1, "AsyncRunLoop: a LoopGroup needs at least one loop, not \(count)")
+    // The allowed CPUs, not 0..<online: under `taskset` or a cpuset those differ, and pinning to a
+    // CPU outside the mask throws.
+    let cpus = pinToCPUs ? try CPUAffinity.allowedCPUs() : []
     var created: [RunLoopThread] = []
     do {
       for index in 0..<count {
-        created.append(try RunLoopThread(name: "\(name)-\(index)", cpu: pinToCPUs ? index % cpus : nil))
+        let cpu = cpus.isEmpty ? nil : cpus[index % cpus.count]
+        created.append(try RunLoopThread(name: "\(name)-\(index)", cpu: cpu))
       }
     } catch {
       created.forEach { $0.shutdownAndWait() }

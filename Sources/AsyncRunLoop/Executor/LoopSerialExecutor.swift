@@ -47,8 +47,19 @@ final class LoopSerialExecutor: SerialExecutor {
     loop.checkIsolated()
   }
 
+  /// True on the loop (see `RunLoopThread.isIsolatingCurrentContext()`), nil — "unknown" —
+  /// elsewhere, never false. Any thread.
+  ///
+  /// Measured with the Swift 6.3 runtime: an answer of false makes a failed
+  /// `assumeIsolated`/`preconditionIsolated` trap with the runtime's own message ("Incorrect actor
+  /// executor assumption…"), which names neither the loop nor the thread; nil makes the runtime
+  /// call `checkIsolated()`, which traps with ours. Checks that must not trap (a dynamic cast
+  /// through a conformance isolated to a global actor on the loop) never call `checkIsolated()`
+  /// and read nil as "not isolated", exactly as they read false; `#isolation` is static and asks
+  /// nobody. Code that asks this role directly (`actor.withSerialExecutor { … }`) should compare
+  /// the answer with `true`.
   func isIsolatingCurrentContext() -> Bool? {
-    loop.isIsolatingCurrentContext()
+    loop.isIsolatingCurrentContext() == true ? true : nil
   }
 }
 

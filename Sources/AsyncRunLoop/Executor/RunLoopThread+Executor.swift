@@ -1,3 +1,4 @@
+import CAsyncRunLoop
 import Dispatch
 
 /// Each loop is a `SerialExecutor` and a `TaskExecutor`: jobs run on the loop's thread, in the
@@ -38,18 +39,39 @@ extension RunLoopThread: SerialExecutor, TaskExecutor {
     UnownedTaskExecutor(ordinary: self)
   }
 
-  /// Traps with a message naming the loop unless the caller runs on this loop (its thread, or
-  /// the fallback queue running this terminated loop's late jobs).
+  /// Traps unless the caller runs on this loop (its thread, or the fallback queue running this
+  /// terminated loop's late jobs), with a message naming the loop and the calling thread (its
+  /// name and kernel thread id, and its loop if it has one). Any thread.
+  ///
+  /// This is also the message of every failed isolation trap of actors on the loop
+  /// (`actor.assumeIsolated`, `preconditionIsolated`, a global actor's dynamic checks): the
+  /// runtime calls it because the executor role those actors use answers "unknown" rather than
+  /// "no" off the loop (see `LoopSerialExecutor.isIsolatingCurrentContext()`).
   public func checkIsolated() {
-    precondition(
-      isIsolatingCurrentContext() == true,
-      "AsyncRunLoop: expected to run on loop '\(name)', but running on another thread")
+    guard isIsolatingCurrentContext() != true else { return }
+    preconditionFailure(
+      "AsyncRunLoop: expected to run on loop '\(name)', but running on \(Self.describeCallingThread())")
   }
 
-  /// True on this loop's thread (or the fallback running this loop's late jobs), false elsewhere;
-  /// never nil, so `assumeIsolated` gets a definite answer.
+  /// True on this loop's thread (or the fallback running this loop's late jobs), false elsewhere:
+  /// a definite answer for code that asks the loop directly. Any thread.
+  ///
+  /// Actors on the loop do not use this identity (see `asUnownedSerialExecutor()`); the runtime
+  /// asks their executor role, which answers true or nil (see
+  /// `LoopSerialExecutor.isIsolatingCurrentContext()`).
   public func isIsolatingCurrentContext() -> Bool? {
     isOnLoopThread || FallbackExecution.isRunning(for: self)
+  }
+
+  /// The calling thread for a trap message: `thread 'name' (tid 123)`, plus the loop it runs.
+  static func describeCallingThread() -> String {
+    var buffer = [CChar](repeating: 0, count: 32)
+    let named = carl_get_thread_name(&buffer, buffer.count) == 0
+    let threadName =
+      named ? String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self) : "?"
+    var description = "thread '\(threadName)' (tid \(carl_gettid()))"
+    if let loop = currentIfExists { description += ", the thread of loop '\(loop.name)'" }
+    return description
   }
 
 }

@@ -21,7 +21,9 @@ public enum LoopTimerError: Error, Equatable, CustomStringConvertible {
 ///   in another mode) fires once and moves to the next future multiple of its interval: it
 ///   stays on its original grid and never bursts to catch up.
 /// - It never fires early. With a tolerance the loop may fire it up to that much late, so that
-///   nearby timers share one wake-up.
+///   nearby timers share one wake-up. As in CFRunLoop, a repeating timer's tolerance is capped at
+///   half its interval (a 10 ms timer asked for 1 s of tolerance gets 5 ms): a larger one would let
+///   the loop skip whole periods. `tolerance` reports the capped value.
 /// - It fires only while its loop runs in one of the timer's modes.
 /// - Bad input has defined answers: a delay in the past (or negative) fires once as soon as
 ///   possible; a huge delay saturates (no overflow, no spin); a negative repeat interval makes a
@@ -59,7 +61,8 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   /// - Parameters:
   ///   - fireDate: When to fire first. A date in the past fires as soon as possible.
   ///   - interval: The repeat interval; nil (or negative) for a one-shot timer.
-  ///   - tolerance: How late the loop may fire it (negative counts as zero).
+  ///   - tolerance: How late the loop may fire it (negative counts as zero; for a repeating
+  ///     timer, at most half the interval).
   ///   - handler: Runs on the loop thread at each fire.
   public convenience init(
     fireAt fireDate: LoopClock.Instant, repeatingEvery interval: Duration? = nil,
@@ -76,7 +79,8 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     self.onInvalidate = onInvalidate
     let intervalNs = interval?.saturatedNanoseconds
     self.intervalNanoseconds = intervalNs.flatMap { $0 < 0 ? nil : $0 }
-    self.toleranceNanoseconds = max(0, tolerance.saturatedNanoseconds)
+    self.toleranceNanoseconds = Self.effectiveTolerance(
+      tolerance.saturatedNanoseconds, interval: intervalNanoseconds)
     self.fireDateNs = fireDate.nanoseconds
     self.handler = handler
   }
@@ -90,6 +94,10 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   }
 
   /// Creates a timer from seconds given as floating-point numbers (the CFRunLoop/NSTimer style).
+  ///
+  /// Finite values of any size are accepted and saturate like huge `Duration`s do: a delay or
+  /// tolerance beyond about 292 years means "never" (or "as soon as possible" for a hugely
+  /// negative delay), and a hugely negative interval makes a one-shot timer.
   /// - Throws: `LoopTimerError` for a NaN or infinite delay or interval, or a bad tolerance.
   public convenience init(
     seconds delay: Double, repeatingEverySeconds interval: Double? = nil, toleranceSeconds tolerance: Double = 0,
@@ -99,14 +107,32 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     if let interval, !interval.isFinite { throw .invalidInterval(interval) }
     guard tolerance.isFinite, tolerance >= 0 else { throw .invalidTolerance(tolerance) }
     self.init(
-      after: .seconds(delay), repeatingEvery: interval.map { .seconds($0) }, tolerance: .seconds(tolerance),
-      handler: handler)
+      after: Self.saturatingDuration(seconds: delay), repeatingEvery: interval.map(Self.saturatingDuration(seconds:)),
+      tolerance: Self.saturatingDuration(seconds: tolerance), handler: handler)
+  }
+
+  /// `seconds` as a `Duration`, clamped first: `Duration.seconds(_:)` traps beyond about ±1.7e20 s,
+  /// while a timer saturates far sooner (its times are `Int64` nanoseconds, about ±9.2e9 s), so
+  /// ±1e12 s keeps every answer the same and never traps. `seconds` must be finite. Pure.
+  static func saturatingDuration(seconds: Double) -> Duration {
+    let limit = 1e12
+    return .seconds(min(max(seconds, -limit), limit))
   }
 
   /// The repeat interval, or nil for a one-shot timer.
   public var interval: Duration? { intervalNanoseconds.map { .nanoseconds($0) } }
-  /// The tolerance.
+  /// How late the loop may fire the timer: the tolerance it was created with, never negative,
+  /// and for a repeating timer at most half its interval (CFRunLoop's rule).
   public var tolerance: Duration { .nanoseconds(toleranceNanoseconds) }
+
+  /// The tolerance a timer uses: `requested` clamped to zero or more, and for a repeating timer
+  /// (`interval` non-nil) to at most half the interval, so that a 10 ms timer with 1 s of
+  /// tolerance still fires about every 10 ms instead of once a second. Pure.
+  static func effectiveTolerance(_ requested: Int64, interval: Int64?) -> Int64 {
+    let tolerance = max(0, requested)
+    guard let interval else { return tolerance }
+    return min(tolerance, interval / 2)
+  }
 
   /// The next time the timer fires. Any thread.
   public var fireDate: LoopClock.Instant {

@@ -2,14 +2,21 @@ import CAsyncRunLoop
 import Glibc
 
 /// An operating-system call that failed, with its name and `errno`.
+///
+/// A request the loop refuses before making the call, because the kernel would refuse it, is
+/// reported the same way, with the `errno` the kernel would give and a `reason` stating the rule:
+/// e.g. `RunLoopThread(name:cpu:)` with a CPU it cannot pin to throws `EINVAL`.
 public struct SystemCallError: Error, CustomStringConvertible, Sendable, Equatable {
   /// The call that failed, e.g. `"epoll_ctl(ADD)"`.
   public var call: String
   /// The `errno` value it returned.
   public var errno: Int32
+  /// The rule the request broke, when the loop knows it (nil for a plain failed call).
+  public var reason: String? = nil
 
   public var description: String {
-    "\(call) failed: \(String(cString: strerror(errno))) (errno \(errno))"
+    let failure = "\(call) failed: \(String(cString: strerror(errno))) (errno \(errno))"
+    return reason.map { "\(failure): \($0)" } ?? failure
   }
 }
 

@@ -154,7 +154,8 @@ extension RunLoopThread {
   public func activities(
     _ activities: LoopActivity = .all, modes: [RunLoopMode] = [.common], order: Int = 0, bufferLimit: Int = 4096
   ) -> ActivitySequence {
-    precondition(!modes.isEmpty, "AsyncRunLoop: an ActivitySequence needs at least one mode")
+    precondition(
+      !modes.isEmpty, "AsyncRunLoop: an ActivitySequence on loop '\(name)' needs at least one mode in 'modes'")
     let sequence = ActivitySequence(loop: self, activities: activities, order: order, bufferLimit: bufferLimit)
     for mode in modes { add(sequence.observer, to: mode) }
     if isShutDown { sequence.invalidate() }  // it may never reach the loop: end it now

@@ -182,7 +182,8 @@ extension RunLoopThread {
   public func readiness(
     of descriptor: Int32, events: DescriptorEvents = .readable, modes: [RunLoopMode] = [.common], order: Int = 0
   ) throws(SystemCallError) -> ReadinessSequence {
-    precondition(!modes.isEmpty, "AsyncRunLoop: a ReadinessSequence needs at least one mode")
+    precondition(
+      !modes.isEmpty, "AsyncRunLoop: a ReadinessSequence on loop '\(name)' needs at least one mode in 'modes'")
     let sequence = ReadinessSequence(loop: self, descriptor: descriptor, events: events, order: order)
     do {
       for mode in modes { try add(sequence.source, to: mode) }

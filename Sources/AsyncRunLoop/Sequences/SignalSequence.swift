@@ -166,7 +166,7 @@ extension RunLoopThread {
     onSchedule: (@Sendable (RunLoopThread, RunLoopMode) -> Void)? = nil,
     onCancel: (@Sendable (RunLoopThread) -> Void)? = nil
   ) -> SignalSequence {
-    precondition(!modes.isEmpty, "AsyncRunLoop: a SignalSequence needs at least one mode")
+    precondition(!modes.isEmpty, "AsyncRunLoop: a SignalSequence on loop '\(name)' needs at least one mode in 'modes'")
     let sequence = SignalSequence(loop: self, order: order, onSchedule: onSchedule, onCancel: onCancel)
     for mode in modes { add(sequence.source, to: mode) }
     if isShutDown { sequence.invalidate() }  // it may never reach the loop: end it now

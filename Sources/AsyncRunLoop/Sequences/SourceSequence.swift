@@ -210,7 +210,7 @@ extension RunLoopThread {
     onSchedule: (@Sendable (RunLoopThread, RunLoopMode) -> Void)? = nil,
     onCancel: (@Sendable (RunLoopThread) -> Void)? = nil
   ) -> SourceSequence<Element> {
-    precondition(!modes.isEmpty, "AsyncRunLoop: a SourceSequence needs at least one mode")
+    precondition(!modes.isEmpty, "AsyncRunLoop: a SourceSequence on loop '\(name)' needs at least one mode in 'modes'")
     let sequence = SourceSequence<Element>(
       loop: self, buffering: buffering, order: order, onSchedule: onSchedule, onCancel: onCancel)
     for mode in modes { add(sequence.source, to: mode) }

@@ -135,14 +135,16 @@ extension RunLoopThread {
   /// - Parameters:
   ///   - interval: The period (positive; traps otherwise). The first tick is due one interval
   ///     from now.
-  ///   - tolerance: How late the loop may fire a tick so that timers share wake-ups.
+  ///   - tolerance: How late the loop may fire a tick so that timers share wake-ups; at most half
+  ///     the interval (see `LoopTimer`).
   ///   - missedTicks: What to do about ticks missed because the loop or the consumer was late.
   ///   - modes: The modes the timer fires in (`.common` by default).
   public func timer(
     every interval: Duration, tolerance: Duration = .zero, missedTicks: MissedTickPolicy = .skip,
     modes: [RunLoopMode] = [.common]
   ) -> TimerSequence {
-    precondition(interval > .zero, "AsyncRunLoop: timer(every:) needs a positive interval, not \(interval)")
+    precondition(
+      interval > .zero, "AsyncRunLoop: timer(every:) on loop '\(name)' needs a positive interval, not \(interval)")
     return makeTimerSequence(
       firstDue: .now.advanced(by: interval), interval: interval, tolerance: tolerance, missedTicks: missedTicks,
       modes: modes)
@@ -169,7 +171,7 @@ extension RunLoopThread {
     firstDue: LoopClock.Instant, interval: Duration?, tolerance: Duration, missedTicks: MissedTickPolicy,
     modes: [RunLoopMode]
   ) -> TimerSequence {
-    precondition(!modes.isEmpty, "AsyncRunLoop: a timer sequence needs at least one mode")
+    precondition(!modes.isEmpty, "AsyncRunLoop: a timer sequence on loop '\(name)' needs at least one mode in 'modes'")
     let sequence = TimerSequence(
       loop: self, firstDue: firstDue, interval: interval, tolerance: tolerance, missedTicks: missedTicks)
     for mode in modes { add(sequence.timer, to: mode) }

@@ -45,6 +45,30 @@ int carl_set_thread_name(const char *_Nonnull name);
 /// Pins the calling thread to one CPU; returns 0 or an errno value.
 int carl_pin_current_thread(int cpu);
 
+/// The number of CPUs a `cpu_set_t` can name (`CPU_SETSIZE`): valid CPU numbers are below it.
+int carl_cpu_set_size(void);
+
+/// The CPUs in the process's affinity mask (`sched_getaffinity` of the process, as `taskset` or a
+/// cpuset leaves it), lowest first: writes up to `capacity` of them to `cpus` and returns how many
+/// the mask holds, or `-errno` when the mask cannot be read.
+int carl_process_allowed_cpus(int *_Nonnull cpus, int capacity);
+
+/// The CPUs the calling thread may run on, as `carl_process_allowed_cpus` (for tests).
+int carl_thread_allowed_cpus(int *_Nonnull cpus, int capacity);
+
+/// Narrows the process's affinity mask (its main thread's, which `carl_process_allowed_cpus`
+/// reads) to `cpu` alone, as `taskset` would (for tests). Returns 0 or an errno value.
+int carl_restrict_process_to_cpu(int cpu);
+
+/// Makes threads created with `attributes` start pinned to `cpu` (0 <= cpu < CPU_SETSIZE):
+/// `pthread_create` then fails, creating no thread, when the kernel refuses the pin. Returns 0 or
+/// an errno value.
+int carl_thread_attributes_pin(pthread_attr_t *_Nonnull attributes, int cpu);
+
+/// Writes the calling thread's name (NUL-terminated, at most 15 bytes) to `name`, which holds
+/// `capacity` bytes (16 is enough); returns 0 or an errno value.
+int carl_get_thread_name(char *_Nonnull name, size_t capacity);
+
 /// `errno` for Swift.
 static inline int carl_errno(void) { return errno; }
 
