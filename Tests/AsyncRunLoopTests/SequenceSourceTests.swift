@@ -329,6 +329,7 @@ func eventually(
   _ what: String, timeout: Duration = .seconds(20), sourceLocation: SourceLocation = #_sourceLocation,
   _ condition: () -> Bool
 ) async -> Bool {
+  let timeout = timeout * watchdogScale
   let deadline = ContinuousClock.now.advanced(by: timeout)
   while !condition() {
     if ContinuousClock.now >= deadline {

@@ -10,6 +10,7 @@ func waitUntil(
   timeout: Duration = .seconds(20), _ what: String = "condition",
   sourceLocation: SourceLocation = #_sourceLocation, _ condition: () -> Bool
 ) -> Bool {
+  let timeout = timeout * watchdogScale
   let deadline = ContinuousClock.now.advanced(by: timeout)
   while !condition() {
     if ContinuousClock.now >= deadline {
@@ -21,19 +22,42 @@ func waitUntil(
   return true
 }
 
-/// Runs `body` and fails the test (rather than hanging it) if it does not finish within `timeout`.
+/// How much longer every watchdog and wait of the tests allows: `ASYNC_RUN_LOOP_WATCHDOG_SCALE`
+/// (CI raises it for the sanitizer runs, where everything is many times slower), 1 by default.
+var watchdogScale: Int {
+  guard let raw = getenv("ASYNC_RUN_LOOP_WATCHDOG_SCALE"), let value = Int(String(cString: raw)), value > 0 else {
+    return 1
+  }
+  return value
+}
+
+/// Suspends (without holding a thread of the cooperative pool) until `finished` opens: the body of
+/// a watchdog that fired. It ends, or `HangReaper` ends the process.
+private func awaitBody(_ finished: TestGate) async {
+  await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+    startThread(detached: true) {
+      while !finished.wait(timeout: .seconds(3600)) {}
+      continuation.resume()
+    }
+  }
+}
+
+/// Runs `body` and fails the test (rather than hanging it) if it does not finish within `timeout`
+/// (times `watchdogScale`).
 ///
 /// The body runs in an unstructured task of its own (it inherits the test's task-local context,
-/// so its `#expect`s count for the test). On a hang the watchdog records the failure, cancels
-/// the body and returns nil at once, without waiting for it: the test ends and the run goes on.
-/// A body that still has not ended `hangGrace` later can never let the process end cleanly
-/// either, so the last resort (`HangReaper`) prints which test hung and exits the process with
-/// status 1: CI fails instead of stalling.
+/// so its `#expect`s count for the test), timed by a raw thread (hung work may block every pool
+/// thread). On a hang the watchdog records the failure and cancels the body; it returns nil once
+/// the body has ended, so the test's clean-up (closing descriptors, say) never runs under a
+/// body that is merely slow. A body that still has not ended `hangGrace` later never will: the
+/// last resort (`HangReaper`) prints which test hung and exits the process with status 1, so CI
+/// fails instead of stalling.
 func withWatchdog<T: Sendable>(
   timeout: Duration = .seconds(30), _ what: String = "operation",
   sourceLocation: SourceLocation = #_sourceLocation,
   _ body: @escaping @Sendable () async throws -> T
 ) async throws -> T? {
+  let timeout = timeout * watchdogScale
   let outcome = WatchdogOutcome<T>()
   let finished = TestGate()
   let task = Task {
@@ -53,6 +77,7 @@ func withWatchdog<T: Sendable>(
     Issue.record("watchdog: \(what) hung for \(timeout)", sourceLocation: sourceLocation)
     task.cancel()
     HangReaper.arm(what: what, sourceLocation: sourceLocation, finished: finished)
+    await awaitBody(finished)
     return nil
   }
 }
@@ -66,6 +91,7 @@ func withWatchdogOnThread<T: Sendable>(
   sourceLocation: SourceLocation = #_sourceLocation,
   _ body: @escaping @Sendable () throws -> T
 ) async throws -> T? {
+  let timeout = timeout * watchdogScale
   let outcome = WatchdogOutcome<T>()
   let finished = TestGate()
   startThread(detached: true) {
@@ -82,13 +108,14 @@ func withWatchdogOnThread<T: Sendable>(
   case .timedOut:
     Issue.record("watchdog: \(what) hung for \(timeout)", sourceLocation: sourceLocation)
     HangReaper.arm(what: what, sourceLocation: sourceLocation, finished: finished)
+    await awaitBody(finished)
     return nil
   }
 }
 
 /// `withWatchdog` for synchronous tests and blocking work: runs `body` on a thread of its own and
-/// returns nil (having recorded the failure) if it does not finish within `timeout`, without
-/// waiting for it; the same last resort ends the process if it never finishes.
+/// returns nil (having recorded the failure) if it does not finish within `timeout` (times
+/// `watchdogScale`), once it has ended; the same last resort ends the process if it never does.
 ///
 /// The body runs outside the test's task, so an `#expect` inside it may not be attributed to the
 /// test: return what you want to check and check it after this returns.
@@ -97,6 +124,7 @@ func withWatchdogSync<T: Sendable>(
   sourceLocation: SourceLocation = #_sourceLocation,
   _ body: @escaping @Sendable () throws -> T
 ) throws -> T? {
+  let timeout = timeout * watchdogScale
   let result = Guarded<Result<T, any Error>?>(nil)
   let finished = TestGate()
   startThread(detached: true) {
@@ -107,6 +135,7 @@ func withWatchdogSync<T: Sendable>(
   guard finished.wait(timeout: timeout), let value = result.snapshot else {
     Issue.record("watchdog: \(what) hung for \(timeout)", sourceLocation: sourceLocation)
     HangReaper.arm(what: what, sourceLocation: sourceLocation, finished: finished)
+    while !finished.wait(timeout: .seconds(3600)) {}
     return nil
   }
   return try value.get()
