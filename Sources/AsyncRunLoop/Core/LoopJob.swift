@@ -1,0 +1,22 @@
+/// The role in which a job reached a loop, which decides how the loop runs it.
+///
+/// The Swift runtime decides whether an `await` must hop by comparing the executors a job runs on
+/// (its serial executor and its task executor) with the ones the code wants. A job run as
+/// "isolated to the loop *and* on the loop's task executor" matches neither an actor's code in a
+/// task without a preference (the task executor differs) nor nonisolated code under
+/// `withTaskExecutorPreference(loop)` (the serial executor differs), so every `await` in them
+/// would go through the loop's job queue again. Each job therefore runs in the role it was
+/// enqueued in, and the two roles have different identities so that the runtime tells them apart.
+enum JobRole {
+  /// Enqueued on the loop's serial executor (an actor's job): runs isolated to it.
+  case serial
+  /// Enqueued on the loop as a task executor (a task that prefers the loop): runs nonisolated, on
+  /// the loop's thread.
+  case task
+}
+
+/// A job in a loop's queue, with the role it was enqueued in.
+struct LoopJob {
+  let job: UnownedJob
+  let role: JobRole
+}
