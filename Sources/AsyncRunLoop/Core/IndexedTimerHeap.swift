@@ -139,7 +139,7 @@ struct IndexedTimerHeap<Element: TimerHeapElement> {
       entries.removeLast()
       return
     }
-    entries.swapAt(index, last)
+    entries.withUnsafeMutableBufferPointer { $0.swapAt(index, last) }  // no retain/release
     entries.removeLast()
     entries[index].element.heapIndex = index
     // The moved entry came from a leaf: it can belong above or below `index`.

@@ -71,7 +71,7 @@ extension LoopCore {
 
   /// Applies an invalidation (or a shutdown): the member leaves every mode and is detached.
   func applyInvalidate(_ member: some LoopMember) {
-    guard let record = modeTable.record(for: member) else {
+    guard let record = modeTable.takeRecord(for: member) else {
       member.releaseAfterInvalidation(onThreadOf: loop)  // not here (any more): only its closures are left
       return
     }
@@ -101,7 +101,7 @@ extension LoopCore {
   /// Removes the record from every mode and the registry, then runs the kind's detach effects:
   /// a custom source's cancel routine, a descriptor's deregistration, a timer's stale entries.
   func detach(_ record: MemberRecord) {
-    guard modeTable.record(for: record.member) === record else { return }  // detached already
+    guard !record.isDetached else { return }  // detached already
     modeTable.removeEverywhere(record)
     switch record.kind {
     case .source(let source):

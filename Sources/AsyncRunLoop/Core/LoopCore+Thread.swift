@@ -55,6 +55,7 @@ extension LoopCore {
   func reacquireHandleAfterSleep() {
     guard heldHandle == nil else { return }
     shared.inboxLock.lock()
+    installStandInIfDropped()
     if !shared.handleDropped, let handle = shared.handle {
       // Alive or, if its last release is racing this line, not yet past its deinit's first step,
       // which waits (`handleLetGo`) until this thread lets go again.
@@ -67,7 +68,18 @@ extension LoopCore {
   /// The run ended because the handle was dropped while this thread held it again: let go now
   /// (the dropping deinit waits for that), and drain with the stand-in.
   private func letGoOfHandleIfDropped() {
-    if shared.inboxLock.withLock({ shared.handleDropped }) { releaseHeldHandle() }
+    let dropped: Bool = shared.inboxLock.withLock {
+      installStandInIfDropped()
+      return shared.handleDropped
+    }
+    if dropped { releaseHeldHandle() }
+  }
+
+  /// Under `inboxLock`, on the loop thread: points `loop` at the stand-in a dropping deinit on
+  /// another thread left (only this thread writes `shared.handle`, so its unlocked reads of `loop`
+  /// never race that deinit).
+  private func installStandInIfDropped() {
+    if shared.handleDropped, let standIn { shared.handle = standIn }
   }
 
   private func releaseHeldHandle() {
@@ -101,8 +113,10 @@ extension LoopCore {
     let onLoopThread = shared.isOnLoopThread
     let (wake, waitFor): (LoopInbox.WakeAction, BlockingGate?) = shared.inboxLock.withLock {
       shared.handleDropped = true
-      shared.handle = standIn
-      self.standIn = standIn  // written under the lock the loop thread reads `handle` under
+      // Under the lock the loop thread takes before it installs the stand-in (on this very
+      // thread, the loop thread itself, at once).
+      self.standIn = standIn
+      if onLoopThread { shared.handle = standIn }
       var gate: BlockingGate?
       if shared.threadHoldsHandle && !onLoopThread {
         // The thread took the handle again in the instant of its last release: it lets go at the

@@ -207,6 +207,15 @@ final class LoopCore {
     }
   }
 
+  /// Runs `job` as one of the loop's jobs (a job the loop runs outside `runCollectedJobs`, such
+  /// as a sleeper's timer resuming it): a run nested in it runs no other job.
+  @inline(__always)
+  func runAsJob(_ job: () -> Void) {
+    jobDepth += 1
+    defer { jobDepth -= 1 }
+    job()
+  }
+
   /// One work point of a pass: registration changes (when asked), then blocks for `mode`, then
   /// jobs.
   @inline(__always)

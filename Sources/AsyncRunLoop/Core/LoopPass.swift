@@ -307,13 +307,14 @@ extension LoopCore {
     record.isFiring = true
     timer.fire(on: shared)
     record.isFiring = false
-    guard record.generation == generation, modeTable.record(for: timer) === record else {
+    guard record.generation == generation, !record.isDetached else {
       return  // the callout moved or removed it: its entries follow that already
     }
     if timer.advanceAfterFire(firedAt: fireDate, now: LoopClock.monotonicNanoseconds()) {
       pushTimerEntries(record)
     } else {
-      timer.invalidate()  // one-shot: done
+      timer.invalidateAfterFire()  // one-shot: done
+      detach(record)
     }
   }
 

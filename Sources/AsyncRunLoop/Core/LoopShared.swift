@@ -16,6 +16,9 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   // in init, and `handle` again only by the dropping handle's deinit under `inboxLock` while the
   // loop thread holds no reference to it (asleep, see `LoopCore.releaseHandleForSleep`), or by the
   // loop thread itself; the loop thread reads it after `reacquireHandleAfterSleep` took the lock.
+  // `handle` is written in init and afterwards only by the loop thread (installing a dropped
+  // handle's stand-in, under `inboxLock`), so the loop thread reads it without the lock; other
+  // threads read it only through the thread-local slot of that thread (`currentIfExists`).
   // `core` is only dereferenced on the loop thread (checked with `isOnLoopThread`), while the
   // loop thread keeps the core alive.
 

@@ -14,7 +14,7 @@ final class ModeContents {
   /// How many custom sources the mode holds.
   @exclusivity(unchecked) var sourceCount = 0
   /// Readiness sources' records, by member identity.
-  @exclusivity(unchecked) var descriptors: [ObjectIdentifier: MemberRecord] = [:]
+  @exclusivity(unchecked) var descriptors: [MemberKey: MemberRecord] = [:]
   /// Observers' records in `order` (stable: equal orders keep insertion order); nil slots are
   /// removed observers waiting for compaction.
   @exclusivity(unchecked) var observers: [MemberRecord?] = []
@@ -90,38 +90,57 @@ final class ModeContents {
 }
 
 /// A loop's modes, the common-modes set and the records of its members. Loop thread only (owned by
-/// one `LoopCore`).
+/// one `LoopCore`). No dynamic exclusivity checks (see `ModeContents`): confined to the loop
+/// thread, and no access spans a callout.
 final class ModeTable {
-  private(set) var contentsByMode: [RunLoopMode: ModeContents] = [:]
+  @exclusivity(unchecked) private(set) var contentsByMode: [RunLoopMode: ModeContents] = [:]
   /// The modes in the common set; `.default` is always one of them.
-  private(set) var commonModes: Set<RunLoopMode> = [.default]
+  @exclusivity(unchecked) private(set) var commonModes: Set<RunLoopMode> = [.default]
   /// Every member on this loop, by identity.
-  private(set) var records: [ObjectIdentifier: MemberRecord] = [:]
+  @exclusivity(unchecked) private(set) var records: [MemberKey: MemberRecord] = [:]
   /// Members added to `.common`, keyed by identity, with the order they were added in, so that a
   /// mode joining the common set later receives them too (in that order).
-  private var commonMembers: [ObjectIdentifier: (order: UInt64, record: MemberRecord)] = [:]
-  private var commonOrder: UInt64 = 0
+  @exclusivity(unchecked) private var commonMembers: [MemberKey: (order: UInt64, record: MemberRecord)] = [:]
+  @exclusivity(unchecked) private var commonOrder: UInt64 = 0
+
+  /// The mode last looked up: adds and runs nearly always name the same mode, and hashing a mode's
+  /// name was a visible part of every add.
+  @exclusivity(unchecked) private var lastContents: ModeContents?
 
   /// The contents of `mode`, created on first use. `mode` must not be `.common`.
   func contents(for mode: RunLoopMode) -> ModeContents {
+    if let last = lastContents, last.mode == mode { return last }
     precondition(mode != .common, "AsyncRunLoop: .common is a set of modes and cannot be run")
-    if let existing = contentsByMode[mode] { return existing }
-    let created = ModeContents(mode: mode)
-    contentsByMode[mode] = created
-    return created
+    let contents: ModeContents
+    if let existing = contentsByMode[mode] {
+      contents = existing
+    } else {
+      contents = ModeContents(mode: mode)
+      contentsByMode[mode] = contents
+    }
+    lastContents = contents
+    return contents
   }
 
   func existingContents(for mode: RunLoopMode) -> ModeContents? { contentsByMode[mode] }
 
   /// The record of a member on this loop, if it is here.
   @inline(__always)
-  func record(for member: AnyObject) -> MemberRecord? { records[ObjectIdentifier(member)] }
+  func record(for member: AnyObject) -> MemberRecord? { records[MemberKey(member)] }
+
+  /// Removes `member`'s record from the registry (one lookup) and returns it; `removeEverywhere`
+  /// then takes it out of its modes.
+  func takeRecord(for member: AnyObject) -> MemberRecord? {
+    let record = records.removeValue(forKey: MemberKey(member))
+    record?.isTaken = true
+    return record
+  }
 
   /// The record of `member`, created (not yet in any mode) if it is not here. `created` tells.
   func recordCreatingIfNeeded(_ member: AnyObject, _ kind: @autoclosure () -> MemberRecord.Kind)
     -> (record: MemberRecord, created: Bool)
   {
-    let key = ObjectIdentifier(member)
+    let key = MemberKey(member)
     if let existing = records[key] { return (existing, false) }
     let record = MemberRecord(kind: kind())
     records[key] = record
@@ -166,7 +185,8 @@ final class ModeTable {
   func removeEverywhere(_ record: MemberRecord) {
     if !commonMembers.isEmpty { commonMembers[record.key] = nil }
     while let last = record.modes.last { extract(record, from: last.contents) }
-    records[record.key] = nil
+    if !record.isTaken { records[record.key] = nil }
+    record.isDetached = true
   }
 
   /// Drops a record that is in no mode (left its last one) from the registry.
@@ -174,6 +194,7 @@ final class ModeTable {
     precondition(record.modes.isEmpty, "AsyncRunLoop: forgetting a member that is still in a mode")
     commonMembers[record.key] = nil
     records[record.key] = nil
+    record.isDetached = true
   }
 
   /// Adds `mode` to the common set; every member already in `.common` joins it.

@@ -110,7 +110,7 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
   func joined(_ loop: RunLoopThread) -> (
     schedule: (@Sendable (InputSource, RunLoopThread, RunLoopMode) -> Void)?, signalled: Bool
   ) {
-    lock.withLock { (state.routines?.schedule, state.isSignalled) }
+    lock.withLock { state.joined() }
   }
 
   /// The source left `loop`: returns the close routine (when it was invalidated) and the cancel
@@ -161,23 +161,39 @@ struct SignalState {
     return true
   }
 
-  /// The source was invalidated. A source on a loop keeps its routines until the loop detaches it
-  /// (the cancel routine is owed); one on no loop releases them now (no cancel is owed).
-  mutating func invalidate(keepingRoutines: Bool) {
-    isSignalled = false
-    if !keepingRoutines { routines = nil }
+  /// How many loops hold the source now (joined and not yet left): a source moving between loops
+  /// is briefly on two. Each of them owes it one cancel; the routines go with the last.
+  private(set) var attachments = 0
+
+  /// A loop scheduled the source: its schedule routine, and whether it is signalled already.
+  mutating func joined() -> (schedule: (@Sendable (InputSource, RunLoopThread, RunLoopMode) -> Void)?, signalled: Bool)
+  {
+    attachments += 1
+    return (routines?.schedule, isSignalled)
   }
 
-  /// The source left its loop: returns the cancel routine to call, and releases the routines when
-  /// the source is invalid. A valid source keeps its signal for the loop it joins next.
+  /// The source was invalidated. A source that a loop holds or will hold (`toldLoop`) keeps its
+  /// routines until the last such loop detaches it (each owes a cancel); otherwise they go now.
+  mutating func invalidate(keepingRoutines toldLoop: Bool) {
+    isSignalled = false
+    if !toldLoop && attachments == 0 { routines = nil }
+  }
+
+  /// The source left a loop: that loop's cancel routine; and, when the source is invalid and this
+  /// was the last loop holding it, the close routine (first) and the release of every routine. A
+  /// valid source keeps its signal for the loop it joins next.
   mutating func left(isValid: Bool) -> LeaveRoutines {
-    let leave = LeaveRoutines(close: isValid ? nil : routines?.close, cancel: routines?.cancel)
-    if !isValid { routines = nil }  // release whatever the routines captured
+    attachments -= 1
+    let last = !isValid && attachments == 0
+    let leave = LeaveRoutines(close: last ? routines?.close : nil, cancel: routines?.cancel)
+    if last { routines = nil }  // release whatever the routines captured
     return leave
   }
 
-  /// Hands out the routines (for release outside the lock).
+  /// Hands out the routines of an invalid source that no loop holds any more (for release, and
+  /// the close routine, outside the lock); nil while a loop still holds it.
   mutating func release() -> Routines? {
+    guard attachments == 0 else { return nil }
     defer { routines = nil }
     return routines
   }

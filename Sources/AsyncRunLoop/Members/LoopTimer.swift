@@ -51,6 +51,9 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   private var fireDateNs: Int64
   /// The loop whose thread runs a callout of this timer now (set and cleared by that thread).
   private var firingLoop: LoopShared?
+  /// Bumped by every `setFireDate`; `versionAtFire` is its value when the running callout began.
+  private var fireDateVersion: UInt64 = 0
+  private var versionAtFire: UInt64 = 0
   /// Threads in `invalidateAndWait` waiting for the running callout to end.
   private var firingWaiters: [BlockingGate] = []
   /// Internal: called once when the timer is invalidated before a one-shot fire completed it
@@ -150,6 +153,7 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   public func setFireDate(_ date: LoopClock.Instant) {
     let loop = lock.withLock {
       fireDateNs = date.nanoseconds
+      fireDateVersion &+= 1
       return binding.loop
     }
     loop?.rescheduleTimer(self)
@@ -159,18 +163,36 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   /// thread; idempotent; never blocks. No callout starts after it returns; a callout that had
   /// already started on the loop thread may still be running (see `invalidateAndWait()`).
   public func invalidate() {
-    let (loop, released, invalidated): (LoopShared?, Any?, (@Sendable () -> Void)?) = lock.withLock {
-      let (loop, first) = binding.invalidate()
-      guard first else { return (nil, nil, nil) }
-      defer {
-        handler = nil
-        onInvalidate = nil
-      }
-      return (loop, handler, onInvalidate)
+    finishInvalidation(lock.withLock { invalidateLocked() }, detaching: true)
+  }
+
+  /// What an invalidation hands out of the lock: the loop to tell, and the closures to release
+  /// (and call) outside it.
+  private typealias Invalidation = (loop: LoopShared?, released: Any?, onInvalidate: (@Sendable () -> Void)?)
+
+  /// Under `lock`: marks the timer invalid (no callout starts after this) and takes its closures.
+  private func invalidateLocked() -> Invalidation {
+    let (loop, first) = binding.invalidate()
+    guard first else { return (nil, nil, nil) }
+    defer {
+      handler = nil
+      onInvalidate = nil
     }
-    withExtendedLifetime(released) {}  // whatever the handler captured is freed outside the lock
-    invalidated?()
-    loop?.detachInvalidated(self)
+    return (loop, handler, onInvalidate)
+  }
+
+  /// After the lock: releases the closures, tells the internal observer, and has the loop detach
+  /// the timer (unless the loop, holding its record, does that itself).
+  private func finishInvalidation(_ invalidation: Invalidation, detaching: Bool) {
+    withExtendedLifetime(invalidation.released) {}  // what the handler captured is freed outside the lock
+    invalidation.onInvalidate?()
+    if detaching { invalidation.loop?.detachInvalidated(self) }
+  }
+
+  /// Loop thread, after a one-shot fire: invalidates the timer without a round trip through the
+  /// inbox (the loop detaches the record it holds).
+  func invalidateAfterFire() {
+    finishInvalidation(lock.withLock { invalidateLocked() }, detaching: false)
   }
 
   /// Invalidates the timer and, when one of its callouts is running on its loop's thread, waits
@@ -182,14 +204,16 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   ///   a loop thread whose callout the timer's callout is itself waiting for, directly or through
   ///   other loops (two loops' timers invalidating each other with this call).
   public func invalidateAndWait() throws(RunLoopError) {
-    let (target, gate): (LoopShared?, BlockingGate?) = lock.withLock {
-      guard let loop = firingLoop else { return (nil, nil) }
-      if loop.isOnLoopThread { return (loop, nil) }  // its callout is on this very stack
+    // One critical section: a callout either started before it (and is waited for) or never does.
+    let (invalidation, target, gate): (Invalidation, LoopShared?, BlockingGate?) = lock.withLock {
+      let invalidation = invalidateLocked()
+      guard let loop = firingLoop else { return (invalidation, nil, nil) }
+      if loop.isOnLoopThread { return (invalidation, loop, nil) }  // its callout is on this very stack
       let gate = BlockingGate()
       firingWaiters.append(gate)
-      return (loop, gate)
+      return (invalidation, loop, gate)
     }
-    invalidate()
+    finishInvalidation(invalidation, detaching: true)
     guard let target else { return }  // no callout running: nothing to wait for
     guard let gate else {
       throw RunLoopError.wouldDeadlock(
@@ -228,6 +252,7 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
       return
     }
     firingLoop = loop
+    versionAtFire = fireDateVersion
     lock.unlock()
     current(self)
     lock.lock()
@@ -240,10 +265,15 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
 
   /// After a fire: moves a repeating timer to its next date on its grid. Loop thread.
   /// - Returns: false for a one-shot timer (the loop invalidates it).
+  ///
+  /// A fire date set during the callout (`setFireDate` from any thread) wins over the grid: the
+  /// timer keeps it, as in CF.
   func advanceAfterFire(firedAt fireDate: Int64, now: Int64) -> Bool {
     guard let interval = intervalNanoseconds else { return false }
     let next = Self.nextFireDate(after: fireDate, interval: interval, now: now)
-    lock.withLock { fireDateNs = next }
+    lock.withLock {
+      if fireDateVersion == versionAtFire { fireDateNs = next }  // not moved during the callout
+    }
     return true
   }
 
