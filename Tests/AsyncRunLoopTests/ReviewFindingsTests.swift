@@ -47,7 +47,7 @@ struct ReviewFindingsTests {
     defer { loop.shutdownAndWait() }
     let violations = AtomicCounter()
     let rounds = try await withWatchdogOnThread(timeout: .seconds(60)) {
-      repeatRounds(200_000, budget: .seconds(8)) { round in
+      repeatRounds(200_000, budget: .seconds(2)) { round in
         let returned = AtomicCounter()
         let fired = AtomicCounter()
         let timer = LoopTimer(fireAt: .now, repeatingEvery: .zero) { _ in

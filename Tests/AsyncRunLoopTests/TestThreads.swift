@@ -147,10 +147,15 @@ final class AtomicCounter: Sendable {
   var current: Int { value.load(ordering: .sequentiallyConsistent) }
 }
 
-/// Runs stress rounds: `rounds` of them, but stops early after `budget` (a bound on the test's
-/// length on a loaded machine, never asserted on). Returns how many ran.
+/// Runs stress rounds: `rounds` of them, but stops early after `budget` (times `stressFactor`: a
+/// bound on the test's length on a loaded machine, never asserted on). Returns how many ran.
+///
+/// Keep budgets short: these rounds keep both cores of the test machine busy, and every other
+/// test's watchdog runs on the same two cores (a raw-thread watchdog is not delayed by a busy pool).
 @discardableResult
-func repeatRounds(_ rounds: Int, budget: Duration = .seconds(4), _ round: (Int) throws -> Void) rethrows -> Int {
+func repeatRounds(_ rounds: Int, budget: Duration = .milliseconds(1500), _ round: (Int) throws -> Void) rethrows
+  -> Int
+{
   let deadline = ContinuousClock.now.advanced(by: budget * stressFactor)
   var done = 0
   while done < rounds {
