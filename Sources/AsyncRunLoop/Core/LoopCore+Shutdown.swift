@@ -19,17 +19,19 @@ extension LoopCore {
       runOneDrainRound()
       round += 1
       let force = round >= Self.shutdownDrainRounds
-      let finished: Bool = shared.inboxLock.withLock {
+      let (finished, handedOver): (Bool, Bool) = shared.inboxLock.withLock {
         switch shared.inbox.terminate(force: force) {
         case .keepDraining:
-          return false
+          return (false, false)
         case .terminated(let leftovers):
-          // Under the lock: a job enqueued after this goes to the fallback behind these.
+          // Under the lock (a non-blocking enqueue): a job enqueued after this goes to the
+          // fallback behind these. The warning is printed after the lock is released.
           let local = localJobs[localJobIndex...]
-          for job in local + leftovers { FallbackExecution.run(job.job, role: job.role, for: loop) }
-          return true
+          for job in local + leftovers { FallbackExecution.dispatch(job.job, role: job.role, for: loop) }
+          return (true, !local.isEmpty || !leftovers.isEmpty)
         }
       }
+      if handedOver { FallbackExecution.warnOnce(for: loop) }
       if finished { break }
     }
     localJobs.removeAll()

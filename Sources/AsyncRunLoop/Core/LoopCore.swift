@@ -128,21 +128,34 @@ final class LoopCore {
   /// Collects the inbox and applies the registration changes other threads sent, in the order
   /// they were sent, before any block or job collected with them runs. A change that runs the loop
   /// nested (a schedule routine, say) has the nested run continue this same queue.
-  func applyControls(afterWake: Bool = false) {
+  ///
+  /// `bounded` (the pass's own calls) applies at most `controlsPerPass`: a burst of 100k removals
+  /// from another thread is spread over passes (each one ends quickly, so timers and descriptors
+  /// keep their turn) instead of one pass that takes 100 ms. While changes wait, the pass runs no
+  /// block or job (they may have been sent after those changes) and does not sleep.
+  func applyControls(afterWake: Bool = false, bounded: Bool = false) {
     collectInbox(afterWake: afterWake)
     guard controlIndex < controls.count else { return }
+    let limit = bounded ? controlIndex + Self.controlsPerPass : Int.max
     controlDepth += 1
-    while controlIndex < controls.count {
+    while controlIndex < controls.count && controlIndex < limit {
       let change = controls[controlIndex]
       controlIndex += 1
       change()
     }
     controlDepth -= 1
-    if controlDepth == 0 {
+    if controlDepth == 0 && controlIndex == controls.count {
       controls.removeAll(keepingCapacity: true)
       controlIndex = 0
     }
   }
+
+  /// Registration changes collected and not applied yet (a bounded pass left them).
+  @inline(__always)
+  var hasWaitingControls: Bool { controlIndex < controls.count }
+
+  /// The most registration changes one bounded `applyControls` applies.
+  static let controlsPerPass = 512
 
   // MARK: Work points
 
@@ -220,7 +233,8 @@ final class LoopCore {
   /// jobs.
   @inline(__always)
   func runWork(in mode: RunLoopMode, applyingControls: Bool) {
-    if applyingControls { applyControls() }
+    if applyingControls { applyControls(bounded: true) }
+    guard !hasWaitingControls else { return }  // blocks and jobs wait behind the changes
     runCollectedPerforms(in: mode)
     runCollectedJobs()
   }

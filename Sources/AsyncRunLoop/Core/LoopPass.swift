@@ -22,7 +22,7 @@ extension LoopCore {
     mode: RunLoopMode, deadline: Int64, returnAfterSourceHandled: Bool, keepsAlive: Bool,
     shouldEnd: (@Sendable () -> Bool)? = nil
   ) -> RunLoopRunResult {
-    applyControls()
+    applyControls(bounded: true)
     let contents = modeTable.contents(for: mode)
     var run = RunContext(
       contents: contents, deadline: deadline, returnAfterSourceHandled: returnAfterSourceHandled,
@@ -62,7 +62,7 @@ extension LoopCore {
   /// in another mode may have silenced them), then observers are told beforeTimers.
   @inline(__always)
   private func beginPass(_ run: RunContext) {
-    applyControls()
+    applyControls(bounded: true)
     armDescriptors(for: run.contents)
     notifyObservers(run.contents, .beforeTimers)
   }
@@ -87,7 +87,7 @@ extension LoopCore {
   /// run that was asked to end.
   private func mustNotSleep(_ run: RunContext) -> Bool {
     run.deadline != Int64.max && run.deadline <= LoopClock.monotonicNanoseconds()
-      || hasRunnableJobs || isFinished(run) || hasDeferredSource(in: run.contents)
+      || hasWaitingControls || hasRunnableJobs || isFinished(run) || hasDeferredSource(in: run.contents)
       || !spareSignalled.isEmpty || hasRunnablePerform(in: run.contents.mode)
       || (run.shouldEnd?() ?? false)
   }
@@ -102,7 +102,9 @@ extension LoopCore {
   /// SPEC §1: nothing to watch in the mode, and no jobs (that may run here) or blocks for this mode
   /// waiting (CF counts pending blocks too). A loop that serves as an executor never finishes.
   private func isFinished(_ run: RunContext) -> Bool {
-    guard run.contents.hasNothingToWatch, !run.keepsAlive, !hasRunnableJobs else { return false }
+    guard run.contents.hasNothingToWatch, !run.keepsAlive, !hasRunnableJobs, !hasWaitingControls else {
+      return false
+    }
     // Only blocks that can run in this mode keep it alive (as in CF): one waiting for another
     // mode would otherwise keep an empty run asleep with nothing to wake it.
     let mode = run.contents.mode
@@ -236,7 +238,7 @@ extension LoopCore {
         fired = handleReadiness(token: token, events: events, contents: run.contents) || fired
       }
     }
-    applyControls(afterWake: true)  // awake again; this pass is the one a wake-up asked for
+    applyControls(afterWake: true, bounded: true)  // awake again; this pass is the one a wake-up asked for
     if announcesSleep { notifyObservers(run.contents, .afterWaiting) }  // 8
     return fired
   }
@@ -352,7 +354,12 @@ extension LoopCore {
   func setArmed(_ record: MemberRecord, _ armed: Bool) {
     guard record.token != 0, record.isArmed != armed, case .descriptor(let source) = record.kind else { return }
     guard armed else {
-      poller.deregister(descriptor: source.descriptor)  // already gone (closed) is fine
+      // Only while the number is still this registration's: if the descriptor was closed and
+      // the number reused, epoll dropped this one already, and the number's set entry belongs
+      // to the newer registration.
+      if tokenByDescriptor[source.descriptor] == record.token {
+        poller.deregister(descriptor: source.descriptor)  // already gone (closed) is fine
+      }
       record.isArmed = false
       return
     }

@@ -95,10 +95,21 @@ enum FallbackExecution {
   }
 
   static func run(_ job: UnownedJob, role: JobRole, for loop: RunLoopThread) {
+    warnOnce(for: loop)
+    dispatch(job, role: role, for: loop)
+  }
+
+  /// Prints, once per loop, that its late jobs run here. Not under any lock of the loop (I/O).
+  static func warnOnce(for loop: RunLoopThread) {
     let firstWarning = state.withLock { $0.warned.insert(ObjectIdentifier(loop)).inserted }
     if firstWarning {
       print("AsyncRunLoop: loop '\(loop.name)' has shut down; its late jobs run on a fallback queue")
     }
+  }
+
+  /// Queues `job` on the fallback queue (a non-blocking enqueue: the terminating loop calls it
+  /// under its inbox lock, so that jobs enqueued later queue behind its leftovers).
+  static func dispatch(_ job: UnownedJob, role: JobRole, for loop: RunLoopThread) {
     let serial = loop.asUnownedSerialExecutor()
     let task = loop.asUnownedTaskExecutor()
     let identifier = ObjectIdentifier(loop)
