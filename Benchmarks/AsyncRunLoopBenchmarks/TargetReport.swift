@@ -159,7 +159,7 @@ enum TargetReport {
     }
     + ChurnSide.allCases.map { side in
       Target(
-        label: "churn timer mass-removal \(side.rawValue): longest awake ns", bound: .atMost(1_000_000),
+        label: "churn timer mass-removal \(side.rawValue): longest pass ns", bound: .atMost(1_000_000),
         measure: { churnFigures($0, prefix: "timer mass-removal \(side.rawValue) ").last?.figure.value })
     }
 

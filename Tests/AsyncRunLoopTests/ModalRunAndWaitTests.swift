@@ -170,3 +170,30 @@ struct ModalRunAndWaitTests {
     }
   }
 }
+
+/// A burst of registration changes from another thread is applied over several passes (at most
+/// `LoopCore.controlsPerPass` each), and a block sent after the burst still runs after all of it.
+@Suite("Registration bursts: spread over passes, still in order")
+struct RegistrationBurstTests {
+  @Test func aBlockSentAfterABurstOfAddsRunsAfterEveryOneOfThem() async throws {
+    let loop = try RunLoopThread(name: "burst")
+    defer { loop.shutdownAndWait() }
+    let count = 8 * LoopCore.controlsPerPass + 17
+    let scheduled = AtomicCounter()
+    let passes = AtomicCounter()
+    let observer = LoopObserver(activities: .beforeTimers) { _, _ in _ = passes.increment() }
+    loop.add(observer, to: .common)
+    defer { observer.invalidate() }
+    _ = try loop.performAndWait { 0 }
+    let passesBefore = passes.current
+    let sources = (0..<count).map { _ in InputSource(schedule: { _, _, _ in _ = scheduled.increment() }) { _ in } }
+    let seen = try await withWatchdogOnThread(timeout: .seconds(30), "the burst") { () throws -> Int in
+      for source in sources { loop.add(source) }
+      return try loop.performAndWait { scheduled.current }
+    }
+    #expect(seen == count)
+    // Spread: more than one pass applied them (each applies at most controlsPerPass).
+    #expect(passes.current - passesBefore >= 2)
+    for source in sources { source.invalidate() }
+  }
+}

@@ -93,8 +93,13 @@ final class LoopCore {
   /// changes, blocks, a new batch of jobs (when the current one is used up and no job runs) and
   /// signalled sources. `afterWake` also records that the loop is awake (producers need not wake
   /// it) and that the pass a `wakeUp()` asked for is happening.
+  ///
+  /// While registration changes taken earlier still wait (a bounded pass left them), it takes no
+  /// changes, blocks or jobs: what is still in the inbox was sent after them, and the changes it
+  /// holds stay in one array (taking a new batch is a swap, not a copy of 100k closures).
   func collectInbox(afterWake: Bool = false) {
-    let needJobs = jobDepth == 0 && localJobIndex >= localJobs.count
+    let takesWork = !hasWaitingControls
+    let needJobs = takesWork && jobDepth == 0 && localJobIndex >= localJobs.count
     if needJobs && !localJobs.isEmpty {
       localJobs.removeAll(keepingCapacity: true)
       localJobIndex = 0
@@ -104,7 +109,7 @@ final class LoopCore {
       shared.inbox.didWake()
       shared.inbox.wakeRequested = false
     }
-    if !shared.inbox.controls.isEmpty {
+    if takesWork && !shared.inbox.controls.isEmpty {
       if controls.isEmpty {
         swap(&shared.inbox.controls, &controls)
       } else {
@@ -112,7 +117,7 @@ final class LoopCore {
         shared.inbox.controls.removeAll(keepingCapacity: true)
       }
     }
-    if !shared.inbox.performs.isEmpty {
+    if takesWork && !shared.inbox.performs.isEmpty {
       for request in shared.inbox.performs { performs.append(request) }
       livePerformCount += shared.inbox.performs.count
       shared.inbox.performs.removeAll(keepingCapacity: true)
@@ -136,11 +141,23 @@ final class LoopCore {
   func applyControls(afterWake: Bool = false, bounded: Bool = false) {
     collectInbox(afterWake: afterWake)
     guard controlIndex < controls.count else { return }
-    let limit = bounded ? controlIndex + Self.controlsPerPass : Int.max
+    var budget = bounded ? Self.controlsPerPass : Int.max
     controlDepth += 1
-    while controlIndex < controls.count && controlIndex < limit {
+    while budget > 0 {
+      if controlIndex == controls.count {
+        // Batch done. Unbounded (and outermost): take what arrived meanwhile and go on.
+        guard !bounded, controlDepth == 1 else { break }
+        controls.removeAll(keepingCapacity: true)
+        controlIndex = 0
+        collectInbox()
+        if controls.isEmpty { break }
+      }
       let change = controls[controlIndex]
+      // Release what the change captured as it is applied, not all at once when the queue
+      // empties (100k removals' closures freed together made one pass take 10 ms).
+      controls[controlIndex] = Self.appliedChange
       controlIndex += 1
+      budget -= 1
       change()
     }
     controlDepth -= 1
@@ -154,8 +171,11 @@ final class LoopCore {
   @inline(__always)
   var hasWaitingControls: Bool { controlIndex < controls.count }
 
+  /// What an applied change's slot holds until the queue empties.
+  private static let appliedChange: @Sendable () -> Void = {}
+
   /// The most registration changes one bounded `applyControls` applies.
-  static let controlsPerPass = 512
+  static let controlsPerPass = 256
 
   // MARK: Work points
 
