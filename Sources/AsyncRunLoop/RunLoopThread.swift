@@ -304,9 +304,7 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
     precondition(!modes.isEmpty, Self.emptyModesMessage("performAndWait(inModes:)", loop: name))
     if isOnLoopThread { return try block() }
     if isShutDown { throw RunLoopError.shutDown(loop: name) }
-    if isMainLoop && !RunLoopThread.isMainLoopRunning {
-      throw RunLoopError.wouldDeadlock("performAndWait on the main loop, which the main thread is not running")
-    }
+    if isMainLoop { return try performAndWaitOnMain(inModes: modes, block) }
     let box = ResultBox<T>()
     let gate = BlockingGate()
     let accepted = perform(inModes: modes) {
@@ -316,6 +314,28 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
     guard accepted else { throw RunLoopError.shutDown(loop: name) }
     gate.wait()
     guard let result = box.take() else { throw RunLoopError.shutDown(loop: name) }
+    return try result.get()
+  }
+
+  /// `performAndWait` on the main loop from another thread: the caller registers as a waiter the
+  /// main loop releases when it stops running (`runMainLoop()` returns, its last run ends) before
+  /// the block started, so the call throws instead of hanging; the block is then skipped.
+  private func performAndWaitOnMain<T: Sendable>(
+    inModes modes: [RunLoopMode], _ block: @escaping @Sendable () throws -> T
+  ) throws -> T {
+    let notRunning = RunLoopError.wouldDeadlock("performAndWait on the main loop, which the main thread is not running")
+    let waiter = MainCallWaiter<T>()
+    guard let ticket = MainLoopControl.register(waiter) else { throw notRunning }
+    defer { MainLoopControl.unregister(ticket) }
+    let accepted = perform(inModes: modes) {
+      guard waiter.begin() else { return }  // abandoned: the caller was told it did not run
+      waiter.finish(Result { try block() })
+    }
+    guard accepted else { throw RunLoopError.shutDown(loop: name) }
+    guard let result = waiter.wait() else {
+      throw RunLoopError.wouldDeadlock(
+        "performAndWait: the main loop stopped running before the block ran; it will not run")
+    }
     return try result.get()
   }
 

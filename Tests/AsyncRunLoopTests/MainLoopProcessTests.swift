@@ -38,6 +38,10 @@ struct MainLoopProcessTests {
     try expectScenarioPasses("nested-stop")
   }
 
+  @Test func performAndWaitOnTheMainLoopThrowsInsteadOfHangingWhenTheLoopStops() throws {
+    try expectScenarioPasses("perform-and-wait-stopped")
+  }
+
   @Test func shutdownEndsRunMainLoopAfterDrainingTheLoop() throws {
     try expectScenarioPasses("shutdown")
   }

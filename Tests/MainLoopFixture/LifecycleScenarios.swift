@@ -205,3 +205,35 @@ func rawRunScenario() {
   check(!RunLoopThread.isMainLoopRunning, "running after the raw run returned")
   say("raw runs served: \(served.current)")
 }
+
+/// `RunLoopThread.main.performAndWait` from another thread, for a block the main loop has not
+/// run when it stops (here: in a mode it never runs): the caller is released with an error
+/// instead of hanging, and the block never runs.
+func performAndWaitStoppedScenario() {
+  let bodyRan = Locked(false)
+  let outcome = Locked<String?>(nil)
+  let caller = PlainThread {
+    waitUntil("the main loop to run") { RunLoopThread.isMainLoopRunning }
+    do {
+      try RunLoopThread.main.performAndWait(inModes: ["never-run"]) { bodyRan.withLock { $0 = true } }
+      outcome.withLock { $0 = "ran" }
+    } catch RunLoopError.wouldDeadlock(let message) {
+      outcome.withLock { $0 = message }
+    } catch {
+      outcome.withLock { $0 = "unexpected error \(error)" }
+    }
+  }
+  let stopper = PlainThread {
+    waitUntil("the main loop to run") { RunLoopThread.isMainLoopRunning }
+    usleep(100_000)  // the caller is waiting by now (if not, it is refused at once: same outcome)
+    stopMainLoop()
+  }
+  runMainLoop()
+  caller.join()
+  stopper.join()
+  check(!bodyRan.current, "the block ran although the main loop had stopped")
+  check(
+    outcome.current?.contains("main loop") == true,
+    "performAndWait was not refused: \(String(describing: outcome.current))")
+  say("released with: \(outcome.current!)")
+}

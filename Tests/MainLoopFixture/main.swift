@@ -17,6 +17,7 @@ case "nested-stop": nestedStopScenario()
 case "nested-run-main-loop": nestedRunMainLoopScenario()
 case "shutdown": shutdownScenario()
 case "raw-run": rawRunScenario()
+case "perform-and-wait-stopped": performAndWaitStoppedScenario()
 default: fail("unknown scenario '\(scenario)'")
 }
 say("\(scenario) ok")
