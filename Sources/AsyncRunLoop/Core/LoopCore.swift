@@ -97,7 +97,11 @@ final class LoopCore {
   /// While registration changes taken earlier still wait (a bounded pass left them), it takes no
   /// changes, blocks or jobs: what is still in the inbox was sent after them, and the changes it
   /// holds stay in one array (taking a new batch is a swap, not a copy of 100k closures).
-  func collectInbox(afterWake: Bool = false) {
+  ///
+  /// `changesAlways` (the unbounded `applyControls` of a call made on the loop thread) takes the
+  /// inbox's changes even then, appended behind the waiting ones: everything sent before that call
+  /// must be applied before it.
+  func collectInbox(afterWake: Bool = false, changesAlways: Bool = false) {
     let takesWork = !hasWaitingControls
     let needJobs = takesWork && jobDepth == 0 && localJobIndex >= localJobs.count
     if needJobs && !localJobs.isEmpty {
@@ -109,7 +113,7 @@ final class LoopCore {
       shared.inbox.didWake()
       shared.inbox.wakeRequested = false
     }
-    if takesWork && !shared.inbox.controls.isEmpty {
+    if (takesWork || changesAlways) && !shared.inbox.controls.isEmpty {
       if controls.isEmpty {
         swap(&shared.inbox.controls, &controls)
       } else {
@@ -139,18 +143,21 @@ final class LoopCore {
   /// keep their turn) instead of one pass that takes 100 ms. While changes wait, the pass runs no
   /// block or job (they may have been sent after those changes) and does not sleep.
   func applyControls(afterWake: Bool = false, bounded: Bool = false) {
-    collectInbox(afterWake: afterWake)
+    collectInbox(afterWake: afterWake, changesAlways: !bounded)
     guard controlIndex < controls.count else { return }
     var budget = bounded ? Self.controlsPerPass : Int.max
     controlDepth += 1
     while budget > 0 {
       if controlIndex == controls.count {
-        // Batch done. Unbounded (and outermost): take what arrived meanwhile and go on.
-        guard !bounded, controlDepth == 1 else { break }
-        controls.removeAll(keepingCapacity: true)
-        controlIndex = 0
-        collectInbox()
-        if controls.isEmpty { break }
+        // Queue done. Unbounded, at any depth: take what arrived meanwhile and go on (a call on
+        // the loop thread inside a change must still come after every change sent before it).
+        guard !bounded else { break }
+        if controlDepth == 1 {
+          controls.removeAll(keepingCapacity: true)
+          controlIndex = 0
+        }
+        collectInbox(changesAlways: true)
+        if controlIndex == controls.count { break }
       }
       let change = controls[controlIndex]
       // Release what the change captured as it is applied, not all at once when the queue

@@ -141,10 +141,13 @@ extension LoopCore {
   }
 
   /// Step 4: fires every signalled custom source that is in this mode, lower orders first (equal
-  /// orders in signalling order). Sources signalled while in other modes only wait in
-  /// `deferredSignalled`. Returns whether any fired. Allocates nothing in the steady state.
+  /// orders in signalling order), once no registration change waits. Sources signalled while in
+  /// other modes only wait in `deferredSignalled`. Returns whether any fired. Allocates nothing in the steady state.
   private func fireSignalledSources(_ run: inout RunContext) -> Bool {
     if spareSignalled.isEmpty && deferredSignalled.isEmpty { return false }
+    // Changes sent before a signal still wait (a bounded pass left them): a source must not fire
+    // on a registration that a waiting removal ends. The signals wait too (the loop stays awake).
+    if hasWaitingControls { return false }
     run.readySources.removeAll(keepingCapacity: true)
     if !deferredSignalled.isEmpty {
       spareSignalled.append(contentsOf: deferredSignalled)
