@@ -43,7 +43,7 @@ final class LoopCore {
 
   /// Registration changes taken from the inbox, applied in order from `controlIndex` (a nested
   /// `applyControls` continues the same queue, so later changes never overtake earlier ones).
-  @exclusivity(unchecked) var controls: [() -> Void] = []
+  @exclusivity(unchecked) var controls: [SequencedChange] = []
   @exclusivity(unchecked) var controlIndex = 0
   @exclusivity(unchecked) var controlDepth = 0
 
@@ -94,16 +94,11 @@ final class LoopCore {
   /// signalled sources. `afterWake` also records that the loop is awake (producers need not wake
   /// it) and that the pass a `wakeUp()` asked for is happening.
   ///
-  /// While registration changes taken earlier still wait (a bounded pass left them), it takes no
-  /// changes, blocks or jobs: what is still in the inbox was sent after them, and the changes it
-  /// holds stay in one array (taking a new batch is a swap, not a copy of 100k closures).
-  ///
-  /// `changesAlways` (the unbounded `applyControls` of a call made on the loop thread) takes the
-  /// inbox's changes even then, appended behind the waiting ones: everything sent before that call
-  /// must be applied before it.
-  func collectInbox(afterWake: Bool = false, changesAlways: Bool = false) {
-    let takesWork = !hasWaitingControls
-    let needJobs = takesWork && jobDepth == 0 && localJobIndex >= localJobs.count
+  /// Changes are appended behind those still waiting (each change is moved once); blocks and jobs
+  /// carry their arrival number and wait for the changes that arrived before them
+  /// (`changeBarrier`).
+  func collectInbox(afterWake: Bool = false) {
+    let needJobs = jobDepth == 0 && localJobIndex >= localJobs.count
     if needJobs && !localJobs.isEmpty {
       localJobs.removeAll(keepingCapacity: true)
       localJobIndex = 0
@@ -113,7 +108,7 @@ final class LoopCore {
       shared.inbox.didWake()
       shared.inbox.wakeRequested = false
     }
-    if (takesWork || changesAlways) && !shared.inbox.controls.isEmpty {
+    if !shared.inbox.controls.isEmpty {
       if controls.isEmpty {
         swap(&shared.inbox.controls, &controls)
       } else {
@@ -121,7 +116,7 @@ final class LoopCore {
         shared.inbox.controls.removeAll(keepingCapacity: true)
       }
     }
-    if takesWork && !shared.inbox.performs.isEmpty {
+    if !shared.inbox.performs.isEmpty {
       for request in shared.inbox.performs { performs.append(request) }
       livePerformCount += shared.inbox.performs.count
       shared.inbox.performs.removeAll(keepingCapacity: true)
@@ -143,7 +138,7 @@ final class LoopCore {
   /// keep their turn) instead of one pass that takes 100 ms. While changes wait, the pass runs no
   /// block or job (they may have been sent after those changes) and does not sleep.
   func applyControls(afterWake: Bool = false, bounded: Bool = false) {
-    collectInbox(afterWake: afterWake, changesAlways: !bounded)
+    collectInbox(afterWake: afterWake)
     guard controlIndex < controls.count else { return }
     var budget = bounded ? Self.controlsPerPass : Int.max
     controlDepth += 1
@@ -156,10 +151,10 @@ final class LoopCore {
           controls.removeAll(keepingCapacity: true)
           controlIndex = 0
         }
-        collectInbox(changesAlways: true)
+        collectInbox()
         if controlIndex == controls.count { break }
       }
-      let change = controls[controlIndex]
+      let change = controls[controlIndex].apply
       // Release what the change captured as it is applied, not all at once when the queue
       // empties (100k removals' closures freed together made one pass take 10 ms).
       controls[controlIndex] = Self.appliedChange
@@ -178,8 +173,14 @@ final class LoopCore {
   @inline(__always)
   var hasWaitingControls: Bool { controlIndex < controls.count }
 
+  /// Blocks and jobs that arrived at or after this number wait: the change with this number (and
+  /// later ones) is not applied yet. `UInt64.max` when no change waits.
+  @inline(__always)
+  var changeBarrier: UInt64 { controlIndex < controls.count ? controls[controlIndex].sequence : UInt64.max }
+
   /// What an applied change's slot holds until the queue empties.
-  private static let appliedChange: @Sendable () -> Void = {}
+  private static var appliedChange: SequencedChange { SequencedChange(sequence: 0, apply: noChange) }
+  private static let noChange: @Sendable () -> Void = {}
 
   /// The most registration changes one bounded `applyControls` applies.
   static let controlsPerPass = 256
@@ -194,7 +195,7 @@ final class LoopCore {
     performScanDepth += 1
     var index = 0
     while index < performs.count {
-      if let request = performs[index], request.canRun(in: mode, inCommon: inCommon) {
+      if let request = performs[index], request.sequence < changeBarrier, request.canRun(in: mode, inCommon: inCommon) {
         performs[index] = nil
         livePerformCount -= 1
         request.block()
@@ -214,7 +215,11 @@ final class LoopCore {
   func hasRunnablePerform(in mode: RunLoopMode) -> Bool {
     guard livePerformCount > 0 else { return false }
     let inCommon = modeTable.commonModes.contains(mode)
-    return performs.contains { $0?.canRun(in: mode, inCommon: inCommon) ?? false }
+    let barrier = changeBarrier
+    return performs.contains { request in
+      guard let request else { return false }
+      return request.sequence < barrier && request.canRun(in: mode, inCommon: inCommon)
+    }
   }
 
   /// Whether jobs may run here now: not inside one of the loop's own jobs (SPEC §10).
@@ -223,7 +228,9 @@ final class LoopCore {
 
   /// Whether collected jobs wait to run (and may run now).
   @inline(__always)
-  var hasRunnableJobs: Bool { jobDepth == 0 && localJobIndex < localJobs.count }
+  var hasRunnableJobs: Bool {
+    jobDepth == 0 && localJobIndex < localJobs.count && localJobs[localJobIndex].sequence < changeBarrier
+  }
 
   /// Runs collected executor jobs, oldest first, at most `jobsPerPass` per call, so timers and
   /// sources get their turn (a job that re-enqueues itself lands in the inbox, not in the batch
@@ -238,6 +245,8 @@ final class LoopCore {
     defer { jobDepth = 0 }
     while localJobIndex < end {
       let job = localJobs[localJobIndex]
+      // It arrived after a change that still waits: it (and every later job) waits too.
+      guard job.sequence < changeBarrier else { break }
       localJobIndex += 1
       // Each job runs in the role it was enqueued in, so its awaits do not hop (see `JobRole`).
       switch job.role {
@@ -261,8 +270,7 @@ final class LoopCore {
   @inline(__always)
   func runWork(in mode: RunLoopMode, applyingControls: Bool) {
     if applyingControls { applyControls(bounded: true) }
-    guard !hasWaitingControls else { return }  // blocks and jobs wait behind the changes
-    runCollectedPerforms(in: mode)
+    runCollectedPerforms(in: mode)  // each block and job waits for the changes sent before it
     runCollectedJobs()
   }
 

@@ -4,6 +4,15 @@ struct PerformRequest {
   /// Runs in whatever mode the loop runs (`runModal`'s block).
   var anyMode = false
   let block: @Sendable () -> Void
+  /// The inbox's sequence number when it arrived (see `LoopInbox.sequence`).
+  var sequence: UInt64 = 0
+}
+
+/// A registration change sent to the loop thread, with the inbox's sequence number when it
+/// arrived: a block or job runs only once every change that arrived before it was applied.
+struct SequencedChange {
+  let sequence: UInt64
+  let apply: () -> Void
 }
 
 /// Everything other threads hand to a loop: a pure state machine held under the loop's inbox
@@ -32,7 +41,16 @@ struct LoopInbox {
   /// Sources signalled since the loop last looked.
   var signalled: [InputSource] = []
   /// Registration changes requested from other threads, applied on the loop thread in order.
-  var controls: [() -> Void] = []
+  var controls: [SequencedChange] = []
+  /// Numbers changes, blocks and jobs in the order they arrive (under the inbox lock), so the loop
+  /// can run a block or job as soon as the changes that arrived before it are applied, while
+  /// later changes still wait (a pass applies a bounded number of them).
+  private(set) var sequence: UInt64 = 0
+
+  private mutating func nextSequence() -> UInt64 {
+    sequence &+= 1
+    return sequence
+  }
   /// `stop()` was called and no run has consumed it yet.
   var stopRequested = false
   /// `wakeUp()` was called since the loop last looked.
@@ -75,6 +93,8 @@ struct LoopInbox {
   mutating func enqueue(_ job: LoopJob) -> JobAction {
     switch lifecycle {
     case .active, .shuttingDown:
+      var job = job
+      job.sequence = nextSequence()
       jobs.append(job)  // shutting down: the draining loop still runs it
       return .accepted(requestWake())
     case .terminated:
@@ -87,6 +107,8 @@ struct LoopInbox {
   mutating func perform(_ request: PerformRequest) -> WakeAction? {
     switch lifecycle {
     case .active:
+      var request = request
+      request.sequence = nextSequence()
       performs.append(request)
       return requestWake()
     case .shuttingDown, .terminated:
@@ -98,7 +120,7 @@ struct LoopInbox {
   mutating func control(_ change: @escaping () -> Void) -> WakeAction? {
     switch lifecycle {
     case .active, .shuttingDown:
-      controls.append(change)
+      controls.append(SequencedChange(sequence: nextSequence(), apply: change))
       return requestWake()
     case .terminated:
       return nil

@@ -19,4 +19,6 @@ enum JobRole {
 struct LoopJob {
   let job: UnownedJob
   let role: JobRole
+  /// The inbox's sequence number when it arrived (see `LoopInbox.sequence`).
+  var sequence: UInt64 = 0
 }
