@@ -6,14 +6,17 @@
 /// loop thread. Many signals before the loop gets to it coalesce into one `perform`.
 ///
 /// Routines, all called on the loop's thread:
-/// - `schedule(source, loop, mode)`: once, when the source is first added to a loop (its first
-///   mode there) — the place to tell clients how to reach it.
+/// - `schedule(source, loop, mode)`: once each time the source joins a loop (its first mode there)
+///   — the place to tell clients how to reach it. An add made before an invalidation is still
+///   scheduled (and then cancelled), so schedule and cancel always come in pairs.
 /// - `perform(source)`: each time the loop fires the signalled source.
-/// - `cancel(source, loop)`: exactly once, when the source leaves its loop (removed from its last
-///   mode there, invalidated, or the loop shut down) — clients drop their references here.
+/// - `cancel(source, loop)`: exactly once per `schedule`, when the source leaves that loop
+///   (removed from its last mode there, invalidated, or the loop shut down) — clients drop their
+///   references here.
 ///
-/// A source is scheduled on at most one loop at a time (in any number of its modes). Adding it to
-/// a second loop while it is on one is a programming error and traps with a clear message.
+/// A source is on at most one loop at a time (in any number of its modes). Adding it to a second
+/// loop while it is on one is a programming error and traps with a message naming both loops;
+/// once removed from its last mode it may be added to any loop at once, from any thread.
 public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: proof below
   // Safety: `order` is immutable. `state` (which also holds the routines) and `binding` are only
   // touched with `lock` held.
