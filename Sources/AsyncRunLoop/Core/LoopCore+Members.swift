@@ -121,7 +121,6 @@ extension LoopCore {
         record.token = 0
         record.isArmed = false
       }
-      source.left(loop)
     case .timer:
       record.generation &+= 1  // `removeEverywhere` took its entries out of the heaps
     case .observer:

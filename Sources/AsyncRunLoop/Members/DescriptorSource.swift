@@ -32,9 +32,9 @@ public struct DescriptorEvents: OptionSet, Sendable, Hashable, CustomStringConve
 /// descriptor closed while registered, and its number reused by a new descriptor, never delivers
 /// events to the old registration: each registration is identified by a token, not by the number.
 public final class DescriptorSource: LoopMember, @unchecked Sendable {  // Safety: proof below
-  // Safety: `descriptor`, `interest` and `order` are immutable. `binding`, `handler` and
-  // `onInvalidate` are only touched with `lock` held. The loop-thread side (epoll token, armed)
-  // lives in the loop's `MemberRecord`.
+  // Safety: `descriptor`, `interest` and `order` are immutable. `state` (binding, handler) is only
+  // touched with `lock` held. The loop-thread side (epoll token, armed) lives in the loop's
+  // `MemberRecord`.
 
   static var kindName: String { "DescriptorSource" }
 
@@ -46,11 +46,7 @@ public final class DescriptorSource: LoopMember, @unchecked Sendable {  // Safet
   public let order: Int
 
   private let lock = PthreadLock.make()
-  private var binding = MemberBinding()
-  private var handler: (@Sendable (DescriptorSource, DescriptorEvents) -> Void)?
-  /// Internal: called once, on the invalidating thread after the lock is released, when the
-  /// source is invalidated (async sequences use it to end their consumer).
-  private var onInvalidate: (@Sendable () -> Void)?
+  private var state: CalloutMemberState<@Sendable (DescriptorSource, DescriptorEvents) -> Void>
 
   /// Creates a readiness source.
   /// - Parameters:
@@ -73,37 +69,23 @@ public final class DescriptorSource: LoopMember, @unchecked Sendable {  // Safet
     self.descriptor = descriptor
     self.interest = interest
     self.order = order
-    self.handler = handler
-    self.onInvalidate = onInvalidate
+    self.state = CalloutMemberState(callout: handler, onInvalidate: onInvalidate)
   }
 
   func withBinding<Result>(_ body: (inout MemberBinding) -> Result) -> Result {
     lock.lock()
     defer { lock.unlock() }
-    return body(&binding)
+    return body(&state.binding)
   }
 
   /// Removes the source from every mode of its loop (deregistering the descriptor) and releases
   /// the handler. No handler call starts after this returns. Any thread; idempotent.
   public func invalidate() {
-    let (loop, released, invalidated): (LoopShared?, Any?, (@Sendable () -> Void)?) = lock.withLock {
-      let (loop, first) = binding.invalidate()
-      guard first else { return (nil, nil, nil) }
-      defer {
-        onInvalidate = nil
-        handler = nil
-      }
-      return (loop, handler, onInvalidate)
-    }
-    withExtendedLifetime(released) {}  // whatever the handler captured is freed outside the lock
-    invalidated?()
-    loop?.detachInvalidated(self)
+    lock.withLock { state.invalidate() }.finish(self)
   }
 
-  func releaseAfterInvalidation(onThreadOf loop: RunLoopThread?) {}  // `invalidate()` released the handler already
-
   /// False once `invalidate()` was called. Any thread.
-  public var isValid: Bool { lock.withLock { binding.isValid } }
+  public var isValid: Bool { lock.withLock { state.binding.isValid } }
 
   /// The epoll interest bits for this source, without epoll's mode flags. Registrations are
   /// always level-triggered (the loop silences and re-arms them per mode, and a wait that stops
@@ -116,15 +98,10 @@ public final class DescriptorSource: LoopMember, @unchecked Sendable {  // Safet
     UInt32(EPOLLET.rawValue) | UInt32(EPOLLONESHOT.rawValue) | UInt32(EPOLLEXCLUSIVE.rawValue)
     | UInt32(EPOLLWAKEUP.rawValue)
 
-  /// Loop thread: the source left `loop` (nothing to do: the handler goes with `invalidate()`).
-  func left(_ loop: RunLoopThread) {}
-
   /// Loop thread: delivers events to the handler (not after invalidation, nor once the source
   /// left `loop`).
   func fire(_ events: DescriptorEvents, on loop: LoopShared) {
-    let current: (@Sendable (DescriptorSource, DescriptorEvents) -> Void)? = lock.withLock {
-      binding.loop === loop ? handler : nil
-    }
+    let current = lock.withLock { state.callout(on: loop) }
     current?(self, events)
   }
 }

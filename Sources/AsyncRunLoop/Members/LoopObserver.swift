@@ -34,8 +34,8 @@ public struct LoopActivity: OptionSet, Sendable, Hashable, CustomStringConvertib
 /// A repeating observer is told every pass; a one-shot observer invalidates itself after its
 /// first callout. An observer may invalidate itself (or others) from its own callout.
 public final class LoopObserver: LoopMember, @unchecked Sendable {  // Safety: proof below
-  // Safety: `activities`, `repeats` and `order` are immutable. `binding`, `callout` (nil once
-  // invalid) and `onInvalidate` are only touched with `lock` held. The loop-thread side (the
+  // Safety: `activities`, `repeats` and `order` are immutable. `state` (binding, callout) is only
+  // touched with `lock` held. The loop-thread side (the
   // modes holding it) lives in the loop's `MemberRecord`.
 
   static var kindName: String { "LoopObserver" }
@@ -48,11 +48,7 @@ public final class LoopObserver: LoopMember, @unchecked Sendable {  // Safety: p
   public let order: Int
 
   private let lock = PthreadLock.make()
-  private var binding = MemberBinding()
-  private var callout: (@Sendable (LoopObserver, LoopActivity) -> Void)?
-  /// Internal: called once, on the invalidating thread after the lock is released, when the
-  /// observer is invalidated (async sequences use it to end their consumer).
-  private var onInvalidate: (@Sendable () -> Void)?
+  private var state: CalloutMemberState<@Sendable (LoopObserver, LoopActivity) -> Void>
 
   /// Creates an observer.
   /// - Parameters:
@@ -74,43 +70,29 @@ public final class LoopObserver: LoopMember, @unchecked Sendable {  // Safety: p
     self.activities = activities
     self.repeats = repeats
     self.order = order
-    self.callout = callout
-    self.onInvalidate = onInvalidate
+    self.state = CalloutMemberState(callout: callout, onInvalidate: onInvalidate)
   }
 
   func withBinding<Result>(_ body: (inout MemberBinding) -> Result) -> Result {
     lock.lock()
     defer { lock.unlock() }
-    return body(&binding)
+    return body(&state.binding)
   }
 
   /// Stops the observer: no callout starts after this returns, and the loop drops it from its
   /// modes (at once on the loop thread, on its next pass from other threads). Any thread;
   /// idempotent; never blocks. Releases the callout.
   public func invalidate() {
-    let (loop, released, invalidated): (LoopShared?, Any?, (@Sendable () -> Void)?) = lock.withLock {
-      let (loop, first) = binding.invalidate()
-      guard first else { return (nil, nil, nil) }
-      defer {
-        callout = nil
-        onInvalidate = nil
-      }
-      return (loop, callout, onInvalidate)
-    }
-    withExtendedLifetime(released) {}
-    invalidated?()
-    loop?.detachInvalidated(self)
+    lock.withLock { state.invalidate() }.finish(self)
   }
 
-  func releaseAfterInvalidation(onThreadOf loop: RunLoopThread?) {}  // `invalidate()` released the callout already
-
   /// False once invalidated. Any thread.
-  public var isValid: Bool { lock.withLock { binding.isValid } }
+  public var isValid: Bool { lock.withLock { state.binding.isValid } }
 
   /// Loop thread of `loop`: tells the observer (unless it was invalidated or left `loop`); a
   /// one-shot observer invalidates itself afterwards.
   func notify(_ activity: LoopActivity, on loop: LoopShared) {
-    guard let current = lock.withLock({ binding.loop === loop ? callout : nil }) else { return }
+    guard let current = lock.withLock({ state.callout(on: loop) }) else { return }
     current(self, activity)
     if !repeats { invalidate() }
   }

@@ -34,8 +34,8 @@ public enum LoopTimerError: Error, Equatable, CustomStringConvertible {
 ///   returns. To also wait for a callout that is running at that moment, use
 ///   `invalidateAndWait()`, which refuses (throws) instead of deadlocking.
 public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proof below
-  // Safety: `intervalNanoseconds`, `toleranceNanoseconds` are immutable. `binding`, `handler`,
-  // `fireDateNs`, `onInvalidate`, `firingThread` and `firingWaiters` are only touched with `lock`
+  // Safety: `intervalNanoseconds`, `toleranceNanoseconds` are immutable. `state` (binding,
+  // handler), `fireDateNs`, the fire-date versions, `firingLoop` and `firingWaiters` are only touched with `lock`
   // held. The loop-thread side (heap entries, generation) lives in the loop's `MemberRecord`.
 
   static var kindName: String { "LoopTimer" }
@@ -46,8 +46,7 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   let toleranceNanoseconds: Int64
 
   private let lock = PthreadLock.make()
-  private var binding = MemberBinding()
-  private var handler: (@Sendable (LoopTimer) -> Void)?
+  private var state: CalloutMemberState<@Sendable (LoopTimer) -> Void>
   private var fireDateNs: Int64
   /// The loop whose thread runs a callout of this timer now (set and cleared by that thread).
   private var firingLoop: LoopShared?
@@ -56,9 +55,6 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   private var versionAtFire: UInt64 = 0
   /// Threads in `invalidateAndWait` waiting for the running callout to end.
   private var firingWaiters: [BlockingGate] = []
-  /// Internal: called once when the timer is invalidated before a one-shot fire completed it
-  /// (used by sleeps and async sequences to end their consumer).
-  private var onInvalidate: (@Sendable () -> Void)?
 
   /// Creates a timer that first fires at `fireDate`. Add it to a loop to start it.
   /// - Parameters:
@@ -79,13 +75,12 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     tolerance: Duration = .zero, handler: @escaping @Sendable (LoopTimer) -> Void,
     onInvalidate: (@Sendable () -> Void)?
   ) {
-    self.onInvalidate = onInvalidate
     let intervalNs = interval?.saturatedNanoseconds
     self.intervalNanoseconds = intervalNs.flatMap { $0 < 0 ? nil : $0 }
     self.toleranceNanoseconds = Self.effectiveTolerance(
       tolerance.saturatedNanoseconds, interval: intervalNanoseconds)
     self.fireDateNs = fireDate.nanoseconds
-    self.handler = handler
+    self.state = CalloutMemberState(callout: handler, onInvalidate: onInvalidate)
   }
 
   /// Creates a timer that first fires `delay` from now.
@@ -145,7 +140,7 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   func withBinding<Result>(_ body: (inout MemberBinding) -> Result) -> Result {
     lock.lock()
     defer { lock.unlock() }
-    return body(&binding)
+    return body(&state.binding)
   }
 
   /// Moves the next fire date (a repeating timer keeps its interval from there). Any thread: on
@@ -154,7 +149,7 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     let loop = lock.withLock {
       fireDateNs = date.nanoseconds
       fireDateVersion &+= 1
-      return binding.loop
+      return state.binding.loop
     }
     loop?.rescheduleTimer(self)
   }
@@ -163,36 +158,13 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   /// thread; idempotent; never blocks. No callout starts after it returns; a callout that had
   /// already started on the loop thread may still be running (see `invalidateAndWait()`).
   public func invalidate() {
-    finishInvalidation(lock.withLock { invalidateLocked() }, detaching: true)
-  }
-
-  /// What an invalidation hands out of the lock: the loop to tell, and the closures to release
-  /// (and call) outside it.
-  private typealias Invalidation = (loop: LoopShared?, released: Any?, onInvalidate: (@Sendable () -> Void)?)
-
-  /// Under `lock`: marks the timer invalid (no callout starts after this) and takes its closures.
-  private func invalidateLocked() -> Invalidation {
-    let (loop, first) = binding.invalidate()
-    guard first else { return (nil, nil, nil) }
-    defer {
-      handler = nil
-      onInvalidate = nil
-    }
-    return (loop, handler, onInvalidate)
-  }
-
-  /// After the lock: releases the closures, tells the internal observer, and has the loop detach
-  /// the timer (unless the loop, holding its record, does that itself).
-  private func finishInvalidation(_ invalidation: Invalidation, detaching: Bool) {
-    withExtendedLifetime(invalidation.released) {}  // what the handler captured is freed outside the lock
-    invalidation.onInvalidate?()
-    if detaching { invalidation.loop?.detachInvalidated(self) }
+    lock.withLock { state.invalidate() }.finish(self)
   }
 
   /// Loop thread, after a one-shot fire: invalidates the timer without a round trip through the
   /// inbox (the loop detaches the record it holds).
   func invalidateAfterFire() {
-    finishInvalidation(lock.withLock { invalidateLocked() }, detaching: false)
+    lock.withLock { state.invalidate() }.finish(self, detaching: false)
   }
 
   /// Invalidates the timer and, when one of its callouts is running on its loop's thread, waits
@@ -205,15 +177,16 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   ///   other loops (two loops' timers invalidating each other with this call).
   public func invalidateAndWait() throws(RunLoopError) {
     // One critical section: a callout either started before it (and is waited for) or never does.
-    let (invalidation, target, gate): (Invalidation, LoopShared?, BlockingGate?) = lock.withLock {
-      let invalidation = invalidateLocked()
-      guard let loop = firingLoop else { return (invalidation, nil, nil) }
-      if loop.isOnLoopThread { return (invalidation, loop, nil) }  // its callout is on this very stack
-      let gate = BlockingGate()
-      firingWaiters.append(gate)
-      return (invalidation, loop, gate)
-    }
-    finishInvalidation(invalidation, detaching: true)
+    let (invalidation, target, gate): (MemberInvalidation<@Sendable (LoopTimer) -> Void>, LoopShared?, BlockingGate?) =
+      lock.withLock {
+        let invalidation = state.invalidate()
+        guard let loop = firingLoop else { return (invalidation, nil, nil) }
+        if loop.isOnLoopThread { return (invalidation, loop, nil) }  // its callout is on this very stack
+        let gate = BlockingGate()
+        firingWaiters.append(gate)
+        return (invalidation, loop, gate)
+      }
+    invalidation.finish(self)
     guard let target else { return }  // no callout running: nothing to wait for
     guard let gate else {
       throw RunLoopError.wouldDeadlock(
@@ -232,10 +205,8 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     if let waiter { CalloutWaits.end(waiter: waiter) }
   }
 
-  func releaseAfterInvalidation(onThreadOf loop: RunLoopThread?) {}  // `invalidate()` released the handler already
-
   /// False once invalidated (a one-shot timer invalidates itself after firing). Any thread.
-  public var isValid: Bool { lock.withLock { binding.isValid } }
+  public var isValid: Bool { lock.withLock { state.binding.isValid } }
 
   // MARK: Loop-facing (loop thread)
 
@@ -247,7 +218,7 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   /// timer inside its own callout, so one `firingLoop` is enough.
   func fire(on loop: LoopShared) {
     lock.lock()
-    guard binding.loop === loop, let current = handler else {
+    guard let current = state.callout(on: loop) else {
       lock.unlock()
       return
     }

@@ -140,3 +140,57 @@ extension RunLoopThread {
       """)
   }
 }
+
+/// The cross-thread state of a member with one callout (a timer, an observer, a readiness
+/// source): its binding, the callout (released at invalidation) and the internal hook that ends an
+/// async consumer. A pure value, held under the member's lock; what an invalidation takes out of
+/// it is handled after the lock is released (`MemberInvalidation.finish`).
+struct CalloutMemberState<Callout> {
+  var binding = MemberBinding()
+  private var callout: Callout?
+  /// Internal: called once, on the invalidating thread after the lock is released (async
+  /// sequences use it to end their consumer).
+  private var onInvalidate: (@Sendable () -> Void)?
+
+  init(callout: Callout, onInvalidate: (@Sendable () -> Void)?) {
+    self.callout = callout
+    self.onInvalidate = onInvalidate
+  }
+
+  /// The callout, if the member is valid and on `loop` (a member removed from `loop`, or moved
+  /// away, makes no callout there any more).
+  @inline(__always)
+  func callout(on loop: LoopShared) -> Callout? { binding.loop === loop ? callout : nil }
+
+  /// Marks the member invalid (no callout starts after this) and takes its closures; the first
+  /// call only.
+  mutating func invalidate() -> MemberInvalidation<Callout> {
+    let (loop, first) = binding.invalidate()
+    guard first else { return MemberInvalidation(loop: nil, released: nil, onInvalidate: nil) }
+    defer {
+      callout = nil
+      onInvalidate = nil
+    }
+    return MemberInvalidation(loop: loop, released: callout, onInvalidate: onInvalidate)
+  }
+}
+
+/// What an invalidation took out of a member's lock.
+struct MemberInvalidation<Callout> {
+  let loop: LoopShared?
+  let released: Callout?
+  let onInvalidate: (@Sendable () -> Void)?
+
+  /// After the lock: releases the callout (what it captured is freed outside the lock), tells the
+  /// internal hook, and has the loop detach `member` (unless the loop, holding its record, does).
+  func finish(_ member: some LoopMember, detaching: Bool = true) {
+    withExtendedLifetime(released) {}
+    onInvalidate?()
+    if detaching { loop?.detachInvalidated(member) }
+  }
+}
+
+extension LoopMember {
+  /// Members with one callout release it at invalidation: nothing is left for the loop.
+  func releaseAfterInvalidation(onThreadOf loop: RunLoopThread?) {}
+}
