@@ -57,45 +57,41 @@ func withWatchdog<T: Sendable>(
   sourceLocation: SourceLocation = #_sourceLocation,
   _ body: @escaping @Sendable () async throws -> T
 ) async throws -> T? {
-  let timeout = timeout * watchdogScale
-  let outcome = WatchdogOutcome<T>()
-  let finished = TestGate()
-  let task = Task {
-    let result: Result<T, any Error>
-    do { result = .success(try await body()) } catch { result = .failure(error) }
-    finished.open()
-    outcome.finish(.completed(result))
-  }
-  // The timer is a raw thread, not a task: hung work may be blocking every pool thread.
-  startThread(detached: true) {
-    if !finished.wait(timeout: timeout) { outcome.finish(.timedOut) }
-  }
-  switch await outcome.wait() {
-  case .completed(let result):
-    return try result.get()
-  case .timedOut:
-    Issue.record("watchdog: \(what) hung for \(timeout)", sourceLocation: sourceLocation)
-    task.cancel()
-    HangReaper.arm(what: what, sourceLocation: sourceLocation, finished: finished)
-    await awaitBody(finished)
-    return nil
+  try await watch(timeout: timeout, what, sourceLocation: sourceLocation) { done in
+    let task = Task {
+      let result: Result<T, any Error>
+      do { result = .success(try await body()) } catch { result = .failure(error) }
+      done(result)
+    }
+    return { task.cancel() }
   }
 }
 
 /// `withWatchdog` for blocking work in an async test: runs `body` on a thread of its own (so a
 /// long blocking body does not hold one of the few cooperative-pool threads that every other
-/// test's tasks need) and returns nil, having recorded the failure, if it does not finish within
-/// `timeout`, without waiting for it. As with `withWatchdogSync`, check results after it returns.
+/// test's tasks need). As with `withWatchdogSync`, check results after it returns.
 func withWatchdogOnThread<T: Sendable>(
   timeout: Duration = .seconds(30), _ what: String = "operation",
   sourceLocation: SourceLocation = #_sourceLocation,
   _ body: @escaping @Sendable () throws -> T
 ) async throws -> T? {
+  try await watch(timeout: timeout, what, sourceLocation: sourceLocation) { done in
+    startThread(detached: true) { done(Result { try body() }) }
+    return {}
+  }
+}
+
+/// The two async watchdogs: `start` begins the work, which calls `done` once with its result,
+/// and returns how to cancel it. The timer is a raw thread, not a task: hung work may be blocking
+/// every pool thread.
+private func watch<T: Sendable>(
+  timeout: Duration, _ what: String, sourceLocation: SourceLocation,
+  start: (_ done: @escaping @Sendable (Result<T, any Error>) -> Void) -> () -> Void
+) async throws -> T? {
   let timeout = timeout * watchdogScale
   let outcome = WatchdogOutcome<T>()
   let finished = TestGate()
-  startThread(detached: true) {
-    let result = Result { try body() }
+  let cancel = start { result in
     finished.open()
     outcome.finish(.completed(result))
   }
@@ -107,6 +103,7 @@ func withWatchdogOnThread<T: Sendable>(
     return try result.get()
   case .timedOut:
     Issue.record("watchdog: \(what) hung for \(timeout)", sourceLocation: sourceLocation)
+    cancel()
     HangReaper.arm(what: what, sourceLocation: sourceLocation, finished: finished)
     await awaitBody(finished)
     return nil
