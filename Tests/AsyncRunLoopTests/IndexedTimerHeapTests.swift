@@ -44,7 +44,8 @@ struct IndexedTimerHeapTests {
       if entry.element.heapIndex != index {
         return "element \(entry.element.name) at \(index) says \(entry.element.heapIndex)"
       }
-      for child in [2 * index + 1, 2 * index + 2] where child < entries.count && entries[child].precedes(entry) {
+      let children = (1...Heap.arity).map { Heap.arity * index + $0 }
+      for child in children where child < entries.count && entries[child].precedes(entry) {
         return "entry \(child) precedes its parent \(index)"
       }
     }
