@@ -11,7 +11,7 @@ struct LoopInboxTests {
   @Test func anAwakeLoopIsNeverWoken() {
     var inbox = LoopInbox()
     let afterPerform = inbox.perform(Self.request())
-    let afterSignal = inbox.signal(InputSource { _ in })
+    let afterSignal = inbox.signal(MemberRecord())
     let afterWakeUp = inbox.wakeUp()
     #expect(afterPerform == LoopInbox.WakeAction.none)
     #expect(afterSignal == .none)
@@ -37,7 +37,7 @@ struct LoopInboxTests {
   @Test func theWakeUpUsesTheWayTheLoopSleeps() {
     var inbox = LoopInbox()
     let sleptOnFutex = inbox.prepareToSleep(on: .futex)
-    let futexWake = inbox.signal(InputSource { _ in })
+    let futexWake = inbox.signal(MemberRecord())
     inbox.signalled.removeAll()
     inbox.didWake()
     let sleptInEpoll = inbox.prepareToSleep(on: .epoll)
@@ -80,7 +80,7 @@ struct LoopInboxTests {
       return
     }
     let controlAfterTermination = inbox.control {}
-    let signalAfterTermination = inbox.signal(InputSource { _ in })
+    let signalAfterTermination = inbox.signal(MemberRecord())
     #expect(leftover.isEmpty)
     #expect(controlAfterTermination == nil)
     #expect(signalAfterTermination == .none)

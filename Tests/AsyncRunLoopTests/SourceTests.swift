@@ -204,7 +204,7 @@ struct InputSourceTests {
     let modesHolding = { @Sendable () throws -> Int in
       try loop.performAndWait {
         [RunLoopMode.default, tracking, modal].filter { mode in
-          loop.core.modeTable.record(for: source)?.modes.contains { $0.contents.mode == mode } ?? false
+          loop.core.modes(of: source).contains(mode)
         }.count
       }
     }

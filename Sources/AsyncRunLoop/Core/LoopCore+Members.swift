@@ -10,43 +10,40 @@ extension LoopCore {
 
   /// Applies an accepted add. A member invalidated after its add was accepted is still scheduled
   /// and then detached at once, so what was promised for it (its cancel routine, the delivery of
-  /// commands accepted meanwhile) still happens.
-  func applyAdd(_ source: InputSource, to mode: RunLoopMode) {
-    let (record, created) = modeTable.recordCreatingIfNeeded(source, .source(source))
+  /// commands accepted meanwhile) still happens. `record` is the member's record here (from its
+  /// binding); it attaches on the member's first add here.
+  func applyAdd(_ source: InputSource, _ record: MemberRecord, to mode: RunLoopMode) {
+    let joins = !record.isAttached
+    if joins { modeTable.attach(record, .source(source)) }
     modeTable.add(record, to: mode)
-    if created {
+    if joins {
       let (schedule, signalled) = source.joined(loop)
-      if signalled { deferredSignalled.append(source) }  // signalled before it got here
+      if signalled { deferredSignalled.append(record) }  // signalled before it got here
       schedule?(source, loop, mode == .common ? .default : mode)
     }
     detachIfInvalidated(record)
   }
 
-  func applyAdd(_ timer: LoopTimer, to mode: RunLoopMode) {
-    let (record, _) = modeTable.recordCreatingIfNeeded(timer, .timer(timer))
-    if !modeTable.add(record, to: mode).isEmpty { pushTimerEntries(record) }
+  func applyAdd(_ timer: LoopTimer, _ record: MemberRecord, to mode: RunLoopMode) {
+    if !record.isAttached { modeTable.attach(record, .timer(timer)) }
+    if modeTable.add(record, to: mode) { pushTimerEntries(record) }
     detachIfInvalidated(record)
   }
 
-  func applyAdd(_ observer: LoopObserver, to mode: RunLoopMode) {
-    let (record, _) = modeTable.recordCreatingIfNeeded(observer, .observer(observer))
+  func applyAdd(_ observer: LoopObserver, _ record: MemberRecord, to mode: RunLoopMode) {
+    if !record.isAttached { modeTable.attach(record, .observer(observer)) }
     modeTable.add(record, to: mode)
     detachIfInvalidated(record)
   }
 
   /// Registers the descriptor on the first add, then adds it to the mode.
   /// - Throws: what epoll reports (the record is dropped again).
-  func applyAdd(_ source: DescriptorSource, to mode: RunLoopMode) throws(SystemCallError) {
-    let (record, created) = modeTable.recordCreatingIfNeeded(source, .descriptor(source))
-    if created {
+  func applyAdd(_ source: DescriptorSource, _ record: MemberRecord, to mode: RunLoopMode) throws(SystemCallError) {
+    if !record.isAttached {
       let token = nextToken
       nextToken += 1
-      do {
-        try poller.register(descriptor: source.descriptor, events: source.epollEvents, token: token)
-      } catch {
-        modeTable.forget(record)
-        throw error
-      }
+      try poller.register(descriptor: source.descriptor, events: source.epollEvents, token: token)
+      modeTable.attach(record, .descriptor(source))
       record.token = token
       record.isArmed = true
       descriptorsByToken[token] = record
@@ -60,18 +57,20 @@ extension LoopCore {
   // MARK: Removing
 
   /// Applies an accepted removal from `mode`; a member that left its last mode is detached.
-  func applyRemove(_ member: AnyObject, from mode: RunLoopMode) {
-    guard let record = modeTable.record(for: member) else { return }
+  func applyRemove(_ record: MemberRecord, from mode: RunLoopMode) {
+    guard record.isAttached else { return }
     if modeTable.remove(record, from: mode) {
       detach(record)
-    } else if case .timer = record.kind {
+    } else if case .timer? = record.kind {
       record.generation &+= 1  // its modes changed (its entry left that mode's heap)
     }
   }
 
   /// Applies an invalidation (or a shutdown): the member leaves every mode and is detached.
-  func applyInvalidate(_ member: some LoopMember) {
-    guard let record = modeTable.takeRecord(for: member) else {
+  /// `record` is its record here, or nil when it was removed from here before (the removal, applied
+  /// first, detached it).
+  func applyInvalidate(_ member: some LoopMember, _ record: MemberRecord?) {
+    guard let record, record.isAttached else {
       member.releaseAfterInvalidation(onThreadOf: loop)  // not here (any more): only its closures are left
       return
     }
@@ -79,15 +78,15 @@ extension LoopCore {
   }
 
   /// A timer's fire date moved: its entries follow.
-  func applyReschedule(_ timer: LoopTimer) {
-    guard let record = modeTable.record(for: timer) else { return }
+  func applyReschedule(_ record: MemberRecord) {
+    guard record.isAttached else { return }
     pushTimerEntries(record)
   }
 
   /// Adds `mode` to the common set: every member already in `.common` joins it.
   func applyAddToCommonModes(_ mode: RunLoopMode) {
     for record in modeTable.addToCommonModes(mode) {
-      if case .timer = record.kind { pushTimerEntries(record) }  // an entry in the new mode's heap
+      if case .timer? = record.kind { pushTimerEntries(record) }  // an entry in the new mode's heap
     }
     armedMode = nil
   }
@@ -95,17 +94,17 @@ extension LoopCore {
   // MARK: Detaching
 
   private func detachIfInvalidated(_ record: MemberRecord) {
-    if !record.member.withBinding({ $0.isValid }) { detach(record) }
+    if let member = record.member, !member.withBinding({ $0.isValid }) { detach(record) }
   }
 
   /// Removes the record from every mode and the registry, then runs the kind's detach effects:
   /// a custom source's cancel routine, a descriptor's deregistration, a timer's stale entries.
   func detach(_ record: MemberRecord) {
-    guard !record.isDetached else { return }  // detached already
+    guard let kind = record.kind, record.isAttached else { return }  // not here (detached already)
     modeTable.removeEverywhere(record)
-    switch record.kind {
+    switch kind {
     case .source(let source):
-      if !deferredSignalled.isEmpty { deferredSignalled.removeAll { $0 === source } }
+      if !deferredSignalled.isEmpty { deferredSignalled.removeAll { $0 === record } }
       let leave = source.left(loop)
       leave.close?(source)
       leave.cancel?(source, loop)
@@ -132,13 +131,17 @@ extension LoopCore {
 
   /// Pauses (or resumes) a readiness registration for a sequence consumer whose buffer is full.
   func setPaused(_ source: DescriptorSource, _ paused: Bool) {
-    guard let record = modeTable.record(for: source) else { return }
+    guard let record = source.withBinding({ $0.record(on: shared) }), record.isAttached else { return }
     record.isPaused = paused
     setArmed(record, !paused)
   }
 
   /// Whether `member` is in any mode of this loop (for tests and assertions).
-  func modeCount(of member: AnyObject) -> Int {
-    modeTable.record(for: member)?.modes.count ?? 0
+  func modeCount(of member: some LoopMember) -> Int { modes(of: member).count }
+
+  /// The modes of this loop that hold `member` (for tests and assertions).
+  func modes(of member: some LoopMember) -> [RunLoopMode] {
+    guard let record = member.withBinding({ $0.record(on: shared) }), record.isAttached else { return [] }
+    return record.modes.map(\.contents.mode)
   }
 }

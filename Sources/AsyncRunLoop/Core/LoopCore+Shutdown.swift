@@ -51,7 +51,7 @@ extension LoopCore {
   /// is in, each record is detached exactly once, so every cancel routine runs exactly once.
   private func detachEveryMember() {
     for record in modeTable.allRecords {
-      let member = record.member
+      guard let member = record.member else { continue }  // detached by an earlier invalidation
       if member.isBound(to: shared) { member.invalidateMember() }  // detaches inline: we are the loop thread
       detach(record)  // a no-op when invalidate did it
     }

@@ -57,15 +57,15 @@ final class LoopCore {
 
   // MARK: Signalled custom sources
 
-  /// Sources signalled since the last step 4 (taken from the inbox).
-  @exclusivity(unchecked) var spareSignalled: [InputSource] = []
+  /// Sources signalled since the last step 4 (taken from the inbox), by their records here.
+  @exclusivity(unchecked) var spareSignalled: [MemberRecord] = []
   /// Signalled sources not in the mode being run: they fire when one of their modes runs.
-  @exclusivity(unchecked) var deferredSignalled: [InputSource] = []
+  @exclusivity(unchecked) var deferredSignalled: [MemberRecord] = []
   /// The ready sources of the step 4 on the stack that have not fired yet: a run nested in one of
   /// their handlers considers them too (they are still signalled), so it does not wait for them.
-  @exclusivity(unchecked) var unfiredReadySources: ArraySlice<InputSource> = []
+  @exclusivity(unchecked) var unfiredReadySources: ArraySlice<MemberRecord> = []
   /// Warm buffers for runs' ready lists (a nested run takes one, gives it back when it ends).
-  @exclusivity(unchecked) var spareReadyBuffers: [[InputSource]] = []
+  @exclusivity(unchecked) var spareReadyBuffers: [[MemberRecord]] = []
 
   // MARK: Descriptors and timers
 

@@ -39,7 +39,7 @@ struct LoopInbox {
   /// Blocks from `perform`, oldest first.
   var performs: [PerformRequest] = []
   /// Sources signalled since the loop last looked.
-  var signalled: [InputSource] = []
+  var signalled: [MemberRecord] = []
   /// Registration changes requested from other threads, applied on the loop thread in order.
   var controls: [SequencedChange] = []
   /// Numbers changes, blocks and jobs in the order they arrive (under the inbox lock), so the loop
@@ -128,7 +128,7 @@ struct LoopInbox {
   }
 
   /// A source was signalled.
-  mutating func signal(_ source: InputSource) -> WakeAction {
+  mutating func signal(_ source: MemberRecord) -> WakeAction {
     switch lifecycle {
     case .active, .shuttingDown:
       signalled.append(source)

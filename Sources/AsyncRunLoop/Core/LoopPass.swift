@@ -10,7 +10,7 @@ struct RunContext {
   /// Asked between passes: true ends the run as `.stopped` (an async run whose task was cancelled).
   let shouldEnd: (@Sendable () -> Bool)?
   /// This run's ready sources (step 4), a reused buffer.
-  var readySources: [InputSource]
+  var readySources: [MemberRecord]
 }
 
 /// One run of the loop: a list of phases, one small method each, numbered as in SPEC §6 and the
@@ -96,7 +96,7 @@ extension LoopCore {
   /// joined the mode after step 4 of this pass, already signalled. Its signal is kept only here,
   /// not in the inbox, so sleeping would strand it until some other wake-up.
   private func hasDeferredSource(in contents: ModeContents) -> Bool {
-    deferredSignalled.contains { modeTable.record(for: $0)?.isIn(contents) ?? false }
+    deferredSignalled.contains { $0.isIn(contents) }
   }
 
   /// SPEC §1: nothing to watch in the mode, and no jobs (that may run here) or blocks for this mode
@@ -133,7 +133,7 @@ extension LoopCore {
   func notifyObservers(_ contents: ModeContents, _ activity: LoopActivity) {
     guard contents.observedActivities.contains(activity) else { return }
     for case let record? in contents.observers {
-      guard case .observer(let observer) = record.kind, observer.activities.contains(activity),
+      guard case .observer(let observer)? = record.kind, observer.activities.contains(activity),
         record.isIn(contents)
       else { continue }
       observer.notify(activity, on: shared)
@@ -154,15 +154,15 @@ extension LoopCore {
       deferredSignalled.removeAll(keepingCapacity: true)
     }
     var sameOrder = true
-    for source in spareSignalled {
+    for record in spareSignalled {
       // Not on this loop (removed, or moved away): the signal stays on the source for the loop it
       // joins next. A source listed twice fires once (`consumeSignal` answers once per signal).
-      guard let record = modeTable.record(for: source) else { continue }
+      guard record.isAttached else { continue }
       if record.isIn(run.contents) {
-        if let first = run.readySources.first, first.order != source.order { sameOrder = false }
-        run.readySources.append(source)
+        if let first = run.readySources.first, first.order != record.order { sameOrder = false }
+        run.readySources.append(record)
       } else {
-        deferredSignalled.append(source)  // in other modes: fires when one of them runs
+        deferredSignalled.append(record)  // in other modes: fires when one of them runs
       }
     }
     spareSignalled.removeAll(keepingCapacity: true)
@@ -177,8 +177,8 @@ extension LoopCore {
     let ready = run.readySources
     let outerUnfired = unfiredReadySources
     for index in ready.indices {
-      let source = ready[index]
-      guard let perform = source.consumeSignal(on: shared) else { continue }
+      // Detached by an earlier handler of this step: not here any more.
+      guard let source = ready[index].source, let perform = source.consumeSignal(on: shared) else { continue }
       unfiredReadySources = ready[(index + 1)...]
       perform(source)
       fired = true
@@ -267,7 +267,7 @@ extension LoopCore {
 
   /// Delivers one readiness event; silences a registration that is not in the running mode.
   private func handleReadiness(token: UInt64, events: UInt32, contents: ModeContents) -> Bool {
-    guard let record = descriptorsByToken[token], case .descriptor(let source) = record.kind else {
+    guard let record = descriptorsByToken[token], case .descriptor(let source)? = record.kind else {
       return false  // stale: removed already
     }
     guard record.isIn(contents) else {
@@ -283,13 +283,13 @@ extension LoopCore {
   /// waits for the next pass, and a timer never fires inside its own callout (a nested run in
   /// another of its modes leaves it). Returns whether any fired.
   private func fireDueTimers(in contents: ModeContents) -> Bool {
-    guard let head = contents.timers.first, head.deadline <= LoopClock.monotonicNanoseconds() else { return false }
+    guard let head = contents.timers.firstDeadline, head <= LoopClock.monotonicNanoseconds() else { return false }
     let now = LoopClock.monotonicNanoseconds()
     let newest = timerSequence
     var setAside: [IndexedTimerHeap<TimerEntry>.Entry] = []
     var fired = false
-    while let first = contents.timers.first, first.deadline <= now {
-      contents.timers.popFirst()
+    while let deadline = contents.timers.firstDeadline, deadline <= now {
+      let first = contents.timers.popFirst().unsafelyUnwrapped
       let record = first.element.record
       if first.sequence > newest || record.isFiring {
         setAside.append(first)  // scheduled by a callout of this pass, or its callout is running
@@ -327,10 +327,10 @@ extension LoopCore {
   /// the date (or put back, after a fire popped it), in O(log n).
   func pushTimerEntries(_ record: MemberRecord) {
     record.generation &+= 1
-    guard !record.modes.isEmpty, case .timer(let timer) = record.kind else { return }
+    guard !record.modes.isEmpty, case .timer(let timer)? = record.kind else { return }
     let date = timer.fireDateNanoseconds
     for membership in record.modes {
-      guard let entry = membership.timerEntry else { continue }
+      guard let entry = membership.timerEntry(of: record) else { continue }
       timerSequence &+= 1
       if entry.heapIndex >= 0 {
         membership.contents.timers.update(entry, deadline: date, sequence: timerSequence)
@@ -355,7 +355,7 @@ extension LoopCore {
   /// kernel always adds them), so in a mode that ignores it a hung-up descriptor would end every
   /// wait at once.
   func setArmed(_ record: MemberRecord, _ armed: Bool) {
-    guard record.token != 0, record.isArmed != armed, case .descriptor(let source) = record.kind else { return }
+    guard record.token != 0, record.isArmed != armed, case .descriptor(let source)? = record.kind else { return }
     guard armed else {
       // Only while the number is still this registration's: if the descriptor was closed and
       // the number reused, epoll dropped this one already, and the number's set entry belongs

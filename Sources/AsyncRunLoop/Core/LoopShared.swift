@@ -101,9 +101,9 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
     }
   }
 
-  /// A source was signalled: queue it and wake the loop. Any thread.
-  func enqueueSignalled(_ source: InputSource) {
-    perform(inboxLock.withLock { inbox.signal(source) })
+  /// A source was signalled: queue its record here and wake the loop. Any thread.
+  func enqueueSignalled(_ record: MemberRecord) {
+    perform(inboxLock.withLock { inbox.signal(record) })
   }
 
   /// Sends a registration change to the loop thread: at once when called there, otherwise on
@@ -130,13 +130,16 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
 
   /// Has the loop detach an invalidated member. A terminated loop has detached every member
   /// already: then only the member's closures are left to release, here.
-  func detachInvalidated(_ member: some LoopMember) {
-    if !onLoopThread({ core in core.applyInvalidate(member) }) { member.releaseAfterInvalidation(onThreadOf: nil) }
+  /// `record` is the member's record here (nil when it was removed: the removal detaches it).
+  func detachInvalidated(_ member: some LoopMember, _ record: MemberRecord?) {
+    if !onLoopThread({ core in core.applyInvalidate(member, record) }) {
+      member.releaseAfterInvalidation(onThreadOf: nil)
+    }
   }
 
-  /// Loop side of `LoopTimer.setFireDate`. Any thread.
-  func rescheduleTimer(_ timer: LoopTimer) {
-    onLoopThread { core in core.applyReschedule(timer) }
+  /// Loop side of `LoopTimer.setFireDate`: the timer's record here follows its new date. Any thread.
+  func rescheduleTimer(_ record: MemberRecord) {
+    onLoopThread { core in core.applyReschedule(record) }
   }
 
   /// True once shutdown began. Any thread.

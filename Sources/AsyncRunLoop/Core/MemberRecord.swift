@@ -1,11 +1,22 @@
 /// The loop-thread side of one member on one loop: which of the loop's modes hold it and the
-/// kind's loop-thread state (a timer's heap generation, a descriptor's epoll token). Created when
-/// the loop applies the member's first `add`, dropped when it leaves its last mode. Loop thread
-/// only (owned by one `ModeTable`); never shared by two loops.
+/// kind's loop-thread state (a timer's heap generation, a descriptor's epoll token).
+///
+/// The member's binding creates it (on the thread that adds the member, under the member's lock)
+/// when the member joins a loop, and every change sent to that loop for the member carries it, so
+/// the loop never looks a member up: no table keyed by member, no hashing per add, remove or fire.
+/// From then on only that loop's thread touches its fields (the inbox's lock hands it over).
+/// Never shared by two loops: a member that moves gets a new record for the new loop.
+///
+/// Ownership: while attached (in the loop's registry), the record holds its member strongly, so a
+/// member in a mode stays alive with the loop, as in CF; detaching drops that reference, so the
+/// member's binding, which holds the record, forms no cycle with it once the member left its loop.
+///
+/// A timer's record doubles as its entry in the heap of its first mode (`TimerEntry`): one
+/// allocation per timer instead of two; a timer in more modes gets an entry object for each other.
 ///
 /// Every pass reads these, so they skip dynamic exclusivity checks: they are confined to the loop
 /// thread, and no access spans a callout.
-final class MemberRecord {
+final class MemberRecord: TimerEntry {
   enum Kind {
     case source(InputSource)
     case descriptor(DescriptorSource)
@@ -13,13 +24,15 @@ final class MemberRecord {
     case observer(LoopObserver)
   }
 
-  let kind: Kind
-  /// The member's identity (the key of `ModeTable.records`).
-  let key: MemberKey
-  /// Set when the record is detached (left its loop): a pass holding it can tell without a lookup.
-  @exclusivity(unchecked) var isDetached = false
-  /// Already out of the registry (`ModeTable.takeRecord`), on its way to `detach`.
-  @exclusivity(unchecked) var isTaken = false
+  /// The member, while the record is attached to its loop; nil before and after.
+  @exclusivity(unchecked) private(set) var kind: Kind?
+  /// The member's identity (its descriptor and common-set bookkeeping), set when it attaches.
+  @exclusivity(unchecked) private(set) var key = MemberKey(address: 0)
+  /// The record's slot in `ModeTable`'s registry while attached; -1 when not attached.
+  @exclusivity(unchecked) var registrySlot = -1
+  /// Nonzero while the member is in `.common`: the order it was added there in (a mode joining
+  /// the common set later receives the common members in that order).
+  @exclusivity(unchecked) var commonOrder: UInt64 = 0
   /// The modes holding the member on this loop.
   @exclusivity(unchecked) var modes = MembershipList()
 
@@ -37,7 +50,22 @@ final class MemberRecord {
   /// on a mode switch until the consumer resumes it.
   @exclusivity(unchecked) var isPaused = false
 
-  init(kind: Kind) {
+  /// An empty record, not attached. Any thread (the binding makes it, under the member's lock).
+  init() {
+    super.init(record: nil)
+    ownRecord = self
+  }
+
+  /// Whether the record is on its loop (attached and not detached since).
+  @inline(__always)
+  var isAttached: Bool { registrySlot >= 0 }
+  /// Not on its loop (never attached, or detached since): a pass holding it can tell without a
+  /// lookup.
+  @inline(__always)
+  var isDetached: Bool { registrySlot < 0 }
+
+  /// Loop thread (`ModeTable.attach`): the record joins its loop, holding `kind`'s member.
+  func attach(_ kind: Kind, slot: Int) {
     self.kind = kind
     switch kind {
     case .source(let member): key = MemberKey(member)
@@ -45,6 +73,14 @@ final class MemberRecord {
     case .timer(let member): key = MemberKey(member)
     case .observer(let member): key = MemberKey(member)
     }
+    registrySlot = slot
+  }
+
+  /// Loop thread (`ModeTable.removeEverywhere`): the record left its loop; drops the member.
+  func markDetached() {
+    registrySlot = -1
+    commonOrder = 0
+    kind = nil
   }
 
   /// Whether `contents` holds the member.
@@ -54,14 +90,22 @@ final class MemberRecord {
     return false
   }
 
-  /// The member, as a `LoopMember`.
-  var member: any LoopMember {
+  /// The member, as a `LoopMember` (nil when not attached).
+  var member: (any LoopMember)? {
     switch kind {
     case .source(let member): return member
     case .descriptor(let member): return member
     case .timer(let member): return member
     case .observer(let member): return member
+    case nil: return nil
     }
+  }
+
+  /// The custom source, when this is an attached source's record.
+  @inline(__always)
+  var source: InputSource? {
+    if case .source(let source)? = kind { return source }
+    return nil
   }
 
   /// The ordering key among members of the same kind (sources and observers: their `order`).
@@ -69,8 +113,8 @@ final class MemberRecord {
     switch kind {
     case .source(let member): return member.order
     case .descriptor(let member): return member.order
-    case .timer: return 0
     case .observer(let member): return member.order
+    case .timer, nil: return 0
     }
   }
 }
@@ -83,6 +127,8 @@ struct MemberKey: Hashable {
 
   @inline(__always)
   init(_ member: AnyObject) { address = UInt(bitPattern: Unmanaged.passUnretained(member).toOpaque()) }
+
+  init(address: UInt) { self.address = address }
 
   @inline(__always)
   static func == (lhs: MemberKey, rhs: MemberKey) -> Bool { lhs.address == rhs.address }
@@ -98,11 +144,17 @@ struct MemberKey: Hashable {
 }
 
 /// One mode holding a member: the member's slot in that mode's ordered observer list (-1 for
-/// the other kinds), and a timer's entry in that mode's heap.
+/// the other kinds), and a timer's entry in that mode's heap: the record itself
+/// (`usesRecordEntry`, at most one membership per record) or an entry object of its own.
 struct Membership {
   let contents: ModeContents
   var slot: Int
-  var timerEntry: TimerEntry?
+  var usesRecordEntry = false
+  var extraEntry: TimerEntry?
+
+  /// A timer's entry for this mode (nil for the other kinds).
+  @inline(__always)
+  func timerEntry(of record: MemberRecord) -> TimerEntry? { usesRecordEntry ? record : extraEntry }
 }
 
 /// The modes holding one member: nearly always one, so the first is stored inline (no allocation
@@ -135,17 +187,24 @@ struct MembershipList: RandomAccessCollection {
 }
 
 /// A timer's place in one mode's timer heap (one per timer and mode), so the loop can remove or
-/// move it in O(log n) instead of leaving stale entries behind. Loop thread only.
-final class TimerEntry: TimerHeapElement {
+/// move it in O(log n) instead of leaving stale entries behind. Loop thread only. (A
+/// `MemberRecord` is one too: its timer's entry in its first mode.)
+class TimerEntry: TimerHeapElement {
   /// Safety of `unowned(unsafe)`: the record owns its entries (through `modes`) and takes them out
-  /// of their heaps before it drops them, so a heap never holds an entry whose record is gone.
-  unowned(unsafe) let record: MemberRecord
-  @exclusivity(unchecked) var heapIndex = -1
+  /// of their heaps before it drops them, so a heap never holds an entry whose record is gone (a
+  /// record's own entry points at the record itself: no cycle).
+  @exclusivity(unchecked) fileprivate unowned(unsafe) var ownRecord: MemberRecord?
+  @exclusivity(unchecked) final var heapIndex = -1
 
-  init(record: MemberRecord) { self.record = record }
+  init(record: MemberRecord?) { ownRecord = record }
 
-  var timer: LoopTimer {
-    guard case .timer(let timer) = record.kind else { preconditionFailure("AsyncRunLoop: not a timer record") }
+  /// The record this entry belongs to.
+  @inline(__always)
+  final var record: MemberRecord { ownRecord.unsafelyUnwrapped }
+
+  /// The timer (the entry is in a heap only while its record is attached).
+  final var timer: LoopTimer {
+    guard case .timer(let timer)? = record.kind else { preconditionFailure("AsyncRunLoop: not a timer record") }
     return timer
   }
 }

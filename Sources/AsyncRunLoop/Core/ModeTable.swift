@@ -84,7 +84,7 @@ final class ModeContents {
   }
 
   private static func activities(of record: MemberRecord) -> LoopActivity {
-    if case .observer(let observer) = record.kind { return observer.activities }
+    if case .observer(let observer)? = record.kind { return observer.activities }
     return []
   }
 }
@@ -92,16 +92,21 @@ final class ModeContents {
 /// A loop's modes, the common-modes set and the records of its members. Loop thread only (owned by
 /// one `LoopCore`). No dynamic exclusivity checks (see `ModeContents`): confined to the loop
 /// thread, and no access spans a callout.
+///
+/// Members are never looked up here: every change carries its member's record (see
+/// `MemberRecord`). The registry only holds the attached records, for the loop to enumerate at
+/// shutdown and when a mode joins the common set: a slot array with a free list, so attaching and
+/// detaching touch one slot and no other record.
 final class ModeTable {
   @exclusivity(unchecked) private(set) var contentsByMode: [RunLoopMode: ModeContents] = [:]
   /// The modes in the common set; `.default` is always one of them.
   @exclusivity(unchecked) private(set) var commonModes: Set<RunLoopMode> = [.default]
-  /// Every member on this loop, by identity.
-  @exclusivity(unchecked) private(set) var records: [MemberKey: MemberRecord] = [:]
-  /// Members added to `.common`, keyed by identity, with the order they were added in, so that a
-  /// mode joining the common set later receives them too (in that order).
-  @exclusivity(unchecked) private var commonMembers: [MemberKey: (order: UInt64, record: MemberRecord)] = [:]
+  /// The attached records (they hold their members); nil slots are free, listed in `freeSlots`.
+  @exclusivity(unchecked) private var registry: [MemberRecord?] = []
+  @exclusivity(unchecked) private var freeSlots: [Int] = []
+  /// Counts members added to `.common` (each record keeps its own `commonOrder`).
   @exclusivity(unchecked) private var commonOrder: UInt64 = 0
+  @exclusivity(unchecked) private var commonCount = 0
 
   /// The mode last looked up: adds and runs nearly always name the same mode, and hashing a mode's
   /// name was a visible part of every add.
@@ -124,45 +129,32 @@ final class ModeTable {
 
   func existingContents(for mode: RunLoopMode) -> ModeContents? { contentsByMode[mode] }
 
-  /// The record of a member on this loop, if it is here.
-  @inline(__always)
-  func record(for member: AnyObject) -> MemberRecord? { records[MemberKey(member)] }
-
-  /// Removes `member`'s record from the registry (one lookup) and returns it; `removeEverywhere`
-  /// then takes it out of its modes.
-  func takeRecord(for member: AnyObject) -> MemberRecord? {
-    let record = records.removeValue(forKey: MemberKey(member))
-    record?.isTaken = true
-    return record
-  }
-
-  /// The record of `member`, created (not yet in any mode) if it is not here. `created` tells.
-  func recordCreatingIfNeeded(_ member: AnyObject, _ kind: @autoclosure () -> MemberRecord.Kind)
-    -> (record: MemberRecord, created: Bool)
-  {
-    let key = MemberKey(member)
-    if let existing = records[key] { return (existing, false) }
-    let record = MemberRecord(kind: kind())
-    records[key] = record
-    return (record, true)
+  /// Attaches a record that is not on the loop yet (in no mode yet), holding `kind`'s member.
+  func attach(_ record: MemberRecord, _ kind: MemberRecord.Kind) {
+    precondition(!record.isAttached && record.modes.isEmpty, "AsyncRunLoop: attaching a record twice")
+    let slot: Int
+    if let free = freeSlots.popLast() {
+      slot = free
+      registry[slot] = record
+    } else {
+      slot = registry.count
+      registry.append(record)
+    }
+    record.attach(kind, slot: slot)
   }
 
   /// Adds the record to `mode` (to every common mode for `.common`).
-  /// - Returns: the modes the record joined (empty when it was in all of them already).
+  /// - Returns: whether the record joined any mode (false when it was in all of them already).
   @discardableResult
-  func add(_ record: MemberRecord, to mode: RunLoopMode) -> [ModeContents] {
-    var joined: [ModeContents] = []
-    if mode == .common {
-      if commonMembers[record.key] == nil {
-        commonOrder &+= 1
-        commonMembers[record.key] = (commonOrder, record)
-      }
-      for commonMode in commonModes where insert(record, into: contents(for: commonMode)) {
-        joined.append(contents(for: commonMode))
-      }
-    } else if insert(record, into: contents(for: mode)) {
-      joined.append(contents(for: mode))
+  func add(_ record: MemberRecord, to mode: RunLoopMode) -> Bool {
+    guard mode == .common else { return insert(record, into: contents(for: mode)) }
+    if record.commonOrder == 0 {
+      commonOrder &+= 1
+      record.commonOrder = commonOrder
+      commonCount += 1
     }
+    var joined = false
+    for commonMode in commonModes where insert(record, into: contents(for: commonMode)) { joined = true }
     return joined
   }
 
@@ -171,7 +163,7 @@ final class ModeTable {
   /// - Returns: true when the record left its last mode (the caller detaches it).
   func remove(_ record: MemberRecord, from mode: RunLoopMode) -> Bool {
     if mode == .common {
-      commonMembers[record.key] = nil
+      leaveCommonSet(record)
       for commonMode in commonModes {
         if let contents = contentsByMode[commonMode] { extract(record, from: contents) }
       }
@@ -181,59 +173,75 @@ final class ModeTable {
     return record.modes.isEmpty
   }
 
-  /// Removes the record from every mode, from the common set and from the registry.
+  /// Removes the record from every mode, from the common set and from the registry: it no longer
+  /// holds its member. A record that is not attached is left as it is.
   func removeEverywhere(_ record: MemberRecord) {
-    if !commonMembers.isEmpty { commonMembers[record.key] = nil }
+    guard record.isAttached else { return }
+    leaveCommonSet(record)
     while let last = record.modes.last { extract(record, from: last.contents) }
-    if !record.isTaken { records[record.key] = nil }
-    record.isDetached = true
+    let slot = record.registrySlot
+    registry[slot] = nil
+    if freeSlots.count + 1 == registry.count {
+      // Empty: start over, so a loop that once held many members does not keep scanning them.
+      registry.removeAll(keepingCapacity: true)
+      freeSlots.removeAll(keepingCapacity: true)
+    } else {
+      freeSlots.append(slot)
+    }
+    record.markDetached()
   }
 
-  /// Drops a record that is in no mode (left its last one) from the registry.
-  func forget(_ record: MemberRecord) {
-    precondition(record.modes.isEmpty, "AsyncRunLoop: forgetting a member that is still in a mode")
-    commonMembers[record.key] = nil
-    records[record.key] = nil
-    record.isDetached = true
+  private func leaveCommonSet(_ record: MemberRecord) {
+    guard record.commonOrder != 0 else { return }
+    record.commonOrder = 0
+    commonCount -= 1
   }
 
   /// Adds `mode` to the common set; every member already in `.common` joins it.
-  /// Adding `.common` itself or a mode already in the set is a no-op.
+  /// Adding `.common` itself or a mode already in the set is a no-op. O(members on the loop).
   /// - Returns: the records that joined the mode.
   @discardableResult
   func addToCommonModes(_ mode: RunLoopMode) -> [MemberRecord] {
     guard mode != .common, commonModes.insert(mode).inserted else { return [] }
     let contents = contents(for: mode)
-    let ordered = commonMembers.values.sorted { $0.order < $1.order }.map(\.record)
+    guard commonCount > 0 else { return [] }
+    let ordered = registry.compactMap { $0 }.filter { $0.commonOrder != 0 }.sorted { $0.commonOrder < $1.commonOrder }
     return ordered.filter { insert($0, into: contents) }
   }
 
   /// Every record on the loop.
-  var allRecords: [MemberRecord] { Array(records.values) }
+  var allRecords: [MemberRecord] { registry.compactMap { $0 } }
 
   /// Inserts the record into one mode; false when the mode holds it already.
   private func insert(_ record: MemberRecord, into contents: ModeContents) -> Bool {
     guard !record.isIn(contents) else { return false }
-    var slot = -1
-    var timerEntry: TimerEntry?
+    var membership = Membership(contents: contents, slot: -1)
     switch record.kind {
+    case nil: return false
     case .source: contents.sourceCount += 1
     case .descriptor: contents.descriptors[record.key] = record
     case .timer:
       contents.timerCount += 1
-      timerEntry = TimerEntry(record: record)  // the loop puts it in the heap (`pushTimerEntries`)
-    case .observer: slot = contents.insertObserver(record)
+      // The loop puts the entry in the heap (`pushTimerEntries`): the record itself unless
+      // another of its modes uses it already.
+      if record.modes.contains(where: \.usesRecordEntry) {
+        membership.extraEntry = TimerEntry(record: record)
+      } else {
+        membership.usesRecordEntry = true
+      }
+    case .observer: membership.slot = contents.insertObserver(record)
     }
-    record.modes.append(Membership(contents: contents, slot: slot, timerEntry: timerEntry))
+    record.modes.append(membership)
     return true
   }
 
   private func extract(_ record: MemberRecord, from contents: ModeContents) {
     guard let position = record.modes.firstIndex(where: { $0.contents === contents }) else { return }
     let slot = record.modes[position].slot
-    let timerEntry = record.modes[position].timerEntry
+    let timerEntry = record.modes[position].timerEntry(of: record)
     record.modes.remove(at: position)
     switch record.kind {
+    case nil: break
     case .source: contents.sourceCount -= 1
     case .descriptor: contents.descriptors[record.key] = nil
     case .timer:

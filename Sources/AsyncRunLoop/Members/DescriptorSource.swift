@@ -46,7 +46,9 @@ public final class DescriptorSource: LoopMember, @unchecked Sendable {  // Safet
   public let order: Int
 
   private let lock = PthreadLock.make()
-  private var state: CalloutMemberState<@Sendable (DescriptorSource, DescriptorEvents) -> Void>
+  // No dynamic exclusivity checks (a thread-local lookup each, on every fire): these are only
+  // touched under `lock`, and no access spans a callout.
+  @exclusivity(unchecked) private var state: CalloutMemberState<@Sendable (DescriptorSource, DescriptorEvents) -> Void>
 
   /// Creates a readiness source.
   /// - Parameters:

@@ -74,24 +74,24 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
   /// ("signal + wake" as one call). Any thread. A no-op on an invalidated source.
   /// Signals that arrive before the source is added to a loop are kept and fire once it is.
   public func signal() {
-    let loop: LoopShared? = lock.withLock {
+    let target: (loop: LoopShared, record: MemberRecord)? = lock.withLock {
       guard binding.isValid, state.signal() else { return nil }
-      return binding.loop  // nil when not on a loop: the loop it joins picks the signal up
+      return binding.loopAndRecord  // nil when not on a loop: the loop it joins picks the signal up
     }
-    loop?.enqueueSignalled(self)
+    if let target { target.loop.enqueueSignalled(target.record) }
   }
 
   /// Removes the source from every mode of its loop and calls `cancel` exactly once (on the
   /// loop's thread; before this returns when called there) if it was on a loop. Releases the
   /// routines. Any thread; idempotent.
   public func invalidate() {
-    let loop: LoopShared? = lock.withLock {
-      let (loop, first) = binding.invalidate()
-      guard first else { return nil }
+    let target: (loop: LoopShared?, record: MemberRecord?) = lock.withLock {
+      let (loop, record, first) = binding.invalidate()
+      guard first else { return (nil, nil) }
       state.invalidate(keepingRoutines: loop != nil)  // the loop's detach hands out cancel
-      return loop
+      return (loop, record)
     }
-    loop?.detachInvalidated(self)
+    target.loop?.detachInvalidated(self, target.record)
   }
 
   func releaseAfterInvalidation(onThreadOf loop: RunLoopThread?) {

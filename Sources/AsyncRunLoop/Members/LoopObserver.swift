@@ -48,7 +48,9 @@ public final class LoopObserver: LoopMember, @unchecked Sendable {  // Safety: p
   public let order: Int
 
   private let lock = PthreadLock.make()
-  private var state: CalloutMemberState<@Sendable (LoopObserver, LoopActivity) -> Void>
+  // No dynamic exclusivity checks (a thread-local lookup each, on every fire): these are only
+  // touched under `lock`, and no access spans a callout.
+  @exclusivity(unchecked) private var state: CalloutMemberState<@Sendable (LoopObserver, LoopActivity) -> Void>
 
   /// Creates an observer.
   /// - Parameters:

@@ -46,15 +46,17 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   let toleranceNanoseconds: Int64
 
   private let lock = PthreadLock.make()
-  private var state: CalloutMemberState<@Sendable (LoopTimer) -> Void>
-  private var fireDateNs: Int64
+  // No dynamic exclusivity checks (a thread-local lookup each, on every fire): these are only
+  // touched under `lock`, and no access spans a callout.
+  @exclusivity(unchecked) private var state: CalloutMemberState<@Sendable (LoopTimer) -> Void>
+  @exclusivity(unchecked) private var fireDateNs: Int64
   /// The loop whose thread runs a callout of this timer now (set and cleared by that thread).
-  private var firingLoop: LoopShared?
+  @exclusivity(unchecked) private var firingLoop: LoopShared?
   /// Bumped by every `setFireDate`; `versionAtFire` is its value when the running callout began.
-  private var fireDateVersion: UInt64 = 0
-  private var versionAtFire: UInt64 = 0
+  @exclusivity(unchecked) private var fireDateVersion: UInt64 = 0
+  @exclusivity(unchecked) private var versionAtFire: UInt64 = 0
   /// Threads in `invalidateAndWait` waiting for the running callout to end.
-  private var firingWaiters: [BlockingGate] = []
+  @exclusivity(unchecked) private var firingWaiters: [BlockingGate] = []
 
   /// Creates a timer that first fires at `fireDate`. Add it to a loop to start it.
   /// - Parameters:
@@ -146,12 +148,12 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   /// Moves the next fire date (a repeating timer keeps its interval from there). Any thread: on
   /// the loop thread it takes effect at once, elsewhere on the loop's next pass.
   public func setFireDate(_ date: LoopClock.Instant) {
-    let loop = lock.withLock {
+    let target = lock.withLock {
       fireDateNs = date.nanoseconds
       fireDateVersion &+= 1
-      return state.binding.loop
+      return state.binding.loopAndRecord
     }
-    loop?.rescheduleTimer(self)
+    if let target { target.loop.rescheduleTimer(target.record) }
   }
 
   /// Stops the timer and releases its handler, and the loop drops it from its modes. Any
@@ -228,6 +230,10 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     current(self)
     lock.lock()
     firingLoop = nil
+    guard !firingWaiters.isEmpty else {
+      lock.unlock()
+      return
+    }
     let waiters = firingWaiters
     firingWaiters.removeAll()
     lock.unlock()

@@ -13,6 +13,10 @@ protocol LoopMember: AnyObject, Sendable {
   /// Runs `body` with the member's binding, under the member's lock. Any thread. `body` must not
   /// call out (user code, other locks than the loop's inbox lock).
   func withBinding<Result>(_ body: (inout MemberBinding) -> Result) -> Result
+  /// Loop thread of `core`: applies an accepted `add` of this member to `mode`, with its record
+  /// there (`RunLoopThread.bind`). Returns the failure to throw to the caller when the caller waits
+  /// on the loop thread (`callerWaits`); only a readiness source's add can fail.
+  func applyAdd(on core: LoopCore, record: MemberRecord, mode: RunLoopMode, callerWaits: Bool) -> SystemCallError?
 }
 
 /// The one lifecycle every loop member shares (a pure state machine, held under the member's
@@ -26,42 +30,49 @@ protocol LoopMember: AnyObject, Sendable {
 /// its last mode may be added to another loop at once, and the loop can tell, when it applies an
 /// `add`, whether the member was invalidated since (it then schedules and detaches it at once, so
 /// the cancel routine and the closing delivery still happen: nothing accepted is lost).
+///
+/// While bound, the binding holds the member's `MemberRecord` for that loop (made when it binds),
+/// and every change it sends carries that record: the loop never looks a member up.
 struct MemberBinding {
-  private enum State {
+  private enum Phase {
     /// On no loop.
     case unbound
-    /// On `loop`, in the modes `add` named (`.common` counts as one name).
-    case bound(LoopShared, modes: [RunLoopMode])
+    /// On `loop`, in the modes `add` named (`.common` counts as one name), with the loop's record.
+    case bound
     /// `invalidate()` was called: final.
     case invalidated
   }
 
-  private var state = State.unbound
+  // Plain stored fields rather than an enum with payloads: every callout and signal reads the
+  // binding, and copying an enum payload retained and released each of its references.
+  private var phase = Phase.unbound
+  /// The loop the member is on (bound only).
+  private(set) var loop: LoopShared?
+  /// The member's record on `loop` (bound only).
+  private var boundRecord: MemberRecord?
+  /// The mode names it was added to on `loop` (bound only).
+  private var modes = ModeNames()
   /// The loop the member was last bound to. After its last mode was removed that loop may still
   /// hold the member until it applies the removal; an invalidation is sent there too, so that loop
   /// releases the member's closures after the removal (and its cancel routine) ran. (The loop's
   /// shared half, not its handle: a removed member never keeps a loop's handle alive.)
   private var lastLoop: LoopShared?
 
-  /// The loop the member is on, if any.
-  var loop: LoopShared? {
-    switch state {
-    case .bound(let loop, _): return loop
-    case .unbound, .invalidated: return nil
-    }
+  /// The loop the member is on and its record there, if it is on one.
+  var loopAndRecord: (loop: LoopShared, record: MemberRecord)? {
+    guard let loop, let boundRecord else { return nil }
+    return (loop, boundRecord)
   }
+
+  /// The member's record on `loop`, if it is bound to `loop`.
+  func record(on loop: LoopShared) -> MemberRecord? { self.loop === loop ? boundRecord : nil }
 
   /// False once invalidated.
-  var isValid: Bool {
-    switch state {
-    case .unbound, .bound: return true
-    case .invalidated: return false
-    }
-  }
+  var isValid: Bool { phase != .invalidated }
 
   enum BindAction {
-    /// Bound (or already bound here): send the add to the loop.
-    case accepted
+    /// Bound (or already bound here): send the add to the loop, with this record.
+    case accepted(MemberRecord)
     /// The member was invalidated: ignore the add.
     case refused
     /// The member is on another loop: a programming error (the caller traps, naming both loops).
@@ -70,54 +81,96 @@ struct MemberBinding {
 
   /// `loop.add(member, to: mode)`.
   mutating func bind(to loop: LoopShared, mode: RunLoopMode) -> BindAction {
-    switch state {
+    switch phase {
     case .unbound:
-      state = .bound(loop, modes: [mode])  // joins this loop
+      let record = MemberRecord()  // joins this loop: a new record for it
+      phase = .bound
+      self.loop = loop
+      boundRecord = record
+      modes = ModeNames(mode)
       lastLoop = loop
-      return .accepted
-    case .bound(let current, var modes):
-      guard current === loop else { return .onAnotherLoop(current) }
-      if !modes.contains(mode) { modes.append(mode) }  // one more mode on the same loop
-      state = .bound(current, modes: modes)
-      return .accepted
+      return .accepted(record)
+    case .bound:
+      guard let current = self.loop, current === loop, let boundRecord else {
+        return .onAnotherLoop(self.loop.unsafelyUnwrapped)
+      }
+      _ = modes.insert(mode)  // one more mode on the same loop (or one it has already)
+      return .accepted(boundRecord)
     case .invalidated:
       return .refused  // adding an invalidated member is a no-op
     }
   }
 
-  /// `loop.remove(member, from: mode)`: true when the member is bound to `loop` (send the removal).
-  /// Removing the last mode name unbinds it: it may be added to any loop from now on.
-  mutating func unbind(from loop: LoopShared, mode: RunLoopMode) -> Bool {
-    switch state {
-    case .bound(let current, var modes):
-      guard current === loop else { return false }  // not on this loop: nothing to remove
-      modes.removeAll { $0 == mode }
-      state = modes.isEmpty ? .unbound : .bound(current, modes: modes)
-      return true
-    case .unbound, .invalidated:
-      return false
-    }
+  /// `loop.remove(member, from: mode)`: the record to send the removal with, when the member is
+  /// bound to `loop`. Removing the last mode name unbinds it: it may be added to any loop from now
+  /// on (and gets a new record there).
+  mutating func unbind(from loop: LoopShared, mode: RunLoopMode) -> MemberRecord? {
+    guard phase == .bound, self.loop === loop, let record = boundRecord else { return nil }  // not on this loop
+    if modes.remove(mode) && modes.isEmpty { becomeUnbound() }
+    return record
   }
 
   /// A refused add (the loop had terminated): forget `loop` (the member is invalidated next).
   mutating func forget(_ loop: LoopShared) {
-    if case .bound(let current, _) = state, current === loop { state = .unbound }
+    if phase == .bound, self.loop === loop { becomeUnbound() }
+  }
+
+  private mutating func becomeUnbound() {
+    phase = .unbound
+    loop = nil
+    boundRecord = nil
+    modes = ModeNames()
   }
 
   /// `invalidate()`: returns the loop that must detach the member (the one it is on, or the one it
   /// was last on, which may not have applied the removal yet; nil when it was never on a loop, or
-  /// is invalidated already), and whether this was the first call. Idempotent.
-  mutating func invalidate() -> (loop: LoopShared?, first: Bool) {
-    switch state {
+  /// is invalidated already) with the member's record there (nil when it was removed: that loop
+  /// detaches it when it applies the removal), and whether this was the first call. Idempotent.
+  mutating func invalidate() -> (loop: LoopShared?, record: MemberRecord?, first: Bool) {
+    switch phase {
     case .unbound:
-      state = .invalidated
-      return (lastLoop, true)
-    case .bound(let loop, _):
-      state = .invalidated
-      return (loop, true)
+      phase = .invalidated
+      return (lastLoop, nil, true)
+    case .bound:
+      let result = (loop, boundRecord, true)
+      phase = .invalidated
+      loop = nil
+      boundRecord = nil
+      modes = ModeNames()
+      return result
     case .invalidated:
-      return (nil, false)
+      return (nil, nil, false)
     }
+  }
+}
+
+/// The mode names a bound member was added to: nearly always one, so the first is stored inline
+/// (binding allocates nothing for it). Pure.
+struct ModeNames {
+  private var first: RunLoopMode?
+  private var others: [RunLoopMode] = []
+
+  init() {}
+  init(_ mode: RunLoopMode) { first = mode }
+
+  var isEmpty: Bool { first == nil }
+
+  /// Adds `mode`; false when it was there already.
+  mutating func insert(_ mode: RunLoopMode) -> Bool {
+    if first == mode || others.contains(mode) { return false }
+    if first == nil { first = mode } else { others.append(mode) }
+    return true
+  }
+
+  /// Removes `mode`; false when it was not there.
+  mutating func remove(_ mode: RunLoopMode) -> Bool {
+    if first == mode {
+      first = others.isEmpty ? nil : others.removeFirst()
+      return true
+    }
+    guard let index = others.firstIndex(of: mode) else { return false }
+    others.remove(at: index)
+    return true
   }
 }
 
@@ -165,19 +218,21 @@ struct CalloutMemberState<Callout> {
   /// Marks the member invalid (no callout starts after this) and takes its closures; the first
   /// call only.
   mutating func invalidate() -> MemberInvalidation<Callout> {
-    let (loop, first) = binding.invalidate()
-    guard first else { return MemberInvalidation(loop: nil, released: nil, onInvalidate: nil) }
+    let (loop, record, first) = binding.invalidate()
+    guard first else { return MemberInvalidation(loop: nil, record: nil, released: nil, onInvalidate: nil) }
     defer {
       callout = nil
       onInvalidate = nil
     }
-    return MemberInvalidation(loop: loop, released: callout, onInvalidate: onInvalidate)
+    return MemberInvalidation(loop: loop, record: record, released: callout, onInvalidate: onInvalidate)
   }
 }
 
 /// What an invalidation took out of a member's lock.
 struct MemberInvalidation<Callout> {
   let loop: LoopShared?
+  /// The member's record on `loop` (nil when it was removed from there).
+  let record: MemberRecord?
   let released: Callout?
   let onInvalidate: (@Sendable () -> Void)?
 
@@ -186,7 +241,7 @@ struct MemberInvalidation<Callout> {
   func finish(_ member: some LoopMember, detaching: Bool = true) {
     withExtendedLifetime(released) {}
     onInvalidate?()
-    if detaching { loop?.detachInvalidated(member) }
+    if detaching { loop?.detachInvalidated(member, record) }
   }
 }
 

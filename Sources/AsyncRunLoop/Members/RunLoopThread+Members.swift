@@ -19,7 +19,7 @@ extension RunLoopThread {
   ///
   /// Traps if the source is on another loop: remove it from every mode there first.
   public func add(_ source: InputSource, to mode: RunLoopMode = .default) {
-    bind(source, to: mode) { core in core.applyAdd(source, to: mode) }
+    bind(source, to: mode)
   }
 
   /// Removes `source` from `mode`; when that was its last mode here, its `cancel` routine runs on
@@ -33,7 +33,7 @@ extension RunLoopThread {
   /// Schedules `timer` in `mode` (every common mode for `.common`). Adding it twice is a no-op;
   /// an invalidated timer is ignored. Any thread. Traps if the timer is on another loop.
   public func add(_ timer: LoopTimer, to mode: RunLoopMode = .default) {
-    bind(timer, to: mode) { core in core.applyAdd(timer, to: mode) }
+    bind(timer, to: mode)
   }
 
   /// Removes `timer` from `mode`; it stays valid and can be added again, to this loop or, once
@@ -47,7 +47,7 @@ extension RunLoopThread {
   /// Adds `observer` to `mode` (every common mode for `.common`). Any thread. Traps if the
   /// observer is on another loop.
   public func add(_ observer: LoopObserver, to mode: RunLoopMode = .default) {
-    bind(observer, to: mode) { core in core.applyAdd(observer, to: mode) }
+    bind(observer, to: mode)
   }
 
   /// Removes `observer` from `mode`; once removed from its last mode it may be added to another
@@ -73,23 +73,7 @@ extension RunLoopThread {
     if kind == S_IFREG || kind == S_IFDIR {
       throw SystemCallError(call: "epoll_ctl(ADD, fd \(source.descriptor))", errno: EPERM)
     }
-    var failure: SystemCallError?
-    let onLoop = isOnLoopThread
-    bind(source, to: mode) { core in
-      do throws(SystemCallError) {
-        try core.applyAdd(source, to: mode)
-      } catch {
-        if onLoop {
-          failure = error  // the caller is here, waiting for the answer
-        } else {
-          // Nobody is waiting for an answer: tell the handler, and drop the source.
-          source.fire(.error, on: core.shared)
-        }
-        source.withBinding { $0.forget(core.shared) }
-        source.invalidate()
-      }
-    }
-    if let failure { throw failure }
+    if let failure = bind(source, to: mode) { throw failure }
   }
 
   /// Removes a readiness source from `mode`; when that was its last mode, its descriptor is
@@ -120,30 +104,32 @@ extension RunLoopThread {
     case onAnotherLoop(LoopShared)
   }
 
-  /// Binds `member` to this loop in `mode` and has the loop apply `change`: inline on the loop
-  /// thread (after the changes other threads sent before, so they keep their order); from other
-  /// threads sent while the member's lock is held, so the loop applies every thread's calls on
-  /// this member in the order their bindings changed. A loop that has terminated refuses: the
-  /// member is invalidated. Traps when the member is on another loop.
-  func bind<Member: LoopMember>(
-    _ member: Member, to mode: RunLoopMode, _ change: @escaping (LoopCore) -> Void
-  ) {
+  /// Binds `member` to this loop in `mode` and has the loop apply the add
+  /// (`LoopMember.applyAdd`): inline on the loop thread (after the changes other threads sent
+  /// before, so they keep their order), returning its failure; from other threads sent while the
+  /// member's lock is held, so the loop applies every thread's calls on this member in the order
+  /// their bindings changed. A loop that has terminated refuses: the member is invalidated. Traps
+  /// when the member is on another loop. (No closure is made on the loop thread: adds there
+  /// allocate nothing beyond the member's record.)
+  @discardableResult
+  func bind<Member: LoopMember>(_ member: Member, to mode: RunLoopMode) -> SystemCallError? {
     let shared = self.shared
     if shared.isOnLoopThread {
       switch member.withBinding({ $0.bind(to: shared, mode: mode) }) {
-      case .accepted:
+      case .accepted(let record):
         core.applyControls()
-        change(core)
+        return member.applyAdd(on: core, record: record, mode: mode, callerWaits: true)
       case .refused:
-        return
+        return nil
       case .onAnotherLoop(let other):
         Self.trapOnAnotherLoop(Member.kindName, current: other, requested: self)
       }
-      return
     }
     let outcome: SendOutcome = member.withBinding { binding in
       switch binding.bind(to: shared, mode: mode) {
-      case .accepted:
+      case .accepted(let record):
+        let change = { (core: LoopCore) in _ = member.applyAdd(on: core, record: record, mode: mode, callerWaits: false)
+        }
         guard let wake = shared.send(change) else {
           binding.forget(shared)
           return .refusedTerminated
@@ -161,6 +147,7 @@ extension RunLoopThread {
     case .refusedTerminated: member.invalidateMember()
     case .onAnotherLoop(let other): Self.trapOnAnotherLoop(Member.kindName, current: other, requested: self)
     }
+    return nil
   }
 
   /// Unbinds `member` from `mode` of this loop (a no-op when it is not here) and has the loop
@@ -168,17 +155,56 @@ extension RunLoopThread {
   func unbind<Member: LoopMember>(_ member: Member, from mode: RunLoopMode) {
     let shared = self.shared
     if shared.isOnLoopThread {
-      guard member.withBinding({ $0.unbind(from: shared, mode: mode) }) else { return }
+      guard let record = member.withBinding({ $0.unbind(from: shared, mode: mode) }) else { return }
       core.applyControls()
-      core.applyRemove(member, from: mode)
+      core.applyRemove(record, from: mode)
       return
     }
     let wake: LoopInbox.WakeAction? = member.withBinding { binding in
-      guard binding.unbind(from: shared, mode: mode) else { return nil }
+      guard let record = binding.unbind(from: shared, mode: mode) else { return nil }
       // Refused: the loop has terminated and detached every member already.
-      return shared.send { core in core.applyRemove(member, from: mode) }
+      return shared.send { core in core.applyRemove(record, from: mode) }
     }
     if let wake { perform(wake) }
+  }
+}
+
+// The loop's side of an accepted add, per kind (see `LoopMember.applyAdd`).
+
+extension InputSource {
+  func applyAdd(on core: LoopCore, record: MemberRecord, mode: RunLoopMode, callerWaits: Bool) -> SystemCallError? {
+    core.applyAdd(self, record, to: mode)
+    return nil
+  }
+}
+
+extension LoopTimer {
+  func applyAdd(on core: LoopCore, record: MemberRecord, mode: RunLoopMode, callerWaits: Bool) -> SystemCallError? {
+    core.applyAdd(self, record, to: mode)
+    return nil
+  }
+}
+
+extension LoopObserver {
+  func applyAdd(on core: LoopCore, record: MemberRecord, mode: RunLoopMode, callerWaits: Bool) -> SystemCallError? {
+    core.applyAdd(self, record, to: mode)
+    return nil
+  }
+}
+
+extension DescriptorSource {
+  /// A registration epoll refuses is returned to a caller waiting on the loop thread; otherwise
+  /// nobody waits for an answer: the handler is told `[.error]`. Either way the source is dropped.
+  func applyAdd(on core: LoopCore, record: MemberRecord, mode: RunLoopMode, callerWaits: Bool) -> SystemCallError? {
+    do throws(SystemCallError) {
+      try core.applyAdd(self, record, to: mode)
+      return nil
+    } catch {
+      if !callerWaits { fire(.error, on: core.shared) }
+      withBinding { $0.forget(core.shared) }
+      invalidate()
+      return callerWaits ? error : nil
+    }
   }
 }
 
