@@ -56,7 +56,7 @@ struct MemberBinding {
   /// hold the member until it applies the removal; an invalidation is sent there too, so that loop
   /// releases the member's closures after the removal (and its cancel routine) ran. (The loop's
   /// shared half, not its handle: a removed member never keeps a loop's handle alive.)
-  private var lastLoop: LoopShared?
+  private(set) var lastLoop: LoopShared?
 
   /// The loop the member is on and its record there, if it is on one.
   var loopAndRecord: (loop: LoopShared, record: MemberRecord)? {
@@ -110,9 +110,15 @@ struct MemberBinding {
     return record
   }
 
-  /// A refused add (the loop had terminated): forget `loop` (the member is invalidated next).
-  mutating func forget(_ loop: LoopShared) {
-    if phase == .bound, self.loop === loop { becomeUnbound() }
+  /// A refused add (the loop had terminated, or could not register the member): forget `loop`
+  /// (the member is invalidated next) and make `previousLastLoop` the loop it was last on. A
+  /// terminated loop that refused the add never held the member: pass `lastLoop` as it was before
+  /// the refused `bind`, so that the invalidation goes to the loop the member really was on last
+  /// (which delivers the commands a `CommandSource` accepted while it was on no loop).
+  mutating func forget(_ loop: LoopShared, restoringLastLoop previousLastLoop: LoopShared?) {
+    guard phase == .bound, self.loop === loop else { return }
+    becomeUnbound()
+    lastLoop = previousLastLoop
   }
 
   private mutating func becomeUnbound() {

@@ -126,12 +126,13 @@ extension RunLoopThread {
       }
     }
     let outcome: SendOutcome = member.withBinding { binding in
+      let lastLoop = binding.lastLoop  // what a refused add restores
       switch binding.bind(to: shared, mode: mode) {
       case .accepted(let record):
         let change = { (core: LoopCore) in _ = member.applyAdd(on: core, record: record, mode: mode, callerWaits: false)
         }
         guard let wake = shared.send(change) else {
-          binding.forget(shared)
+          binding.forget(shared, restoringLastLoop: lastLoop)
           return .refusedTerminated
         }
         return .sent(wake)
@@ -201,7 +202,7 @@ extension DescriptorSource {
       return nil
     } catch {
       if !callerWaits { fire(.error, on: core.shared) }
-      withBinding { $0.forget(core.shared) }
+      withBinding { $0.forget(core.shared, restoringLastLoop: core.shared) }
       invalidate()
       return callerWaits ? error : nil
     }
