@@ -1,3 +1,5 @@
+import Glibc
+
 /// A custom input source with a typed command buffer (SPEC §3, the "command buffer" pattern).
 ///
 /// Any thread may `post(_:)` a command: the command is appended to the buffer, the source is
@@ -43,8 +45,12 @@ public final class CommandSource<Command: Sendable>: Sendable {
       order: order, schedule: schedule,
       cancel: cancel,
       // Invalidated: refuse further posts, then deliver what was accepted (before cancel).
-      close: { _ in buffer.drain(into: handler, closing: true) },
-      perform: { _ in buffer.drain(into: handler, closing: false) })
+      close: { _ in _ = buffer.drain(into: handler, closing: true) },
+      perform: { source in
+        // A drain that found another loop's thread still delivering left the commands pending;
+        // that thread asks for another fire here once it is done.
+        if buffer.drain(into: handler, closing: false) { source.signal() }
+      })
   }
 
   /// Dropping the last reference invalidates the source: its loop removes it and calls cancel.
@@ -72,10 +78,13 @@ public final class CommandSource<Command: Sendable>: Sendable {
 /// The command buffer of a `CommandSource`: filled from any thread, drained on the loop thread.
 @usableFromInline
 final class CommandBuffer<Command: Sendable>: @unchecked Sendable {  // Safety: proof below
-  // Safety: `pending` and `isOpen` are only touched with `lock` held. `draining` and
-  // `drainIndex` are only touched by `drain`, which runs on the loop thread (the source's
-  // perform and cancel routines; a nested run or a handler that invalidates the source may call
-  // it again from inside a handler, never from another thread).
+  // Safety: `pending`, `isOpen`, `drainingThread` and `deferredDrain` are only touched with
+  // `lock` held. `draining` and `drainIndex` are only touched by `drain` on the thread that
+  // `drainingThread` names (set under the lock by its outermost drain, cleared under the lock
+  // after its last access): the source's perform and close routines, on a loop thread; a nested
+  // run or a handler that invalidates the source may drain again from inside a handler on that
+  // thread. A source that moved to another loop while its old loop was delivering a batch may be
+  // fired on the new loop's thread meanwhile: that drain leaves `draining` alone (see `drain`).
   // No dynamic exclusivity checks (see `ModeContents`): no access spans a call out.
   @usableFromInline let lock = PthreadLock.make()
   @exclusivity(unchecked) @usableFromInline var pending: [Command] = []
@@ -83,6 +92,11 @@ final class CommandBuffer<Command: Sendable>: @unchecked Sendable {  // Safety: 
   /// The commands taken from `pending` and not all delivered yet: `draining[drainIndex...]`.
   @exclusivity(unchecked) @usableFromInline var draining: [Command] = []
   @exclusivity(unchecked) @usableFromInline var drainIndex = 0
+  /// The thread whose drain is on its stack (it owns `draining`), nil when none.
+  @exclusivity(unchecked) @usableFromInline var drainingThread: pthread_t?
+  /// A drain on another thread found `drainingThread` busy and left its commands pending: the
+  /// busy drain asks for another fire when it ends.
+  @exclusivity(unchecked) @usableFromInline var deferredDrain = false
 
   @usableFromInline init() {}
 
@@ -119,10 +133,34 @@ final class CommandBuffer<Command: Sendable>: @unchecked Sendable {  // Safety: 
   /// over: a handler that runs the loop nested (the source fires again) or invalidates its own
   /// source (the cancel routine's closing drain) gets the rest of the batch delivered first, in
   /// posting order, exactly once, and before `cancel`.
+  ///
+  /// The queue belongs to one thread at a time. A source removed from its loop while that loop's
+  /// thread delivers a batch may at once be added to, and fired on, another loop: that thread's
+  /// drain leaves the commands pending (the handler is never called on two threads at once) and
+  /// the busy drain returns true when it is done: signal the source again, so that its loop now
+  /// delivers them. (A closing drain there cannot wait: it delivers what is pending at once,
+  /// before `cancel`, while the other thread finishes its batch.)
+  /// - Returns: true when the source must be signalled again (commands were left for this drain).
   @inlinable
-  func drain(into handler: (Command) -> Void, closing: Bool) {
+  func drain(into handler: (Command) -> Void, closing: Bool) -> Bool {
+    let thread = pthread_self()
     lock.lock()
     if closing { isOpen = false }
+    if let owner = drainingThread, pthread_equal(owner, thread) == 0 {
+      // Another loop's thread is delivering a batch it took while the source was on its loop.
+      guard closing else {
+        deferredDrain = true  // it signals the source again when it is done
+        lock.unlock()
+        return false
+      }
+      var rest: [Command] = []
+      swap(&rest, &pending)
+      lock.unlock()
+      for command in rest { handler(command) }
+      return false
+    }
+    let outermost = drainingThread == nil
+    drainingThread = thread
     if drainIndex == draining.count {
       // Nothing left from an outer drain: the posted commands become the batch.
       draining.removeAll(keepingCapacity: true)
@@ -144,5 +182,12 @@ final class CommandBuffer<Command: Sendable>: @unchecked Sendable {  // Safety: 
       draining.removeAll(keepingCapacity: true)
       drainIndex = 0
     }
+    guard outermost else { return false }
+    lock.lock()
+    drainingThread = nil
+    let again = deferredDrain && !pending.isEmpty
+    deferredDrain = false
+    lock.unlock()
+    return again
   }
 }
