@@ -109,4 +109,142 @@ struct AcceptanceRound3Members {
     #expect(ends == ["end1", "end2", "end3"], "log: \(log.snapshot)")
     command.source.invalidate()
   }
+
+  /// A moving source, stressed: one thread moves a CommandSource between two loops (removing it
+  /// from its last mode first, as the docs require) while another posts. Every accepted command
+  /// is delivered exactly once, in posting order, and the handler never runs on two threads at
+  /// once; each loop calls cancel once per schedule.
+  @Test func aCommandSourceMovedBackAndForthWhilePostedToDeliversEachCommandOnce() async throws {
+    let loops = [try RunLoopThread(name: "ar3-pp-a"), try RunLoopThread(name: "ar3-pp-b")]
+    defer { for loop in loops { loop.shutdownAndWait() } }
+    let delivered = Guarded<[Int]>([])
+    let inHandler = AtomicCounter()
+    let overlaps = AtomicCounter()
+    let schedules = Guarded<[String: Int]>([:])
+    let cancels = Guarded<[String: Int]>([:])
+    let command = CommandSource<Int>(
+      schedule: { _, loop, _ in schedules.withLock { $0[loop.name, default: 0] += 1 } },
+      cancel: { _, loop in cancels.withLock { $0[loop.name, default: 0] += 1 } }
+    ) { value in
+      if inHandler.increment() != 1 { overlaps.increment() }
+      delivered.withLock { $0.append(value) }
+      for _ in 0..<50 { sched_yield() }  // widen the window in which the source moves
+      inHandler.value.subtract(1, ordering: .sequentiallyConsistent)
+    }
+    loops[0].add(command.source)
+    let accepted = try await withWatchdogOnThread(timeout: .seconds(30), "move and post") { () -> Int in
+      let posted = Guarded(0)
+      race([
+        {
+          for round in 0..<200 {
+            loops[round % 2].remove(command.source)
+            loops[(round + 1) % 2].add(command.source)
+            if round % 16 == 0 { usleep(200) }
+          }
+        },
+        {
+          for value in 0..<2_000 where command.post(value) { posted.withLock { $0 += 1 } }
+        },
+      ])
+      command.source.invalidate()
+      for loop in loops { try Self.settle(loop) }
+      return posted.snapshot
+    }
+    guard let accepted else { return }
+    #expect(accepted == 2_000)
+    #expect(delivered.snapshot == Array(0..<2_000), "count \(delivered.snapshot.count)")
+    #expect(overlaps.current == 0)
+    #expect(schedules.snapshot == cancels.snapshot, "schedules \(schedules.snapshot), cancels \(cancels.snapshot)")
+  }
+
+  /// CommandSource: "every command that post accepted is delivered exactly once", also when the
+  /// invalidation races the posts, and all of them before `cancel`.
+  @Test func postsRacingInvalidateAreDeliveredExactlyOnceBeforeCancel() async throws {
+    let loop = try RunLoopThread(name: "ar3-post-inv")
+    defer { loop.shutdownAndWait() }
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "posts vs invalidate") {
+      () -> [(accepted: Int, delivered: Int, afterCancel: Int, cancels: Int)] in
+      var results: [(Int, Int, Int, Int)] = []
+      repeatRounds(40, budget: .milliseconds(600)) { _ in
+        let delivered = Guarded(0)
+        let cancelled = Guarded(0)
+        let afterCancel = Guarded(0)
+        let command = CommandSource<Int>(cancel: { _, _ in cancelled.withLock { $0 += 1 } }) { _ in
+          delivered.withLock { $0 += 1 }
+          if cancelled.snapshot > 0 { afterCancel.withLock { $0 += 1 } }
+        }
+        loop.add(command.source)
+        let accepted = Guarded(0)
+        let producer: @Sendable () -> Void = {
+          for value in 0..<300 where command.post(value) { accepted.withLock { $0 += 1 } }
+        }
+        race([
+          producer, producer,
+          {
+            usleep(50); command.source.invalidate()
+          },
+        ])
+        _ = waitUntil(timeout: .seconds(10), "cancel") { cancelled.snapshot == 1 }
+        results.append((accepted.snapshot, delivered.snapshot, afterCancel.snapshot, cancelled.snapshot))
+      }
+      return results
+    }
+    for result in outcome ?? [] {
+      #expect(result.delivered == result.accepted)
+      #expect(result.afterCancel == 0)
+      #expect(result.cancels == 1)
+    }
+  }
+
+  /// The same, with the loop's shutdown (or the drop of its last reference) racing the posts.
+  @Test(arguments: [false, true])
+  func postsRacingTheEndOfTheLoopAreDeliveredExactlyOnce(dropInsteadOfShutdown: Bool) async throws {
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "posts vs end of loop") {
+      () -> [(accepted: Int, delivered: Int, cancels: Int, freed: Bool)] in
+      var results: [(Int, Int, Int, Bool)] = []
+      try repeatRounds(20, budget: .milliseconds(600)) { _ in
+        let delivered = Guarded(0)
+        let cancelled = Guarded(0)
+        let weak = ExecWeakLoop()
+        let command = CommandSource<Int>(cancel: { _, _ in cancelled.withLock { $0 += 1 } }) { _ in
+          delivered.withLock { $0 += 1 }
+        }
+        let accepted = Guarded(0)
+        let producer: @Sendable () -> Void = {
+          for value in 0..<300 where command.post(value) { accepted.withLock { $0 += 1 } }
+        }
+        try Self.endLoopWhilePosting(
+          weak: weak, command: command, drop: dropInsteadOfShutdown, producers: [producer, producer])
+        _ = waitUntil(timeout: .seconds(10), "cancel") { cancelled.snapshot == 1 }
+        _ = waitUntil(timeout: .seconds(10), "loop freed") { weak.isGone }
+        results.append((accepted.snapshot, delivered.snapshot, cancelled.snapshot, weak.isGone))
+      }
+      return results
+    }
+    for result in outcome ?? [] {
+      #expect(result.delivered == result.accepted)
+      #expect(result.cancels == 1)
+      #expect(result.freed)
+    }
+  }
+
+  private static func endLoopWhilePosting(
+    weak: ExecWeakLoop, command: CommandSource<Int>, drop: Bool, producers: [@Sendable () -> Void]
+  ) throws {
+    let holder = Guarded<RunLoopThread?>(try RunLoopThread(name: "ar3-end"))
+    guard let loop = holder.snapshot else { return }
+    weak.set(loop)
+    loop.add(command.source, to: .common)
+    _ = try loop.performAndWait { 0 }
+    let ender: @Sendable () -> Void = {
+      usleep(50)
+      if drop {
+        holder.withLock { $0 = nil }  // the last reference: the loop shuts itself down
+      } else {
+        holder.snapshot?.shutdown()
+        holder.withLock { $0 = nil }
+      }
+    }
+    race(producers + [ender])
+  }
 }
