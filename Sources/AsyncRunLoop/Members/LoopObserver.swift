@@ -32,11 +32,13 @@ public struct LoopActivity: OptionSet, Sendable, Hashable, CustomStringConvertib
 /// each activity it asked for, while the loop runs in one of the observer's modes.
 ///
 /// A repeating observer is told every pass; a one-shot observer invalidates itself after its
-/// first callout. An observer may invalidate itself (or others) from its own callout.
+/// first callout. An observer may invalidate itself (or others) from its own callout. As in CF, an
+/// observer is never told inside its own callout: a run nested in the callout skips it (so a
+/// one-shot observer is told exactly once, and a callout that runs the loop does not recurse).
 public final class LoopObserver: LoopMember, @unchecked Sendable {  // Safety: proof below
-  // Safety: `activities`, `repeats` and `order` are immutable. `state` (binding, callout) is only
-  // touched with `lock` held. The loop-thread side (the
-  // modes holding it) lives in the loop's `MemberRecord`.
+  // Safety: `activities`, `repeats` and `order` are immutable. `state` (binding, callout) and
+  // `isFiring` are only touched with `lock` held. The loop-thread side (the modes holding it)
+  // lives in the loop's `MemberRecord`.
 
   static var kindName: String { "LoopObserver" }
 
@@ -51,6 +53,8 @@ public final class LoopObserver: LoopMember, @unchecked Sendable {  // Safety: p
   // No dynamic exclusivity checks (a thread-local lookup each, on every fire): these are only
   // touched under `lock`, and no access spans a callout.
   @exclusivity(unchecked) private var state: CalloutMemberState<@Sendable (LoopObserver, LoopActivity) -> Void>
+  /// A callout of this observer is running (on the loop thread that told it).
+  @exclusivity(unchecked) private var isFiring = false
 
   /// Creates an observer.
   /// - Parameters:
@@ -91,11 +95,18 @@ public final class LoopObserver: LoopMember, @unchecked Sendable {  // Safety: p
   /// False once invalidated. Any thread.
   public var isValid: Bool { lock.withLock { state.binding.isValid } }
 
-  /// Loop thread of `loop`: tells the observer (unless it was invalidated or left `loop`); a
-  /// one-shot observer invalidates itself afterwards.
+  /// Loop thread of `loop`: tells the observer (unless it was invalidated, left `loop`, or its
+  /// callout is running: a run nested in it skips it); a one-shot observer invalidates itself
+  /// afterwards.
   func notify(_ activity: LoopActivity, on loop: LoopShared) {
-    guard let current = lock.withLock({ state.callout(on: loop) }) else { return }
+    let current: (@Sendable (LoopObserver, LoopActivity) -> Void)? = lock.withLock {
+      guard !isFiring, let callout = state.callout(on: loop) else { return nil }
+      isFiring = true
+      return callout
+    }
+    guard let current else { return }
     current(self, activity)
+    lock.withLock { isFiring = false }
     if !repeats { invalidate() }
   }
 }
