@@ -400,4 +400,30 @@ struct AcceptanceRound3Members {
     loopBox.withLock { $0 = nil }
     #expect(await eventually("the loop freed") { weakLoop.isGone })
   }
+
+  /// LoopObserver: "a one-shot observer invalidates itself after its first callout". A callout
+  /// that runs the loop nested (any callout may) must not be told again by that nested run: a
+  /// one-shot observer is told once. (CF does not tell an observer inside its own callout.)
+  @Test func aOneShotObserverWhoseCalloutRunsTheLoopNestedIsToldOnce() async throws {
+    let loop = try RunLoopThread(name: "ar3-oneshot-obs")
+    defer { loop.shutdownAndWait() }
+    let keeper = LoopTimer(after: .seconds(3600)) { _ in }  // the nested run has something to watch
+    let calls = AtomicCounter()
+    let results = Guarded<[RunLoopRunResult]>([])
+    let observer = LoopObserver(activities: [.entry, .beforeWaiting], repeats: false) { _, _ in
+      guard calls.increment() <= 3 else { return }  // bounded, should it be told again
+      let result = loop.run(mode: .default, for: .milliseconds(20))
+      results.withLock { $0.append(result) }
+    }
+    try loop.performAndWait {
+      loop.add(keeper)
+      loop.add(observer)
+    }
+    loop.wakeUp()
+    #expect(await eventually("the callout's nested run ended") { !results.snapshot.isEmpty && !observer.isValid })
+    try Self.settle(loop)
+    #expect(calls.current == 1, "told \(calls.current) times; nested results \(results.snapshot)")
+    #expect(!observer.isValid)
+    keeper.invalidate()
+  }
 }
