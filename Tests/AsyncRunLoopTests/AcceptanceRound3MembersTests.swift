@@ -426,4 +426,97 @@ struct AcceptanceRound3Members {
     #expect(!observer.isValid)
     keeper.invalidate()
   }
+
+  // MARK: - The end of a thread's own loop
+
+  /// `RunLoopThread.current`: "when the thread exits, the loop terminates". A CommandSource on
+  /// such a loop still delivers what `post` accepted (the loop's drain, on the exiting thread),
+  /// calls cancel exactly once, on that loop, and refuses later posts; the loop is freed.
+  @Test func aThreadsOwnLoopDeliversAcceptedCommandsWhenTheThreadExits() throws {
+    let delivered = Guarded<[Int]>([])
+    let cancels = Guarded<[String]>([])
+    let onLoopThread = Guarded<[Bool]>([])
+    let ready = TestGate()
+    let exit = TestGate()
+    let weakLoop = WeakBox<RunLoopThread>(nil)
+    let command = CommandSource<Int>(cancel: { _, loop in cancels.withLock { $0.append(loop.name) } }) { value in
+      delivered.withLock { $0.append(value) }
+      onLoopThread.withLock { $0.append(weakLoop.object?.isOnLoopThread ?? false) }
+    }
+    let name = Guarded("")
+    let thread = startThread {
+      let loop = RunLoopThread.current
+      weakLoop.object = loop
+      name.withLock { $0 = loop.name }
+      loop.add(command.source)
+      loop.run(mode: .default, for: .milliseconds(1))
+      ready.open()
+      _ = exit.wait(timeout: .seconds(20))
+    }  // the thread exits without running its loop again
+    _ = ready.wait(timeout: .seconds(20))
+    var accepted = 0
+    for value in 0..<10 where command.post(value) { accepted += 1 }
+    exit.open()
+    joinThread(thread)
+    _ = waitUntil(timeout: .seconds(10), "cancel") { cancels.snapshot.count == 1 }
+    #expect(accepted == 10)
+    #expect(delivered.snapshot == Array(0..<10))
+    #expect(cancels.snapshot == [name.snapshot])
+    #expect(onLoopThread.snapshot == Array(repeating: true, count: 10), "delivered on the loop's thread")
+    #expect(!command.post(99))
+    #expect(waitUntil(timeout: .seconds(10), "the loop freed") { weakLoop.isGone })
+  }
+
+  /// InputSource: "schedule and cancel always come in pairs", cancel "exactly once per
+  /// schedule", also when a move to another loop races the invalidation and the old loop's
+  /// shutdown (or the drop of its last reference). Commands accepted are delivered once.
+  @Test(arguments: [false, true])
+  func scheduleAndCancelPairUpWhenAMoveRacesInvalidationAndTheOldLoopsEnd(drop: Bool) async throws {
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(40), "move vs invalidate vs end") {
+      () -> [(schedules: [String: Int], cancels: [String: Int], accepted: Int, delivered: Int)] in
+      var results: [([String: Int], [String: Int], Int, Int)] = []
+      try repeatRounds(30, budget: .milliseconds(800)) { round in
+        let schedules = Guarded<[String: Int]>([:])
+        let cancels = Guarded<[String: Int]>([:])
+        let delivered = Guarded(0)
+        let accepted = Guarded(0)
+        let command = CommandSource<Int>(
+          schedule: { _, loop, _ in schedules.withLock { $0[loop.name, default: 0] += 1 } },
+          cancel: { _, loop in cancels.withLock { $0[loop.name, default: 0] += 1 } }
+        ) { _ in delivered.withLock { $0 += 1 } }
+        let oldLoop = Guarded<RunLoopThread?>(try RunLoopThread(name: "ar3-old"))
+        let newLoop = try RunLoopThread(name: "ar3-new")
+        oldLoop.snapshot?.add(command.source)
+        for value in 0..<20 where command.post(value) { accepted.withLock { $0 += 1 } }
+        let mover: @Sendable () -> Void = {
+          guard let old = oldLoop.snapshot else { return }
+          old.remove(command.source)
+          newLoop.add(command.source)
+        }
+        let invalidator: @Sendable () -> Void = {
+          for _ in 0..<(round % 5) { sched_yield() }
+          command.source.invalidate()
+        }
+        let ender: @Sendable () -> Void = {
+          if drop { oldLoop.withLock { $0 = nil } } else { oldLoop.snapshot?.shutdown() }
+        }
+        let poster: @Sendable () -> Void = {
+          for value in 0..<50 where command.post(value) { accepted.withLock { $0 += 1 } }
+        }
+        race([mover, invalidator, ender, poster])
+        oldLoop.snapshot?.shutdownAndWait()
+        oldLoop.withLock { $0 = nil }
+        try Self.settle(newLoop)
+        newLoop.shutdownAndWait()
+        _ = waitUntil(timeout: .seconds(10), "cancels match schedules") { cancels.snapshot == schedules.snapshot }
+        results.append((schedules.snapshot, cancels.snapshot, accepted.snapshot, delivered.snapshot))
+      }
+      return results
+    }
+    for result in outcome ?? [] {
+      #expect(result.schedules == result.cancels)
+      #expect(result.schedules["ar3-old"] == 1)
+      #expect(result.delivered == result.accepted)
+    }
+  }
 }
