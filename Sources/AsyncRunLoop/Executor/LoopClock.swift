@@ -34,8 +34,8 @@ public struct LoopClock: Clock, Sendable {
   }
 
   /// The loop whose timers `sleep` uses; `nil` uses the calling thread's loop if it is a loop
-  /// thread created with `RunLoopThread(name:)` (always running), otherwise a process-wide timer
-  /// loop.
+  /// thread created with `RunLoopThread(name:)` that has not shut down, otherwise a process-wide
+  /// timer loop.
   let loop: RunLoopThread?
 
   /// A clock whose `sleep` is served by the shared timer loop (or the caller's own loop).
@@ -49,11 +49,24 @@ public struct LoopClock: Clock, Sendable {
   public var minimumResolution: Duration { .nanoseconds(1) }
 
   /// Suspends the calling task until `deadline`, on a loop timer; never wakes early.
-  /// - Throws: `CancellationError` if the task is cancelled while sleeping.
+  ///
+  /// The clock of a loop (`RunLoopThread.clock`) sleeps on that loop's timers, so that loop
+  /// shutting down before the deadline ends the sleep with `CancellationError` (its timers are
+  /// invalidated). `LoopClock()` uses the caller's loop only while it is running: one that shuts
+  /// down before the deadline (or already has) does not end the sleep, which then goes on on the
+  /// shared timer loop until the deadline.
+  /// - Throws: `CancellationError` if the task is cancelled while sleeping, or (the clock of a
+  ///   loop) that loop shuts down first.
   public func sleep(until deadline: Instant, tolerance: Duration? = nil) async throws {
-    let current = RunLoopThread.currentIfExists.flatMap { $0.ownsThread ? $0 : nil }
-    let loop = self.loop ?? current ?? RunLoopThread.sharedTimerLoop
-    try await loop.sleep(until: deadline, tolerance: tolerance)
+    if let loop { return try await loop.sleep(until: deadline, tolerance: tolerance) }
+    if let current = RunLoopThread.currentIfExists, current.ownsThread, !current.isShutDown {
+      do {
+        return try await current.sleep(until: deadline, tolerance: tolerance)
+      } catch is CancellationError where !Task.isCancelled && current.isShutDown {
+        // The caller's loop shut down under the sleep, not the task: sleep the rest elsewhere.
+      }
+    }
+    try await RunLoopThread.sharedTimerLoop.sleep(until: deadline, tolerance: tolerance)
   }
 
   @inline(__always)
