@@ -237,6 +237,11 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
   /// closures are released), and the thread exits, closing its descriptors when the loop is
   /// released. Jobs enqueued after that run on a fallback thread (see `enqueue`); `perform`
   /// refuses new blocks.
+  ///
+  /// A loop that does not own its thread (`RunLoopThread.current`, `RunLoopThread.main`) is
+  /// drained by that thread, not by the caller: its runs end now (and any run started later ends at
+  /// once), and it drains when its thread exits (the main loop: before `runMainLoop()` returns).
+  /// Until then the jobs it accepted wait, and so do the tasks awaiting them.
   public func shutdown() {
     // A non-owned loop's runs end now; it drains when its thread exits (or, for the main loop,
     // when `runMainLoop()` returns).
@@ -246,6 +251,10 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
 
   /// Shuts the loop down and waits until its thread has finished and is gone (joined). Any
   /// thread except the loop's own (there it cannot wait for itself and only starts the shutdown).
+  ///
+  /// A loop that does not own its thread (`RunLoopThread.current`, `RunLoopThread.main`) has no
+  /// thread of its own to wait for: this only starts the shutdown, as `shutdown()`, and returns at
+  /// once; that loop drains when its thread exits (the main loop: before `runMainLoop()` returns).
   public func shutdownAndWait() {
     guard ownsThread, !isOnLoopThread else { return shutdown() }
     let join: pthread_t? = shared.threadLock.withLock {
