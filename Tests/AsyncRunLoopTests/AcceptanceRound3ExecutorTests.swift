@@ -166,6 +166,71 @@ struct AcceptanceRound3ExecutorTests {
     await execShutdown(loop)
   }
 
+  /// `runModal` from an actor on the loop during another modal run of the same actor nests
+  /// inside it: both end at their deadlines, the inner one first, and no two jobs overlap. A
+  /// shutdown then ends nested modal runs at every level (`.stopped`), without a hang.
+  @Test func nestedModalRunsFromOneActorEndInOrderAndAllStopAtShutdown() async throws {
+    let loop = try RunLoopThread(name: "r3-modal-nested")
+    let overlap = Round3Overlap()
+    let worker = Round3Worker(loop: loop, overlap: overlap)
+    loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: "r3-outer")
+    loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: "r3-inner")
+    let order = Locked<[String]>([])
+    let timed = try await withWatchdog(timeout: .seconds(20), "nested modal runs") {
+      () async throws -> (RunLoopRunResult, RunLoopRunResult) in
+      async let outer: RunLoopRunResult = {
+        let result = try await worker.modal("r3-outer", for: .milliseconds(80))
+        order.withLock { $0.append("outer") }
+        return result
+      }()
+      try await Task.sleep(for: .milliseconds(10))
+      let inner = try await worker.modal("r3-inner", for: .milliseconds(20))
+      order.withLock { $0.append("inner") }
+      await worker.poke()
+      return (try await outer, inner)
+    }
+    #expect(timed?.0 == .timedOut)
+    #expect(timed?.1 == .timedOut)
+    #expect(order.withLock { $0 } == ["inner", "outer"])
+    let stopped = try await withWatchdog(timeout: .seconds(20), "nested modal runs at shutdown") {
+      () async throws -> (RunLoopRunResult, RunLoopRunResult) in
+      async let outer = worker.modal("r3-outer", for: .seconds(3600))
+      try await Task.sleep(for: .milliseconds(10))
+      async let inner = worker.modal("r3-inner", for: .seconds(3600))
+      try await Task.sleep(for: .milliseconds(10))
+      await execOnNewThread { loop.shutdownAndWait() }
+      return (try await outer, try await inner)
+    }
+    #expect(stopped?.0 == .stopped)
+    #expect(stopped?.1 == .stopped)
+    #expect(overlap.maximum == 1)
+  }
+
+  /// `runModal` from a task that prefers the same loop (its job is on the loop, suspended) runs
+  /// the loop's jobs meanwhile, and the task resumes on the loop.
+  @Test func runModalFromATaskPreferringTheLoopResumesOnIt() async throws {
+    let loop = try RunLoopThread(name: "r3-modal-pref")
+    let overlap = Round3Overlap()
+    let worker = Round3Worker(loop: loop, overlap: overlap)
+    loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: "r3-modal")
+    let outcome = try await withWatchdog(timeout: .seconds(20), "modal run under the preference") {
+      () async throws -> (RunLoopRunResult, Bool, Int) in
+      async let pokes: Void = execConcurrently(tasks: 2, times: 20) { await worker.poke() }
+      let (result, onLoop) = try await withTaskExecutorPreference(loop) {
+        () async throws -> (RunLoopRunResult, Bool) in
+        let result = try await loop.runModal(mode: "r3-modal", for: .milliseconds(40))
+        return (result, loop.isOnLoopThread && RunLoopThread.current === loop)
+      }
+      await pokes
+      return (result, onLoop, await worker.calls)
+    }
+    #expect(outcome?.0 == .timedOut)
+    #expect(outcome?.1 == true)
+    #expect(outcome?.2 == 40)
+    #expect(overlap.maximum == 1)
+    await execShutdown(loop)
+  }
+
   // MARK: Isolation
 
   /// Nonisolated code running on the loop thread under the loop's preference is on the loop: an
