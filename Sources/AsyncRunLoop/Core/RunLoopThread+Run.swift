@@ -44,6 +44,11 @@ extension RunLoopThread {
   /// the loop (in whatever mode the loop runs then), nested in that loop's current pass, so the
   /// loop keeps running executor jobs during it, the caller's actor's other work included.
   ///
+  /// `@MainActor` jobs are not the main loop's executor jobs but main-queue blocks, which the main
+  /// loop serves only in its common modes (as CF serves the main queue): during a modal run from
+  /// `@MainActor` code in a mode outside the common set, other main-actor work waits until the run
+  /// ends. Add the mode to the common modes (`addModeToCommonModes`) to keep it served.
+  ///
   /// Cancelling the task ends the run (it returns `.stopped`). For the main loop, the main thread
   /// must be running it (`runMainLoop()`).
   /// - Parameters: as `run(mode:until:returnAfterSourceHandled:)`.
