@@ -607,6 +607,12 @@ struct AcceptanceRound3ExecutorMainLoopTests {
     try expectScenarioPasses("round3-main-actor-modal")
   }
 
+  /// In a mode outside the common set a modal run from `@MainActor` code does not serve the main
+  /// queue (other main-actor work waits until it ends); in a common mode it does.
+  @Test func aModalRunFromTheMainActorServesMainActorWorkOnlyInACommonMode() throws {
+    try expectScenarioPasses("round3-main-actor-private-modal")
+  }
+
   /// `RunLoopThread.main.shutdownAndWait()` from another thread returns; late jobs of an actor on
   /// the main loop run on the fallback, isolated.
   @Test func lateJobsOfAnActorOnTheShutDownMainLoopRunOnTheFallback() throws {

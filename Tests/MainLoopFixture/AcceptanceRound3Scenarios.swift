@@ -126,3 +126,52 @@ func mainShutdownLateJobsScenario() {
   check(after.current?.isolated == true, "a late job on the fallback was not isolated to the main loop")
   say("late jobs of an actor on the shut-down main loop ran on the fallback, isolated")
 }
+
+/// The main actor's jobs are main-queue blocks, which the main loop serves in its common modes
+/// only (as CF serves the main queue): during a `runModal` from `@MainActor` code in a mode outside
+/// the common set, other main-actor work waits until the run ends; once the mode is added to the
+/// common modes, it runs during the modal run.
+func mainActorPrivateModalScenario() {
+  let loop = RunLoopThread.main
+  Task { @MainActor in
+    for common in [false, true] {
+      let mode = RunLoopMode(common ? "round3-private-common" : "round3-private")
+      if common { loop.addModeToCommonModes(mode) }
+      let entered = Locked(false)
+      let otherWorkRan = Locked(false)
+      let seenDuringRun = Locked(false)
+      let entry = LoopObserver(activities: .entry) { _, _ in entered.withLock { $0 = true } }
+      loop.add(entry, to: mode)
+      let probe = LoopTimer(after: .zero, repeatingEvery: .milliseconds(5)) { _ in
+        guard otherWorkRan.current else { return }
+        seenDuringRun.withLock { $0 = true }
+        loop.stop()  // ends the innermost run: the modal one
+      }
+      loop.add(probe, to: mode)
+      let helper = PlainThread {
+        waitUntil("the modal run") { entered.current }
+        Task { @MainActor in otherWorkRan.withLock { $0 = true } }
+      }
+      let result: RunLoopRunResult
+      do {
+        result = try await loop.runModal(mode: mode, for: common ? .seconds(20) : .milliseconds(150))
+      } catch {
+        fail("runModal threw \(error)")
+      }
+      probe.invalidate()
+      entry.invalidate()
+      helper.join()
+      if common {
+        check(result == .stopped && seenDuringRun.current, "in a common mode: \(result), seen \(seenDuringRun.current)")
+      } else {
+        check(result == .timedOut, "in a private mode the modal run returned \(result)")
+        check(!seenDuringRun.current, "main-actor work ran during a modal run in a private mode")
+      }
+      // Queued before this job resumed, or (a slow helper) soon after: wait without blocking.
+      while !otherWorkRan.current { try? await Task.sleep(for: .milliseconds(1)) }
+    }
+    stopMainLoop()
+  }
+  runMainLoop()
+  say("main-actor work waits out a private-mode modal run and runs during a common-mode one")
+}

@@ -21,6 +21,7 @@ case "perform-and-wait-stopped": performAndWaitStoppedScenario()
 case "round3-main-actor-nested-run": mainActorNestedRunScenario()
 case "round3-main-actor-modal": mainActorModalScenario()
 case "round3-main-shutdown-late-jobs": mainShutdownLateJobsScenario()
+case "round3-main-actor-private-modal": mainActorPrivateModalScenario()
 default: fail("unknown scenario '\(scenario)'")
 }
 say("\(scenario) ok")
