@@ -176,6 +176,8 @@ struct AcceptanceRound3ExecutorTests {
     loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: "r3-outer")
     loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: "r3-inner")
     let order = Locked<[String]>([])
+    let innerEntries = Locked(0)
+    loop.add(LoopObserver(activities: .entry) { _, _ in innerEntries.withLock { $0 += 1 } }, to: "r3-inner")
     let timed = try await withWatchdog(timeout: .seconds(20), "nested modal runs") {
       () async throws -> (RunLoopRunResult, RunLoopRunResult) in
       async let outer: RunLoopRunResult = {
@@ -197,7 +199,9 @@ struct AcceptanceRound3ExecutorTests {
       async let outer = worker.modal("r3-outer", for: .seconds(3600))
       try await Task.sleep(for: .milliseconds(10))
       async let inner = worker.modal("r3-inner", for: .seconds(3600))
-      try await Task.sleep(for: .milliseconds(10))
+      // Shut down only once the inner run has begun (a fixed sleep loses that race under load,
+      // and a modal run asked for after shutdown throws instead).
+      while innerEntries.withLock({ $0 }) < 2 { try await Task.sleep(for: .milliseconds(2)) }
       await execOnNewThread { loop.shutdownAndWait() }
       return (try await outer, try await inner)
     }
