@@ -565,32 +565,49 @@ struct AcceptanceRound3Members {
   /// binding counts `.common` as one name, the loop's mode table expands it), so the add traps
   /// ("on loop 'ar3-common-a'"), and its signals and commands go to a loop that no longer holds
   /// it. The same happens the other way round (added to `.default`, removed from `.common`).
-  @Test(
-    .disabled(
-      """
-      bug: MemberBinding counts .common as one mode name while ModeTable.remove expands it (and removes a member \
-      from a common mode it was added to by name): remove(_, from: .default) after add(_, to: .common) detaches \
-      the member on the loop (cancel runs) but leaves it bound, so adding it to another loop traps and its signals \
-      are lost until it is re-added; the fix belongs in the core (ModeTable / LoopCore+Members), not fixed
-      """),
-    arguments: [true, false])
-  func aSourceRemovedFromItsLastModeThroughCommonOrByNameMayMove(addedToCommon: Bool) async {
-    await #expect(processExitsWith: .success) { [addedToCommon] in
-      let loopA = try RunLoopThread(name: "ar3-common-a")
-      let loopB = try RunLoopThread(name: "ar3-common-b")
-      let log = Log()
-      let command = CommandSource<Int>(cancel: { _, loop in log.add("cancel@\(loop.name)") }) { value in
-        log.add("cmd\(value)@\(RunLoopThread.currentIfExists?.name ?? "?")")
-      }
-      loopA.add(command.source, to: addedToCommon ? .common : .default)
-      try Self.settle(loopA)
-      loopA.remove(command.source, from: addedToCommon ? .default : .common)
-      try Self.settle(loopA)
-      guard log.snapshot == ["cancel@ar3-common-a"] else { return }  // it stayed: consistent
-      _ = command.post(1)  // on no loop: waits for the next add
-      loopB.add(command.source)  // traps today
-      _ = waitUntil(timeout: .seconds(5)) { log.count("cmd1@ar3-common-b") == 1 }
-      guard log.snapshot == ["cancel@ar3-common-a", "cmd1@ar3-common-b"] else { exit(3) }
+  /// The binding and the loop agree on when a member has left its loop, through `.common` too:
+  /// removing `.default` by name from a member added to `.common` leaves it on the loop (no
+  /// cancel; a mode joining the common set later still receives it), removing `.common` from a
+  /// member added to `.default` by name leaves it in `.default`, and only removing the last name
+  /// ends it there (cancel once) and lets it move.
+  @Test(arguments: [true, false])
+  func aMemberLeavesItsLoopWhenItsLastModeNameIsRemovedCommonIncluded(addedToCommon: Bool) throws {
+    let loopA = try RunLoopThread(name: "ar3-common-a")
+    let loopB = try RunLoopThread(name: "ar3-common-b")
+    defer {
+      loopA.shutdownAndWait()
+      loopB.shutdownAndWait()
     }
+    let log = Log()
+    let command = CommandSource<Int>(cancel: { _, loop in log.add("cancel@\(loop.name)") }) { value in
+      log.add("cmd\(value)@\(RunLoopThread.currentIfExists?.name ?? "?")")
+    }
+    let first: RunLoopMode = addedToCommon ? .common : .default
+    let other: RunLoopMode = addedToCommon ? .default : .common
+    loopA.add(command.source, to: first)
+    try Self.settle(loopA)
+    loopA.remove(command.source, from: other)
+    try Self.settle(loopA)
+    #expect(log.snapshot.isEmpty, "removing a name it was not added by ended it: \(log.snapshot)")
+    if addedToCommon {
+      // Out of .default, still in the common set: a mode that joins it receives the source.
+      loopA.addModeToCommonModes("ar3-late")
+      #expect(command.post(1))
+      let result = try loopA.performAndWait {
+        loopA.run(mode: "ar3-late", for: .milliseconds(200), returnAfterSourceHandled: true)
+      }
+      #expect(result == .handledSource)
+    } else {
+      #expect(command.post(1))  // still in .default, where the owned loop runs
+    }
+    #expect(waitUntil(timeout: .seconds(5)) { log.count("cmd1@ar3-common-a") == 1 })
+    loopA.remove(command.source, from: first)  // its last name: it leaves the loop
+    try Self.settle(loopA)
+    #expect(log.snapshot == ["cmd1@ar3-common-a", "cancel@ar3-common-a"])
+    loopB.add(command.source)  // free to move
+    #expect(command.post(2))
+    #expect(waitUntil(timeout: .seconds(5)) { log.count("cmd2@ar3-common-b") == 1 })
+    #expect(log.snapshot == ["cmd1@ar3-common-a", "cancel@ar3-common-a", "cmd2@ar3-common-b"])
   }
+
 }

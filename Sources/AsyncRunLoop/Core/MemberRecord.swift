@@ -149,6 +149,10 @@ struct MemberKey: Hashable {
 struct Membership {
   let contents: ModeContents
   var slot: Int
+  /// Added to this mode by its name.
+  var byName: Bool
+  /// Added to this mode through `.common` (the mode is in the common set).
+  var viaCommon: Bool
   var usesRecordEntry = false
   var extraEntry: TimerEntry?
 

@@ -147,30 +147,51 @@ final class ModeTable {
   /// - Returns: whether the record joined any mode (false when it was in all of them already).
   @discardableResult
   func add(_ record: MemberRecord, to mode: RunLoopMode) -> Bool {
-    guard mode == .common else { return insert(record, into: contents(for: mode)) }
+    guard mode == .common else { return insert(record, into: contents(for: mode), viaCommon: false) }
     if record.commonOrder == 0 {
       commonOrder &+= 1
       record.commonOrder = commonOrder
       commonCount += 1
     }
     var joined = false
-    for commonMode in commonModes where insert(record, into: contents(for: commonMode)) { joined = true }
+    for commonMode in commonModes where insert(record, into: contents(for: commonMode), viaCommon: true) {
+      joined = true
+    }
     return joined
   }
 
-  /// Removes the record from `mode` (from every common mode, and from the common set, for
-  /// `.common`). Removing it from a mode that does not hold it is a no-op.
-  /// - Returns: true when the record left its last mode (the caller detaches it).
+  /// Removes the record from `mode`. Removing it from a mode that does not hold it is a no-op.
+  ///
+  /// The loop agrees with the member's binding (a set of mode *names*, `.common` one of them) on
+  /// when a member has left this loop: removing `.common` undoes adding to `.common` (the record
+  /// leaves the common set and the common modes it joined only through it, not those it was also
+  /// added to by name), and removing a mode by name takes the record out of that mode, while a
+  /// record still in the common set stays on the loop (in no mode, perhaps, until a mode joins
+  /// the common set).
+  /// - Returns: true when the record left this loop: in no mode and not in the common set (the
+  ///   caller detaches it).
   func remove(_ record: MemberRecord, from mode: RunLoopMode) -> Bool {
     if mode == .common {
       leaveCommonSet(record)
-      for commonMode in commonModes {
-        if let contents = contentsByMode[commonMode] { extract(record, from: contents) }
+      var position = 0
+      while position < record.modes.count {
+        var membership = record.modes[position]
+        guard membership.viaCommon else {
+          position += 1
+          continue
+        }
+        if membership.byName {
+          membership.viaCommon = false
+          record.modes[position] = membership
+          position += 1
+        } else {
+          extract(record, from: membership.contents)
+        }
       }
     } else if let contents = contentsByMode[mode] {
       extract(record, from: contents)
     }
-    return record.modes.isEmpty
+    return record.modes.isEmpty && record.commonOrder == 0
   }
 
   /// Removes the record from every mode, from the common set and from the registry: it no longer
@@ -206,16 +227,20 @@ final class ModeTable {
     let contents = contents(for: mode)
     guard commonCount > 0 else { return [] }
     let ordered = registry.compactMap { $0 }.filter { $0.commonOrder != 0 }.sorted { $0.commonOrder < $1.commonOrder }
-    return ordered.filter { insert($0, into: contents) }
+    return ordered.filter { insert($0, into: contents, viaCommon: true) }
   }
 
   /// Every record on the loop.
   var allRecords: [MemberRecord] { registry.compactMap { $0 } }
 
-  /// Inserts the record into one mode; false when the mode holds it already.
-  private func insert(_ record: MemberRecord, into contents: ModeContents) -> Bool {
-    guard !record.isIn(contents) else { return false }
-    var membership = Membership(contents: contents, slot: -1)
+  /// Inserts the record into one mode (by name, or through `.common`); false when the mode holds
+  /// it already (it then also remembers the new way it was added).
+  private func insert(_ record: MemberRecord, into contents: ModeContents, viaCommon: Bool) -> Bool {
+    if let position = record.modes.firstIndex(where: { $0.contents === contents }) {
+      if viaCommon { record.modes[position].viaCommon = true } else { record.modes[position].byName = true }
+      return false
+    }
+    var membership = Membership(contents: contents, slot: -1, byName: !viaCommon, viaCommon: viaCommon)
     switch record.kind {
     case nil: return false
     case .source: contents.sourceCount += 1

@@ -4,6 +4,8 @@
 /// are told. `.common` is not a mode to run but a *set* of modes: adding an item to `.common`
 /// adds it to every mode in the set, including modes added to the set later
 /// (`RunLoopThread.addModeToCommonModes(_:)`). `.default` is in the common set from the start.
+/// Removing an item from `.common` undoes exactly that: it leaves the common set and the common
+/// modes it joined through it, but not a mode it was also added to by name.
 public struct RunLoopMode: Hashable, Sendable, RawRepresentable, ExpressibleByStringLiteral,
   CustomStringConvertible
 {

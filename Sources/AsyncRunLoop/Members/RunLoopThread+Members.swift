@@ -8,6 +8,11 @@ import Glibc
 /// has anything to watch, and before it runs any block or executor job sent after the change),
 /// woken to do so. Changes from one thread are applied in the order they were made.
 ///
+/// "Its last mode" counts mode *names*, `.common` being one: a member added to `.common` stays on
+/// the loop until it is removed from `.common` (removing `.default` by name takes it out of that
+/// mode only; a mode that joins the common set later still receives it), and removing `.common`
+/// undoes adding to `.common` only, leaving the modes the member was also added to by name.
+///
 /// Adding anything to a loop that has terminated (shut down and drained) invalidates it at once,
 /// so that whoever waits on it (a sleeping task, an async sequence) ends instead of hanging.
 extension RunLoopThread {
