@@ -255,13 +255,7 @@ struct AcceptanceRound3Members {
   /// nested run of 100 ms in that other mode, with nothing else to do, should sleep, not make a
   /// pass per wake-up of an immediately expiring timerfd. (A bound on passes, not on time: a
   /// slower machine makes fewer passes, not more.)
-  @Test(
-    .disabled(
-      """
-      bug: a timer whose callout is running stays due in its other modes' heaps (fireDueTimers sets it aside and \
-      puts it back), so armTimerfd arms the timerfd for a date in the past and a run nested in another of its \
-      modes spins (thousands of passes in 100 ms) until the callout returns; core pass (LoopPass.swift), not fixed
-      """))
+  @Test
   func aRunNestedInATimerCalloutInAnotherOfItsModesDoesNotSpinOnTheSkippedTimer() async throws {
     let loop = try RunLoopThread(name: "ar3-timer-spin")
     defer { loop.shutdownAndWait() }
@@ -284,6 +278,34 @@ struct AcceptanceRound3Members {
     #expect(passes.current < 50, "the nested run made \(passes.current) passes in 100 ms")
     timer.invalidate()
     counter.invalidate()
+  }
+
+  /// A run nested in a timer's callout takes the timer's entry in the nested mode out of that
+  /// mode's heap while the callout runs; when the callout then removes the timer from the mode it
+  /// fired in, the timer still fires in its other mode afterwards (the entry comes back).
+  @Test func aTimerSkippedByANestedRunAndRemovedByItsCalloutStillFiresInItsOtherMode() throws {
+    let loop = try RunLoopThread(name: "ar3-timer-parked")
+    defer { loop.shutdownAndWait() }
+    let other: RunLoopMode = "ar3-parked-other"
+    let fires = AtomicCounter()
+    let timer = LoopTimer(after: .zero, repeatingEvery: .milliseconds(20)) { timer in
+      fires.increment()
+      guard fires.current == 1 else { return }
+      loop.run(mode: other, for: .milliseconds(30))  // skips this timer (its callout is running)
+      loop.remove(timer, from: .default)
+    }
+    try loop.performAndWait {
+      loop.add(timer, to: .default)
+      loop.add(timer, to: other)
+    }
+    #expect(waitUntil(timeout: .seconds(5)) { fires.current >= 1 })
+    let result = try loop.performAndWait { () -> Int in
+      let before = fires.current
+      loop.run(mode: other, for: .milliseconds(300))
+      return fires.current - before
+    }
+    #expect(result >= 1, "the timer never fired in its other mode again")
+    timer.invalidate()
   }
 
   // MARK: - Async sequences: endings, and nothing left behind

@@ -291,8 +291,15 @@ extension LoopCore {
     while let deadline = contents.timers.firstDeadline, deadline <= now {
       let first = contents.timers.popFirst().unsafelyUnwrapped
       let record = first.element.record
-      if first.sequence > newest || record.isFiring {
-        setAside.append(first)  // scheduled by a callout of this pass, or its callout is running
+      if record.isFiring {
+        // Its callout is running further out: the entry stays out of the heap (a due entry left
+        // in would arm the timerfd in the past and make this nested run spin) until the callout
+        // returns and `fire` puts the timer's entries back.
+        record.hasParkedEntries = true
+        continue
+      }
+      if first.sequence > newest {
+        setAside.append(first)  // scheduled by a callout of this pass
         continue
       }
       fired = true
@@ -312,8 +319,13 @@ extension LoopCore {
     record.isFiring = true
     timer.fire(on: shared)
     record.isFiring = false
+    let parked = record.hasParkedEntries
+    record.hasParkedEntries = false
     guard record.generation == generation, !record.isDetached else {
-      return  // the callout moved or removed it: its entries follow that already
+      // The callout moved or removed it: its entries follow that already, but for those a run
+      // nested in the callout took out of other modes' heaps (`fireDueTimers`): back at its date.
+      if parked && !record.isDetached { pushTimerEntries(record) }
+      return
     }
     if timer.advanceAfterFire(firedAt: fireDate, now: LoopClock.monotonicNanoseconds()) {
       pushTimerEntries(record)

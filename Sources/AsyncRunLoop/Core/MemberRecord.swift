@@ -41,6 +41,9 @@ final class MemberRecord: TimerEntry {
   @exclusivity(unchecked) var generation: UInt64 = 0
   /// Timer: a callout of it is running (so a nested run never fires it inside its own callout).
   @exclusivity(unchecked) var isFiring = false
+  /// Timer: a run nested in its callout found it due in another mode and took that entry out of
+  /// the heap until the callout returns.
+  @exclusivity(unchecked) var hasParkedEntries = false
   /// Descriptor: the epoll token of its registration (0 when not registered).
   @exclusivity(unchecked) var token: UInt64 = 0
   /// Descriptor: whether epoll reports its events now (false while the loop runs a mode that does
