@@ -5,7 +5,9 @@ import Testing
 
 /// Review of "member records travel with the changes" (d548760) and the 4-ary timer heap
 /// (54de07b): races between removal, re-add, moves, invalidation, signals and shutdown, with exact
-/// counts. Tests disabled with "bug: …" fail at the time of the review (Sources/ not fixed).
+/// counts. The review found three bugs (a set-aside timer entry put back after its membership was
+/// replaced, or read after its record was freed; a stale failed descriptor add); each test here
+/// failed before its fix.
 @Suite("ReviewRecords")
 struct ReviewRecordsTests {
   /// Blocks the loop in a performed block until the returned gate opens.
@@ -40,7 +42,7 @@ struct ReviewRecordsTests {
   /// the same pass. The pass puts the old, set-aside entry back into X's heap next to the new one:
   /// an orphan entry that no membership owns. Removing the timer from X afterwards leaves the
   /// orphan in X's heap, and the next pass in X fires the timer although it is not in X.
-  @Test(.disabled("bug: step 9 puts a set-aside extra entry back into the heap after its membership was replaced"))
+  @Test
   func setAsideEntryOfReplacedMembershipIsNotPutBack() async throws {
     let loop = try RunLoopThread(name: "rrec-aside")
     defer { loop.shutdownAndWait() }
@@ -89,7 +91,7 @@ struct ReviewRecordsTests {
   /// record is freed (its binding and the registry let go), and the set-aside extra entry's
   /// `unowned(unsafe)` record is read afterwards (`entry.element.record.isIn(contents)`):
   /// a use after free (AddressSanitizer: heap-use-after-free).
-  @Test(.disabled("bug: step 9 reads the record of a set-aside extra entry after the record was freed (crashes)"))
+  @Test
   func setAsideEntryOfInvalidatedTimerIsNotReadAfterFree() async throws {
     let loop = try RunLoopThread(name: "rrec-aside-uaf")
     defer { loop.shutdownAndWait() }
@@ -424,7 +426,7 @@ struct ReviewRecordsTests {
   /// it. When A applies the stale add, it invalidates the source — now valid and watching on B —
   /// without reporting `[.error]` to its handler (the report is made on A, where the source is no
   /// longer bound, so the handler is skipped).
-  @Test(.disabled("bug: a stale failed add on the old loop invalidates a source that moved on, and reports nothing"))
+  @Test
   func failedAddOnOldLoopDoesNotSilentlyInvalidateMovedSource() async throws {
     let loopA = try RunLoopThread(name: "rrec-fd-a")
     let loopB = try RunLoopThread(name: "rrec-fd-b")

@@ -286,7 +286,9 @@ extension LoopCore {
     guard let head = contents.timers.firstDeadline, head <= LoopClock.monotonicNanoseconds() else { return false }
     let now = LoopClock.monotonicNanoseconds()
     let newest = timerSequence
-    var setAside: [IndexedTimerHeap<TimerEntry>.Entry] = []
+    // With their records (held: a callout may invalidate a set-aside timer, freeing the record
+    // that an extra entry only points at).
+    var setAside: [(entry: IndexedTimerHeap<TimerEntry>.Entry, record: MemberRecord)] = []
     var fired = false
     while let deadline = contents.timers.firstDeadline, deadline <= now {
       let first = contents.timers.popFirst().unsafelyUnwrapped
@@ -299,14 +301,18 @@ extension LoopCore {
         continue
       }
       if first.sequence > newest {
-        setAside.append(first)  // scheduled by a callout of this pass
+        setAside.append((first, record))  // scheduled by a callout of this pass
         continue
       }
       fired = true
       fire(record, first.element.timer, firedAt: first.deadline)
     }
-    for entry in setAside where entry.element.heapIndex < 0 && entry.element.record.isIn(contents) {
-      // Still in this mode and not re-timed meanwhile: back in the heap as it was.
+    for (entry, record) in setAside where entry.element.heapIndex < 0 && record.isAttached {
+      // Still this mode's entry of the timer (not removed, or replaced by a remove and re-add)
+      // and not re-timed meanwhile: back in the heap as it was.
+      guard let membership = record.modes.first(where: { $0.contents === contents }),
+        membership.timerEntry(of: record) === entry.element
+      else { continue }
       contents.timers.insert(entry.element, deadline: entry.deadline, sequence: entry.sequence)
     }
     return fired

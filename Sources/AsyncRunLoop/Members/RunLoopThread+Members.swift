@@ -206,6 +206,9 @@ extension DescriptorSource {
       try core.applyAdd(self, record, to: mode)
       return nil
     } catch {
+      // A stale add (the source was removed from this loop meanwhile, and may be on another
+      // loop now): nothing here to report or drop.
+      guard withBinding({ $0.record(on: core.shared) }) === record else { return callerWaits ? error : nil }
       if !callerWaits { fire(.error, on: core.shared) }
       withBinding { $0.forget(core.shared, restoringLastLoop: core.shared) }
       invalidate()
