@@ -7,7 +7,7 @@ import Testing
 struct IndexedTimerHeapTests {
   /// A heap element that carries a name, so tests can say which entry came out.
   final class Handle: TimerHeapElement {
-    @exclusivity(unchecked) var heapIndex = -1
+    @exclusivity(unchecked) var heapSlot = -1
     let name: Int
     init(_ name: Int) { self.name = name }
   }
@@ -30,7 +30,7 @@ struct IndexedTimerHeapTests {
   static func drain(_ heap: inout Heap) -> [Int] {
     var names: [Int] = []
     while let entry = heap.popFirst() {
-      #expect(entry.element.heapIndex == -1)
+      #expect(entry.element.heapSlot == -1)
       names.append(entry.element.name)
     }
     return names
@@ -41,8 +41,9 @@ struct IndexedTimerHeapTests {
   static func brokenInvariant(_ heap: Heap) -> String? {
     let entries = heap.entries
     for (index, entry) in entries.enumerated() {
-      if entry.element.heapIndex != index {
-        return "element \(entry.element.name) at \(index) says \(entry.element.heapIndex)"
+      if heap.index(of: entry.element) != index {
+        let found = heap.index(of: entry.element).map(String.init) ?? "nowhere"
+        return "element \(entry.element.name) at \(index) is found at \(found)"
       }
       let children = (1...Heap.arity).map { Heap.arity * index + $0 }
       for child in children where child < entries.count && entries[child].precedes(entry) {
@@ -94,7 +95,7 @@ struct IndexedTimerHeapTests {
     let tail = heap.entries.last!.element
     #expect(Self.remove(tail, from: &heap))  // the last slot
     Self.expectConsistent(heap)
-    for handle in [handles[0], handles[3], tail] { #expect(handle.heapIndex == -1) }
+    for handle in [handles[0], handles[3], tail] { #expect(handle.heapSlot == -1) }
     #expect(heap.count == 4)
     #expect(Self.drain(&heap) == [1, 2, 4, 5, 6].filter { $0 != tail.name })
   }
@@ -146,12 +147,12 @@ struct IndexedTimerHeapTests {
     var (heap, _) = Self.heap(deadlines: [10, 20, 30])
     let stranger = Handle(99)
     #expect(!Self.remove(stranger, from: &heap))
-    #expect(stranger.heapIndex == -1)
+    #expect(stranger.heapSlot == -1)
     // An element of another heap has an index that is in range here: still not a member.
     var (other, otherHandles) = Self.heap(deadlines: [1, 2])
     #expect(!heap.contains(otherHandles[1]))
     #expect(!Self.remove(otherHandles[1], from: &heap))
-    #expect(otherHandles[1].heapIndex == 1)
+    #expect(other.contains(otherHandles[1]))
     #expect(heap.count == 3)
     Self.expectConsistent(heap)
     Self.expectConsistent(other)
@@ -167,7 +168,7 @@ struct IndexedTimerHeapTests {
     heap.removeAll()
     #expect(heap.isEmpty)
     #expect(heap.first == nil)
-    for handle in handles { #expect(handle.heapIndex == -1) }
+    for handle in handles { #expect(handle.heapSlot == -1) }
     // The elements can be scheduled again.
     heap.insert(handles[2], deadline: 7, sequence: 9)
     #expect(heap.first?.element === handles[2])
@@ -233,7 +234,7 @@ struct IndexedTimerHeapTests {
       let others = model.dropFirst().map(\.deadline)
       #expect(heap.deadlineAfterFirst.map { $0 == others.min() } ?? others.isEmpty)
       let members = Set(model.map(\.name))
-      #expect(handles.allSatisfy { members.contains($0.name) || $0.heapIndex == -1 })
+      #expect(handles.allSatisfy { members.contains($0.name) || $0.heapSlot == -1 })
     }
     #expect(Self.drain(&heap) == model.map(\.name))
   }

@@ -307,7 +307,7 @@ extension LoopCore {
       fired = true
       fire(record, first.element.timer, firedAt: first.deadline)
     }
-    for (entry, record) in setAside where entry.element.heapIndex < 0 && record.isAttached {
+    for (entry, record) in setAside where entry.element.heapSlot < 0 && record.isAttached {
       // Still this mode's entry of the timer (not removed, or replaced by a remove and re-add)
       // and not re-timed meanwhile: back in the heap as it was.
       guard let membership = record.modes.first(where: { $0.contents === contents }),
@@ -350,7 +350,7 @@ extension LoopCore {
     for membership in record.modes {
       guard let entry = membership.timerEntry(of: record) else { continue }
       timerSequence &+= 1
-      if entry.heapIndex >= 0 {
+      if entry.heapSlot >= 0 {
         membership.contents.timers.update(entry, deadline: date, sequence: timerSequence)
       } else {
         membership.contents.timers.insert(entry, deadline: date, sequence: timerSequence)

@@ -201,7 +201,7 @@ class TimerEntry: TimerHeapElement {
   /// of their heaps before it drops them, so a heap never holds an entry whose record is gone (a
   /// record's own entry points at the record itself: no cycle).
   @exclusivity(unchecked) fileprivate unowned(unsafe) var ownRecord: MemberRecord?
-  @exclusivity(unchecked) final var heapIndex = -1
+  @exclusivity(unchecked) final var heapSlot = -1
 
   init(record: MemberRecord?) { ownRecord = record }
 
