@@ -261,6 +261,40 @@ struct ReviewRound2 {
     #expect(await eventually("the jobs ran") { jobs.current == 20 })
   }
 
+  /// A source signalled before a burst of changes from another thread fires while those changes
+  /// still wait (a pass applies a bounded number of them): it waits only for the changes that
+  /// arrived before its signal, not for every change behind it.
+  @Test func aSignalBeforeABurstOfChangesFiresWhileTheyStillWait() throws {
+    let loop = try RunLoopThread(name: "rr2-signal-burst")
+    defer { loop.shutdownAndWait() }
+    let firedWhileWaiting = Guarded<Bool?>(nil)
+    let source = InputSource { _ in
+      let waiting = loop.core.hasWaitingControls
+      firedWhileWaiting.withLock { $0 = waiting }
+    }
+    _ = try loop.performAndWait { loop.add(source) }
+    // Hold the loop in a block so that the signal and the burst all wait in its inbox together.
+    let started = TestGate()
+    let release = TestGate()
+    loop.perform {
+      started.open()
+      _ = release.wait(timeout: .seconds(20))
+    }
+    _ = started.wait(timeout: .seconds(20))
+    source.signal()
+    let timer = LoopTimer(after: .seconds(3600)) { _ in }
+    for index in 0..<(4 * LoopCore.controlsPerPass) {
+      if index % 2 == 0 { loop.add(timer, to: "rr2-burst") } else { loop.remove(timer, from: "rr2-burst") }
+    }
+    release.open()
+    _ = try loop.performAndWait { () }
+    #expect(
+      firedWhileWaiting.snapshot == true,
+      "fired only after the whole burst: \(String(describing: firedWhileWaiting.snapshot))")
+    timer.invalidate()
+    source.invalidate()
+  }
+
   /// Shutdown while thousands of changes wait: every source's schedule and cancel run once, every
   /// block accepted before the shutdown runs.
   @Test func shutdownDrainsManyWaitingChanges() async throws {

@@ -64,7 +64,7 @@ final class LoopCore {
   // MARK: Signalled custom sources
 
   /// Sources signalled since the last step 4 (taken from the inbox), by their records here.
-  @exclusivity(unchecked) var spareSignalled: [MemberRecord] = []
+  @exclusivity(unchecked) var spareSignalled: [SignalledRecord] = []
   /// Signalled sources not in the mode being run: they fire when one of their modes runs.
   @exclusivity(unchecked) var deferredSignalled: [MemberRecord] = []
   /// The ready sources of the step 4 on the stack that have not fired yet: a run nested in one of

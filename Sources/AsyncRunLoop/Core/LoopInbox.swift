@@ -8,6 +8,14 @@ struct PerformRequest {
   var sequence: UInt64 = 0
 }
 
+/// A signalled source's record, with the inbox's sequence number when the signal arrived: the
+/// source fires only once every change that arrived before the signal was applied (0: no change
+/// to wait for).
+struct SignalledRecord {
+  let record: MemberRecord
+  let sequence: UInt64
+}
+
 /// A registration change sent to the loop thread, with the inbox's sequence number when it
 /// arrived: a block or job runs only once every change that arrived before it was applied.
 struct SequencedChange {
@@ -39,7 +47,7 @@ struct LoopInbox {
   /// Blocks from `perform`, oldest first.
   var performs: [PerformRequest] = []
   /// Sources signalled since the loop last looked.
-  var signalled: [MemberRecord] = []
+  var signalled: [SignalledRecord] = []
   /// Registration changes requested from other threads, applied on the loop thread in order.
   var controls: [SequencedChange] = []
   /// Numbers changes, blocks and jobs in the order they arrive (under the inbox lock), so the loop
@@ -131,7 +139,7 @@ struct LoopInbox {
   mutating func signal(_ source: MemberRecord) -> WakeAction {
     switch lifecycle {
     case .active, .shuttingDown:
-      signalled.append(source)
+      signalled.append(SignalledRecord(record: source, sequence: nextSequence()))
       return requestWake()
     case .terminated:
       return .none  // its loop is gone; the signal is meaningless

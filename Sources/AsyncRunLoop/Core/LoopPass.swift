@@ -42,7 +42,7 @@ extension LoopCore {
     // Nested in a source's handler: the sources that step 4 further out has not fired yet are
     // still signalled; consider them here too, instead of leaving them until the nested run ends.
     let outerUnfired = unfiredReadySources
-    spareSignalled.append(contentsOf: outerUnfired)
+    for record in outerUnfired { spareSignalled.append(SignalledRecord(record: record, sequence: 0)) }
     defer { unfiredReadySources = outerUnfired }
     let mode = run.contents.mode
     while true {
@@ -141,20 +141,29 @@ extension LoopCore {
   }
 
   /// Step 4: fires every signalled custom source that is in this mode, lower orders first (equal
-  /// orders in signalling order), once no registration change waits. Sources signalled while in
-  /// other modes only wait in `deferredSignalled`. Returns whether any fired. Allocates nothing in the steady state.
+  /// orders in signalling order), once every registration change that arrived before its signal
+  /// was applied. Sources signalled while in other modes only wait in `deferredSignalled`.
+  /// Returns whether any fired. Allocates nothing in the steady state.
   private func fireSignalledSources(_ run: inout RunContext) -> Bool {
     if spareSignalled.isEmpty && deferredSignalled.isEmpty { return false }
-    // Changes sent before a signal still wait (a bounded pass left them): a source must not fire
-    // on a registration that a waiting removal ends. The signals wait too (the loop stays awake).
-    if hasWaitingControls { return false }
     run.readySources.removeAll(keepingCapacity: true)
-    if !deferredSignalled.isEmpty {
-      spareSignalled.append(contentsOf: deferredSignalled)
-      deferredSignalled.removeAll(keepingCapacity: true)
-    }
+    for record in deferredSignalled { spareSignalled.append(SignalledRecord(record: record, sequence: 0)) }
+    deferredSignalled.removeAll(keepingCapacity: true)
+    // A change sent before a signal that still waits (a bounded pass left it) may end the
+    // source's registration: that signal waits with it (the loop stays awake), while signals
+    // that arrived before every waiting change fire now, so a flood of changes from another
+    // thread does not hold every source back.
+    let barrier = changeBarrier
     var sameOrder = true
-    for record in spareSignalled {
+    var waiting = 0
+    for index in spareSignalled.indices {
+      let signalled = spareSignalled[index]
+      if signalled.sequence >= barrier {
+        spareSignalled[waiting] = signalled  // kept, in order, at the front
+        waiting += 1
+        continue
+      }
+      let record = signalled.record
       // Not on this loop (removed, or moved away): the signal stays on the source for the loop it
       // joins next. A source listed twice fires once (`consumeSignal` answers once per signal).
       guard record.isAttached else { continue }
@@ -165,7 +174,7 @@ extension LoopCore {
         deferredSignalled.append(record)  // in other modes: fires when one of them runs
       }
     }
-    spareSignalled.removeAll(keepingCapacity: true)
+    spareSignalled.removeSubrange(waiting...)
     if !sameOrder {
       // Stable: equal orders keep signalling order.
       let sorted = run.readySources.enumerated().sorted { lhs, rhs in
