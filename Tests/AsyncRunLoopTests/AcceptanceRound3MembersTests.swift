@@ -547,13 +547,7 @@ struct AcceptanceRound3Members {
   /// that moment, releases the routines. The old loop then applies the add it was sent first and
   /// finds no schedule routine (nor a cancel routine): the pairs still match (0 and 0), but that
   /// add was never scheduled.
-  @Test(
-    .disabled(
-      """
-      bug: SignalState counts a loop as holding the source only once that loop applied the add; an add still in \
-      the old loop's inbox is not counted, so the new loop releases the routines and the old loop never calls \
-      schedule (nor cancel); not fixed (needs the count taken at bind time, in every member's shared lifecycle)
-      """))
+  @Test
   func anAddStillInTheOldLoopsInboxIsScheduledAfterTheSourceMovedAndWasInvalidated() throws {
     let oldLoop = try RunLoopThread(name: "ar3-inbox-old")
     let newLoop = try RunLoopThread(name: "ar3-inbox-new")
@@ -581,12 +575,6 @@ struct AcceptanceRound3Members {
 
   // MARK: - .common and named modes
 
-  /// A source added to `.common` and then removed from `.default` (the only common mode) leaves
-  /// the loop: its cancel routine runs, and the loop holds it in no mode. Removed from its last
-  /// mode, "it may be added to any loop at once" — but its binding still names `.common` (the
-  /// binding counts `.common` as one name, the loop's mode table expands it), so the add traps
-  /// ("on loop 'ar3-common-a'"), and its signals and commands go to a loop that no longer holds
-  /// it. The same happens the other way round (added to `.default`, removed from `.common`).
   /// The binding and the loop agree on when a member has left its loop, through `.common` too:
   /// removing `.default` by name from a member added to `.common` leaves it on the loop (no
   /// cancel; a mode joining the common set later still receives it), removing `.common` from a

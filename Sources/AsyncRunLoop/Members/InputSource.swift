@@ -88,14 +88,17 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
     let target: (loop: LoopShared?, record: MemberRecord?) = lock.withLock {
       let (loop, record, first) = binding.invalidate()
       guard first else { return (nil, nil) }
-      state.invalidate(keepingRoutines: loop != nil)  // the loop's detach hands out cancel
+      // The loop's detach hands out cancel.
+      state.invalidate(keepingRoutines: loop != nil, pendingJoins: binding.pendingJoins)
       return (loop, record)
     }
     target.loop?.detachInvalidated(self, target.record)
   }
 
   func releaseAfterInvalidation(onThreadOf loop: RunLoopThread?) {
-    let released: SignalState.Routines? = lock.withLock { binding.isValid ? nil : state.release() }
+    let released: SignalState.Routines? = lock.withLock {
+      binding.isValid ? nil : state.release(pendingJoins: binding.pendingJoins)
+    }
     if loop != nil, let close = released?.close { close(self) }
     withExtendedLifetime(released) {}  // whatever the routines captured is freed outside the lock
   }
@@ -113,14 +116,17 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
   func joined(_ loop: RunLoopThread) -> (
     schedule: (@Sendable (InputSource, RunLoopThread, RunLoopMode) -> Void)?, signalled: Bool
   ) {
-    lock.withLock { state.joined() }
+    lock.withLock {
+      binding.recordJoined()
+      return state.joined()
+    }
   }
 
   /// The source left `loop`: returns the close routine (when it was invalidated) and the cancel
   /// routine to call, in that order, after the lock is released, releasing every routine when the
   /// source was invalidated. Loop thread.
   func left(_ loop: RunLoopThread) -> SignalState.LeaveRoutines {
-    lock.withLock { state.left(isValid: binding.isValid) }
+    lock.withLock { state.left(isValid: binding.isValid, pendingJoins: binding.pendingJoins) }
   }
 
   /// Clears the signal just before `perform` runs and returns the routine to run, or nil when the
@@ -175,19 +181,21 @@ struct SignalState {
     return (routines?.schedule, isSignalled)
   }
 
-  /// The source was invalidated. A source that a loop holds or will hold (`toldLoop`) keeps its
-  /// routines until the last such loop detaches it (each owes a cancel); otherwise they go now.
-  mutating func invalidate(keepingRoutines toldLoop: Bool) {
+  /// The source was invalidated. A source that a loop holds or will hold (`toldLoop`, or an add
+  /// on its way to a loop: `pendingJoins`) keeps its routines until the last such loop detaches it
+  /// (each owes a schedule and a cancel); otherwise they go now.
+  mutating func invalidate(keepingRoutines toldLoop: Bool, pendingJoins: Int) {
     isSignalled = false
-    if !toldLoop && attachments == 0 { routines = nil }
+    if !toldLoop && attachments == 0 && pendingJoins == 0 { routines = nil }
   }
 
   /// The source left a loop: that loop's cancel routine; and, when the source is invalid and this
-  /// was the last loop holding it, the close routine (first) and the release of every routine. A
-  /// valid source keeps its signal for the loop it joins next.
-  mutating func left(isValid: Bool) -> LeaveRoutines {
+  /// was the last loop holding it (none holds it, and no add is on its way to one:
+  /// `pendingJoins`), the close routine (first) and the release of every routine. A valid source
+  /// keeps its signal for the loop it joins next.
+  mutating func left(isValid: Bool, pendingJoins: Int) -> LeaveRoutines {
     attachments -= 1
-    let last = !isValid && attachments == 0
+    let last = !isValid && attachments == 0 && pendingJoins == 0
     let leave = LeaveRoutines(close: last ? routines?.close : nil, cancel: routines?.cancel)
     if last { routines = nil }  // release whatever the routines captured
     return leave
@@ -195,8 +203,8 @@ struct SignalState {
 
   /// Hands out the routines of an invalid source that no loop holds any more (for release, and
   /// the close routine, outside the lock); nil while a loop still holds it.
-  mutating func release() -> Routines? {
-    guard attachments == 0 else { return nil }
+  mutating func release(pendingJoins: Int) -> Routines? {
+    guard attachments == 0 && pendingJoins == 0 else { return nil }
     defer { routines = nil }
     return routines
   }

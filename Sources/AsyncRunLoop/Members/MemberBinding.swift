@@ -57,6 +57,10 @@ struct MemberBinding {
   /// releases the member's closures after the removal (and its cancel routine) ran. (The loop's
   /// shared half, not its handle: a removed member never keeps a loop's handle alive.)
   private(set) var lastLoop: LoopShared?
+  /// Records made by `bind` that their loop has not attached yet (their add is on its way):
+  /// each such loop will still schedule the member. Counted for every kind; custom sources use it
+  /// (`SignalState` keeps their routines until every loop that was sent an add has had them).
+  private(set) var pendingJoins = 0
 
   /// The loop the member is on and its record there, if it is on one.
   var loopAndRecord: (loop: LoopShared, record: MemberRecord)? {
@@ -84,6 +88,7 @@ struct MemberBinding {
     switch phase {
     case .unbound:
       let record = MemberRecord()  // joins this loop: a new record for it
+      pendingJoins += 1
       phase = .bound
       self.loop = loop
       boundRecord = record
@@ -110,6 +115,11 @@ struct MemberBinding {
     return record
   }
 
+  /// Loop thread: a loop attached a record this binding made (applied its first add there).
+  mutating func recordJoined() {
+    if pendingJoins > 0 { pendingJoins -= 1 }
+  }
+
   /// A refused add (the loop had terminated, or could not register the member): forget `loop`
   /// (the member is invalidated next) and make `previousLastLoop` the loop it was last on. A
   /// terminated loop that refused the add never held the member: pass `lastLoop` as it was before
@@ -117,6 +127,7 @@ struct MemberBinding {
   /// (which delivers the commands a `CommandSource` accepted while it was on no loop).
   mutating func forget(_ loop: LoopShared, restoringLastLoop previousLastLoop: LoopShared?) {
     guard phase == .bound, self.loop === loop else { return }
+    if pendingJoins > 0 { pendingJoins -= 1 }  // that loop never attaches the record
     becomeUnbound()
     lastLoop = previousLastLoop
   }
