@@ -162,11 +162,13 @@ final class ChurnSession: FigureSession {
     var adds: [Double] = []
     var removes: [Double] = []
     var creates: [Double] = []
+    var addFaults: [Double] = []
     let start = monotonicNanoseconds()
     while adds.count < rounds && (adds.isEmpty || monotonicNanoseconds() - start < budget.measurementNanoseconds) {
       let roundStart = monotonicNanoseconds()
-      let (create, add, remove) = measureRound()
+      let (create, add, remove, faults) = measureRound()
       budget.record(key, count: count, nanoseconds: monotonicNanoseconds() - roundStart)
+      addFaults.append(faults)
       creates.append(create)
       adds.append(add)
       removes.append(remove)
@@ -174,13 +176,15 @@ final class ChurnSession: FigureSession {
     return Figure(
       value: median(adds),
       extras: [
-        ("remove_ns", median(removes)), ("create_ns", median(creates)), ("n", Double(count)),
-        ("rounds", Double(adds.count)),
+        ("remove_ns", median(removes)), ("create_ns", median(creates)),
+        ("add_faults_per_1k", median(addFaults)), ("n", Double(count)), ("rounds", Double(adds.count)),
       ])
   }
 
-  /// One round on a fresh loop: ns per create, add and remove.
-  private func measureRound() -> (Double, Double, Double) {
+  /// One round on a fresh loop: ns per create, add and remove, and the loop thread's minor page
+  /// faults per 1,000 adds (loop-thread side only: fresh memory the adds touched first; NaN
+  /// cross-thread, where both threads allocate).
+  private func measureRound() -> (Double, Double, Double, Double) {
     let loop = try! RunLoopThread(name: "churn", cpu: cpu)
     defer { loop.shutdownAndWait() }
     var start = monotonicNanoseconds()
@@ -189,9 +193,17 @@ final class ChurnSession: FigureSession {
     defer { members.close() }
     let add: Int64
     let remove: Int64
+    var faults = Double.nan
     switch side {
     case .loopThread:
-      add = timedOnLoop(loop) { members.add(to: loop) }
+      let (addNanoseconds, addFaults) = try! loop.performAndWait { () -> (Int64, Int) in
+        let faultsBefore = threadMinorFaults()
+        let start = monotonicNanoseconds()
+        members.add(to: loop)
+        return (monotonicNanoseconds() - start, threadMinorFaults() - faultsBefore)
+      }
+      add = addNanoseconds
+      faults = Double(addFaults) * 1_000 / Double(count)
       remove = timedOnLoop(loop) { members.remove(from: loop) }
     case .crossThread:
       start = monotonicNanoseconds()
@@ -204,7 +216,7 @@ final class ChurnSession: FigureSession {
       remove = monotonicNanoseconds() - start
     }
     let perMember = Double(count)
-    return (Double(create) / perMember, Double(add) / perMember, Double(remove) / perMember)
+    return (Double(create) / perMember, Double(add) / perMember, Double(remove) / perMember, faults)
   }
 
   func close() {}

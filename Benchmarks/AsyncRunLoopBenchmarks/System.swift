@@ -181,6 +181,14 @@ func threadCPUNanoseconds(_ clock: clockid_t) -> Int64? {
   return Int64(spec.tv_sec) &* 1_000_000_000 &+ Int64(spec.tv_nsec)
 }
 
+/// The calling thread's minor page faults so far (first touches of fresh memory, among others).
+func threadMinorFaults() -> Int {
+  var usage = rusage()
+  let rusageThread = __rusage_who_t(1)  // RUSAGE_THREAD (Glibc's module does not export it)
+  guard getrusage(rusageThread, &usage) == 0 else { return 0 }
+  return Int(usage.ru_minflt)
+}
+
 /// The calling thread's CPU-time clock id (readable from any thread of the process).
 func currentThreadCPUClock() -> clockid_t {
   var clock = clockid_t()
