@@ -9,25 +9,7 @@ import Testing
 /// must name a constant.
 @Suite("AcceptanceRound3Members", .timeLimit(.minutes(3)))
 struct AcceptanceRound3Members {
-  /// An event log shared with loop-thread callouts.
-  final class Log: Sendable {
-    let entries = Guarded<[String]>([])
-    func add(_ entry: String) { entries.withLock { $0.append(entry) } }
-    var snapshot: [String] { entries.snapshot }
-    func count(_ entry: String) -> Int { snapshot.filter { $0 == entry }.count }
-  }
-
-  /// Blocks the loop in a performed block until the returned gate opens.
-  static func blockLoop(_ loop: RunLoopThread) -> TestGate {
-    let started = TestGate()
-    let release = TestGate()
-    loop.perform {
-      started.open()
-      _ = release.wait(timeout: .seconds(20))
-    }
-    _ = started.wait(timeout: .seconds(20))
-    return release
-  }
+  typealias Log = EventLog
 
   /// Lets the loop apply what was sent before and make one more pass.
   static func settle(_ loop: RunLoopThread) throws {
@@ -559,7 +541,7 @@ struct AcceptanceRound3Members {
     let source = InputSource(
       schedule: { _, loop, _ in log.add("schedule@\(loop.name)") },
       cancel: { _, loop in log.add("cancel@\(loop.name)") }, perform: { _ in })
-    let release = Self.blockLoop(oldLoop)
+    let release = blockLoop(oldLoop)
     oldLoop.add(source)  // waits in the old loop's inbox
     oldLoop.remove(source)
     newLoop.add(source)

@@ -10,18 +10,6 @@ import Testing
 /// failed before its fix.
 @Suite("ReviewRecords")
 struct ReviewRecordsTests {
-  /// Blocks the loop in a performed block until the returned gate opens.
-  static func blockLoop(_ loop: RunLoopThread) -> TestGate {
-    let started = TestGate()
-    let release = TestGate()
-    loop.perform {
-      started.open()
-      _ = release.wait(timeout: .seconds(20))
-    }
-    _ = started.wait(timeout: .seconds(20))
-    return release
-  }
-
   /// Counts per loop (by name) of schedule and cancel calls.
   final class PairLog: @unchecked Sendable {  // Safety: `counts` is a `Guarded`.
     let counts = Guarded<[String: (schedule: Int, cancel: Int)]>([:])
@@ -312,7 +300,7 @@ struct ReviewRecordsTests {
         })
         loopA.add(source, to: .default)
         _ = try? loopA.performAndWait { () }
-        let release = round % 2 == 0 ? Self.blockLoop(loopA) : nil
+        let release = round % 2 == 0 ? blockLoop(loopA) : nil
         let target = round % 3 == 0 ? loopB : loopA
         race([
           {
@@ -446,7 +434,7 @@ struct ReviewRecordsTests {
       if events.contains(.error) { errors.increment() }
     }
     let outcome = try await withWatchdogOnThread { () -> (valid: Bool, errors: Int)? in
-      let release = Self.blockLoop(loopA)
+      let release = blockLoop(loopA)
       guard (try? loopA.add(source)) != nil else { return nil }  // queued: epoll refuses it later
       loopA.remove(source)
       guard (try? loopB.add(source)) != nil else { return nil }

@@ -6,26 +6,7 @@ import Testing
 /// Review round 2: bounded registration changes per pass, dropped handles, main-loop performAndWait.
 @Suite("ReviewRound2", .timeLimit(.minutes(3)))
 struct ReviewRound2 {
-  /// An event log shared with loop-thread callouts.
-  final class Log: Sendable {
-    let entries = Guarded<[String]>([])
-    func add(_ entry: String) { entries.withLock { $0.append(entry) } }
-    var snapshot: [String] { entries.snapshot }
-    func count(_ entry: String) -> Int { snapshot.filter { $0 == entry }.count }
-  }
-
-  /// Blocks the loop in a performed block until the returned gate opens (so that what the test
-  /// sends meanwhile reaches the loop as one batch).
-  static func blockLoop(_ loop: RunLoopThread) -> TestGate {
-    let started = TestGate()
-    let release = TestGate()
-    loop.perform {
-      started.open()
-      _ = release.wait(timeout: .seconds(20))
-    }
-    _ = started.wait(timeout: .seconds(20))
-    return release
-  }
+  typealias Log = EventLog
 
   /// `count` cross-thread registration changes (an observer added and removed in turn).
   static func sendChanges(_ loop: RunLoopThread, count: Int) -> LoopObserver {
@@ -63,7 +44,7 @@ struct ReviewRound2 {
         log.add("inline-add")
       }, perform: { _ in })
     let follower = InputSource(perform: { _ in })
-    let release = Self.blockLoop(loop)
+    let release = blockLoop(loop)
     loop.add(trigger, to: .default)
     loop.add(follower, to: .default)  // a change that still waits behind the trigger
     release.open()
@@ -103,7 +84,7 @@ struct ReviewRound2 {
     loop.add(trigger, to: .default)
     let follower = InputSource(perform: { _ in })
     _ = try loop.performAndWait { () }
-    let release = Self.blockLoop(loop)
+    let release = blockLoop(loop)
     loop.remove(trigger, from: .default)  // its cancel routine runs as a change
     loop.add(follower, to: .default)
     release.open()
@@ -132,7 +113,7 @@ struct ReviewRound2 {
       perform: { _ in log.add("perform") })
     loop.add(source, to: .default)
     _ = try loop.performAndWait { () }
-    let release = Self.blockLoop(loop)
+    let release = blockLoop(loop)
     let observer = Self.sendChanges(loop, count: 4 * LoopCore.controlsPerPass + 1)
     loop.remove(source, from: .default)
     loop.add(source, to: .default)
@@ -157,7 +138,7 @@ struct ReviewRound2 {
     loop.add(other, to: RunLoopMode("rr2-a"))
     _ = try loop.performAndWait { () }
     let timers = (0..<(3 * LoopCore.controlsPerPass + 7)).map { _ in LoopTimer(after: .seconds(3600)) { _ in } }
-    let release = Self.blockLoop(loop)
+    let release = blockLoop(loop)
     for timer in timers { loop.add(timer, to: .default) }
     loop.add(source, to: .default)
     loop.add(other, to: .default)  // already on the loop in another mode
@@ -205,7 +186,7 @@ struct ReviewRound2 {
           }
         }, perform: { _ in })
     }
-    let release = Self.blockLoop(loop)
+    let release = blockLoop(loop)
     for source in sources { loop.add(source, to: .default) }
     let seenByBlock = Guarded<Int>(-1)
     loop.perform { seenByBlock.withLock { $0 = log.snapshot.count } }
@@ -274,13 +255,7 @@ struct ReviewRound2 {
     }
     _ = try loop.performAndWait { loop.add(source) }
     // Hold the loop in a block so that the signal and the burst all wait in its inbox together.
-    let started = TestGate()
-    let release = TestGate()
-    loop.perform {
-      started.open()
-      _ = release.wait(timeout: .seconds(20))
-    }
-    _ = started.wait(timeout: .seconds(20))
+    let release = blockLoop(loop)
     source.signal()
     let timer = LoopTimer(after: .seconds(3600)) { _ in }
     for index in 0..<(4 * LoopCore.controlsPerPass) {
@@ -307,7 +282,7 @@ struct ReviewRound2 {
       InputSource(
         schedule: { _, _, _ in schedules.increment() }, cancel: { _, _ in cancels.increment() }, perform: { _ in })
     }
-    let release = Self.blockLoop(loop)
+    let release = blockLoop(loop)
     for (index, source) in sources.enumerated() {
       loop.add(source, to: index % 2 == 0 ? .default : RunLoopMode("rr2-other"))
       if index % 100 == 0 { #expect(loop.perform { blocks.increment() }) }
@@ -329,7 +304,7 @@ struct ReviewRound2 {
     let mode = RunLoopMode("rr2-modal")
     let fired = AtomicCounter()
     let source = InputSource(perform: { _ in fired.increment() })
-    let release = Self.blockLoop(loop)
+    let release = blockLoop(loop)
     let observer = Self.sendChanges(loop, count: 3 * LoopCore.controlsPerPass + 3)
     loop.add(source, to: mode)
     source.signal()
@@ -347,7 +322,7 @@ struct ReviewRound2 {
     #expect(result == .handledSource)
     #expect(fired.current == 1)
     // A modal run in an empty mode behind waiting changes that add nothing to it: finished.
-    let release2 = Self.blockLoop(loop)
+    let release2 = blockLoop(loop)
     let observer2 = Self.sendChanges(loop, count: 3 * LoopCore.controlsPerPass + 3)
     let emptyResult = try await withWatchdog(timeout: .seconds(20), "runModal empty") {
       async let run = loop.runModal(mode: RunLoopMode("rr2-empty"), for: .seconds(10))
@@ -497,7 +472,7 @@ struct ReviewRound2 {
     }
     do {
       let loop = try RunLoopThread(name: name)
-      let release = Self.blockLoop(loop)
+      let release = blockLoop(loop)
       for source in sources { loop.add(source, to: .default) }
       release.open()
     }

@@ -309,3 +309,25 @@ func threadCount(named name: String) -> Int {
   }
   return count
 }
+
+/// Blocks `loop` in a performed block until the returned gate opens, so that what the test sends
+/// meanwhile waits in the loop's inbox and reaches the loop as one batch. Returns once the block
+/// runs.
+func blockLoop(_ loop: RunLoopThread) -> TestGate {
+  let started = TestGate()
+  let release = TestGate()
+  loop.perform {
+    started.open()
+    _ = release.wait(timeout: .seconds(20))
+  }
+  _ = started.wait(timeout: .seconds(20))
+  return release
+}
+
+/// An event log shared with loop-thread callouts. Any thread.
+final class EventLog: Sendable {
+  let entries = Guarded<[String]>([])
+  func add(_ entry: String) { entries.withLock { $0.append(entry) } }
+  var snapshot: [String] { entries.snapshot }
+  func count(_ entry: String) -> Int { snapshot.filter { $0 == entry }.count }
+}
