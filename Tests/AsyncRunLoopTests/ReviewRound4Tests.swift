@@ -4,7 +4,9 @@ import Testing
 @testable import AsyncRunLoop
 
 /// Review round 4: `.common` removal, parked timers, set-aside entries, whole-batch changes, the
-/// dense heap table, signals' arrival numbers and `pendingJoins`. Exact counts only.
+/// dense heap table, signals' arrival numbers and `pendingJoins`. Exact counts only. The four
+/// tests of timers whose modes change in their own callout failed before the fix (the pass took a
+/// change of modes for a move of the fire date).
 @Suite("ReviewRound4")
 struct ReviewRound4Tests {
   /// Counts per loop (by name) of schedule and cancel calls.
@@ -25,10 +27,10 @@ struct ReviewRound4Tests {
   // MARK: Timers whose modes change during their own callout
 
   /// LoopTimer: "a one-shot timer invalidates itself after firing". A one-shot timer in modes A
-  /// and B fires in A; its callout removes it from B only (it stays in A). The pass sees the
-  /// timer's generation changed ("moved or removed") and neither invalidates it nor puts its A
-  /// entry (popped) back: the timer stays valid, never fires again, and keeps mode A alive.
-  @Test(.disabled("bug: a timer removed from another of its modes in its callout is neither advanced nor invalidated"))
+  /// and B fires in A; its callout removes it from B only (it stays in A). Before the fix the pass
+  /// took that for a move and neither invalidated it nor put its A entry (popped) back: the timer
+  /// stayed valid, never fired again, and kept mode A alive.
+  @Test
   func oneShotTimerRemovedFromOtherModeInCalloutIsInvalidated() async throws {
     let loop = try RunLoopThread(name: "r4-oneshot-remove")
     defer { loop.shutdownAndWait() }
@@ -60,7 +62,7 @@ struct ReviewRound4Tests {
 
   /// The same cause for a repeating timer (zero interval: once per pass): removed from mode B in
   /// its first callout, it never fires again in mode A, where it still is.
-  @Test(.disabled("bug: a repeating timer removed from another of its modes in its callout stops firing"))
+  @Test
   func repeatingTimerRemovedFromOtherModeInCalloutKeepsFiring() async throws {
     let loop = try RunLoopThread(name: "r4-repeat-remove")
     defer { loop.shutdownAndWait() }
@@ -86,10 +88,10 @@ struct ReviewRound4Tests {
   }
 
   /// SPEC §4: a repeating timer "fires once and moves to the next future multiple of its
-  /// interval". A repeating (1 h) timer that adds itself to a new mode in its callout is not
-  /// advanced (its generation changed) and is put back at the date that just fired: it fires again
-  /// on the next pass for the same grid point.
-  @Test(.disabled("bug: a timer added to another mode in its own callout fires twice for one date"))
+  /// interval". A repeating (1 h) timer that adds itself to a new mode in its callout must be
+  /// advanced, not put back at the date that just fired (before the fix it fired again on the
+  /// next pass for the same grid point).
+  @Test
   func repeatingTimerAddedToNewModeInCalloutFiresOncePerDate() async throws {
     let loop = try RunLoopThread(name: "r4-repeat-add")
     defer { loop.shutdownAndWait() }
@@ -119,7 +121,7 @@ struct ReviewRound4Tests {
 
   /// The same with the mode joining through `.common`: a one-shot timer in `.common` whose
   /// callout adds a mode to the common set (the timer joins it) fires twice.
-  @Test(.disabled("bug: a one-shot timer in .common fires twice when its callout adds a common mode"))
+  @Test
   func oneShotCommonTimerAddingCommonModeFiresOnce() async throws {
     let loop = try RunLoopThread(name: "r4-common-add")
     defer { loop.shutdownAndWait() }
@@ -539,4 +541,26 @@ struct ReviewRound4Tests {
     #expect(result.map { $0.accepted == $0.delivered } == true, "\(counts)")
     #expect(result?.unpaired.isEmpty == true, "\(result?.unpaired ?? [])")
   }
+
+  /// "Equal orders fire in signalling order", also for a source signalled while the loop ran a
+  /// mode it is not in (kept aside) and a source signalled after it.
+  @Test func aSourceKeptAsideFiresBeforeOneSignalledLater() throws {
+    let loop = try RunLoopThread(name: "r4-signal-order")
+    defer { loop.shutdownAndWait() }
+    let log = EventLog()
+    let first = InputSource { _ in log.add("first") }
+    let second = InputSource { _ in log.add("second") }
+    let other: RunLoopMode = "r4-order-other"
+    try loop.performAndWait {
+      loop.add(first)
+      loop.add(second)
+      loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: other)
+      first.signal()
+      loop.run(mode: other, for: .milliseconds(5))  // `first` is not in it: kept aside
+      second.signal()
+      loop.run(mode: .default, for: .milliseconds(5))
+    }
+    #expect(log.snapshot == ["first", "second"])
+  }
+
 }

@@ -59,11 +59,7 @@ extension LoopCore {
   /// Applies an accepted removal from `mode`; a member that left its last mode is detached.
   func applyRemove(_ record: MemberRecord, from mode: RunLoopMode) {
     guard record.isAttached else { return }
-    if modeTable.remove(record, from: mode) {
-      detach(record)
-    } else if case .timer? = record.kind {
-      record.generation &+= 1  // its modes changed (its entry left that mode's heap)
-    }
+    if modeTable.remove(record, from: mode) { detach(record) }
   }
 
   /// Applies an invalidation (or a shutdown): the member leaves every mode and is detached.
@@ -120,10 +116,8 @@ extension LoopCore {
         record.token = 0
         record.isArmed = false
       }
-    case .timer:
-      record.generation &+= 1  // `removeEverywhere` took its entries out of the heaps
-    case .observer:
-      break
+    case .timer, .observer:
+      break  // `removeEverywhere` took a timer's entries out of the heaps
     }
   }
 

@@ -147,8 +147,12 @@ extension LoopCore {
   private func fireSignalledSources(_ run: inout RunContext) -> Bool {
     if spareSignalled.isEmpty && deferredSignalled.isEmpty { return false }
     run.readySources.removeAll(keepingCapacity: true)
-    for record in deferredSignalled { spareSignalled.append(SignalledRecord(record: record, sequence: 0)) }
-    deferredSignalled.removeAll(keepingCapacity: true)
+    if !deferredSignalled.isEmpty {
+      // Signalled before everything collected since: first, so equal orders keep signalling order.
+      spareSignalled.insert(
+        contentsOf: deferredSignalled.lazy.map { SignalledRecord(record: $0, sequence: 0) }, at: 0)
+      deferredSignalled.removeAll(keepingCapacity: true)
+    }
     // A change sent before a signal that still waits (a bounded pass left it) may end the
     // source's registration: that signal waits with it (the loop stays awake), while signals
     // that arrived before every waiting change fire now, so a flood of changes from another
@@ -327,33 +331,27 @@ extension LoopCore {
     return fired
   }
 
-  /// Fires one timer, then moves a repeating timer to the next point of its grid or invalidates
-  /// a one-shot one (unless the callout moved or removed it).
+  /// Fires one timer, then moves a repeating timer to the next point of its grid, keeps a fire
+  /// date set during the callout, or invalidates a one-shot timer. Whatever the callout did to the
+  /// timer's modes (removed it from some, added it to others), its entries then all follow its
+  /// date: the one this pass popped and any a nested run parked go back into their heaps.
   private func fire(_ record: MemberRecord, _ timer: LoopTimer, firedAt fireDate: Int64) {
-    let generation = record.generation
     record.isFiring = true
     timer.fire(on: shared)
     record.isFiring = false
-    let parked = record.hasParkedEntries
     record.hasParkedEntries = false
-    guard record.generation == generation, !record.isDetached else {
-      // The callout moved or removed it: its entries follow that already, but for those a run
-      // nested in the callout took out of other modes' heaps (`fireDueTimers`): back at its date.
-      if parked && !record.isDetached { pushTimerEntries(record) }
-      return
-    }
-    if timer.advanceAfterFire(firedAt: fireDate, now: LoopClock.monotonicNanoseconds()) {
+    guard record.isAttached else { return }  // invalidated, or removed from every mode
+    switch timer.afterFire(firedAt: fireDate, now: LoopClock.monotonicNanoseconds()) {
+    case .rescheduled, .advanced:
       pushTimerEntries(record)
-    } else {
-      timer.invalidateAfterFire()  // one-shot: done
-      detach(record)
+    case .finished:
+      detach(record)  // one-shot: done (`afterFire` invalidated it)
     }
   }
 
   /// Makes a timer's heap entries match its fire date and modes: each mode's entry is moved to
   /// the date (or put back, after a fire popped it), in O(log n).
   func pushTimerEntries(_ record: MemberRecord) {
-    record.generation &+= 1
     guard !record.modes.isEmpty, case .timer(let timer)? = record.kind else { return }
     let date = timer.fireDateNanoseconds
     for membership in record.modes {

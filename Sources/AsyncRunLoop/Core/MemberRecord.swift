@@ -1,5 +1,5 @@
 /// The loop-thread side of one member on one loop: which of the loop's modes hold it and the
-/// kind's loop-thread state (a timer's heap generation, a descriptor's epoll token).
+/// kind's loop-thread state (a timer's heap entries, a descriptor's epoll token).
 ///
 /// The member's binding creates it (on the thread that adds the member, under the member's lock)
 /// when the member joins a loop, and every change sent to that loop for the member carries it, so
@@ -36,9 +36,6 @@ final class MemberRecord: TimerEntry {
   /// The modes holding the member on this loop.
   @exclusivity(unchecked) var modes = MembershipList()
 
-  /// Timer: bumped whenever its fire date or its modes change (so a pass can tell that a callout
-  /// moved or removed the timer it is firing).
-  @exclusivity(unchecked) var generation: UInt64 = 0
   /// Timer: a callout of it is running (so a nested run never fires it inside its own callout).
   @exclusivity(unchecked) var isFiring = false
   /// Timer: a run nested in its callout found it due in another mode and took that entry out of

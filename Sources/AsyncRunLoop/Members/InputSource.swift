@@ -117,7 +117,7 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
     schedule: (@Sendable (InputSource, RunLoopThread, RunLoopMode) -> Void)?, signalled: Bool
   ) {
     lock.withLock {
-      binding.recordJoined()
+      binding.recordSettled()
       return state.joined()
     }
   }

@@ -36,7 +36,7 @@ public enum LoopTimerError: Error, Equatable, CustomStringConvertible {
 public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proof below
   // Safety: `intervalNanoseconds`, `toleranceNanoseconds` are immutable. `state` (binding,
   // handler), `fireDateNs`, the fire-date versions, `firingLoop` and `firingWaiters` are only touched with `lock`
-  // held. The loop-thread side (heap entries, generation) lives in the loop's `MemberRecord`.
+  // held. The loop-thread side (heap entries) lives in the loop's `MemberRecord`.
 
   static var kindName: String { "LoopTimer" }
 
@@ -163,12 +163,6 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     lock.withLock { state.invalidate() }.finish(self)
   }
 
-  /// Loop thread, after a one-shot fire: invalidates the timer without a round trip through the
-  /// inbox (the loop detaches the record it holds).
-  func invalidateAfterFire() {
-    lock.withLock { state.invalidate() }.finish(self, detaching: false)
-  }
-
   /// Invalidates the timer and, when one of its callouts is running on its loop's thread, waits
   /// until that callout has returned: after this returns, no callout of the timer runs anywhere.
   /// Any thread.
@@ -240,18 +234,35 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     for gate in waiters { gate.open() }
   }
 
-  /// After a fire: moves a repeating timer to its next date on its grid. Loop thread.
-  /// - Returns: false for a one-shot timer (the loop invalidates it).
-  ///
-  /// A fire date set during the callout (`setFireDate` from any thread) wins over the grid: the
-  /// timer keeps it, as in CF.
-  func advanceAfterFire(firedAt fireDate: Int64, now: Int64) -> Bool {
-    guard let interval = intervalNanoseconds else { return false }
-    let next = Self.nextFireDate(after: fireDate, interval: interval, now: now)
-    lock.withLock {
-      if fireDateVersion == versionAtFire { fireDateNs = next }  // not moved during the callout
+  /// What a fire left the timer with.
+  enum AfterFire {
+    /// `setFireDate` was called during the callout (from any thread): the timer keeps that date
+    /// (it wins over the grid, and a one-shot timer fires again then), as in CF.
+    case rescheduled
+    /// A repeating timer moved to the next point of its grid.
+    case advanced
+    /// A one-shot timer is done: invalidated (the loop detaches the record it holds).
+    case finished
+  }
+
+  /// After a fire: moves a repeating timer to its next date on its grid, unless the callout set a
+  /// fire date; invalidates a one-shot timer (without a round trip through the inbox: the loop
+  /// detaches the record it holds). One critical section. Loop thread.
+  func afterFire(firedAt fireDate: Int64, now: Int64) -> AfterFire {
+    lock.lock()
+    if fireDateVersion != versionAtFire {
+      lock.unlock()
+      return .rescheduled
     }
-    return true
+    guard let interval = intervalNanoseconds else {
+      let invalidation = state.invalidate()
+      lock.unlock()
+      invalidation.finish(self, detaching: false)
+      return .finished
+    }
+    fireDateNs = Self.nextFireDate(after: fireDate, interval: interval, now: now)
+    lock.unlock()
+    return .advanced
   }
 
   /// The first point of the grid `fireDate + k·interval` (k ≥ 1) that lies after `now`: missed

@@ -115,8 +115,9 @@ struct MemberBinding {
     return record
   }
 
-  /// Loop thread: a loop attached a record this binding made (applied its first add there).
-  mutating func recordJoined() {
+  /// Loop thread: a loop attached a record this binding made (applied its first add there), or
+  /// dropped one it could not attach.
+  mutating func recordSettled() {
     if pendingJoins > 0 { pendingJoins -= 1 }
   }
 

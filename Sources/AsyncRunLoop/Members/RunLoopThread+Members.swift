@@ -207,8 +207,15 @@ extension DescriptorSource {
       return nil
     } catch {
       // A stale add (the source was removed from this loop meanwhile, and may be on another
-      // loop now): nothing here to report or drop.
-      guard withBinding({ $0.record(on: core.shared) }) === record else { return callerWaits ? error : nil }
+      // loop now): nothing here to report or drop; its record is settled, never attached.
+      let isCurrent = withBinding { binding in
+        guard binding.record(on: core.shared) === record else {
+          binding.recordSettled()
+          return false
+        }
+        return true
+      }
+      guard isCurrent else { return callerWaits ? error : nil }
       if !callerWaits { fire(.error, on: core.shared) }
       withBinding { $0.forget(core.shared, restoringLastLoop: core.shared) }
       invalidate()
