@@ -29,7 +29,7 @@ def main(path):
                     ratio = "reference"
                 print(f"| {scenario} | {peer} | {stats['p50']:.2f} µs | {stats['p99']:.2f} µs | {ratio} |")
             else:
-                extras = ", ".join(f"{k} {v:g}" for k, v in stats.items() if k not in ("unit", "value"))
+                extras = ", ".join(f"{k} {v:g}" for k, v in stats.items() if k not in ("unit", "value") and v is not None)
                 value = f"{stats['value']:,.0f} {stats['unit']}"
                 print(f"| {scenario} | {peer} | {value} | | {extras} |")
     targets = report.get("targets", [])
