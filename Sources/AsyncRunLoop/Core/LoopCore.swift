@@ -164,7 +164,7 @@ final class LoopCore {
         controlIndex = 0
       }
       budget -= 1
-      change()
+      change(self)
     }
     controlDepth -= 1
     if controlDepth == 0 { dropAppliedControlBatches() }
@@ -195,7 +195,7 @@ final class LoopCore {
 
   /// What an applied change's slot holds until the queue empties.
   private static var appliedChange: SequencedChange { SequencedChange(sequence: 0, apply: noChange) }
-  private static let noChange: @Sendable () -> Void = {}
+  private static let noChange: @Sendable (LoopCore) -> Void = { _ in }
 
   /// The most registration changes one bounded `applyControls` applies.
   static let controlsPerPass = 256

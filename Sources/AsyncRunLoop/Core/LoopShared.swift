@@ -124,7 +124,7 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   /// any lock it holds). nil once terminated. Any thread.
   func send(_ change: @escaping (LoopCore) -> Void) -> LoopInbox.WakeAction? {
     inboxLock.withLock {
-      inbox.control { [unowned(unsafe) self] in change(self.core) }
+      inbox.control(change)
     }
   }
 
