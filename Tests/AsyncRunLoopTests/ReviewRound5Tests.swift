@@ -6,7 +6,9 @@ import Testing
 /// Review round 5: what a timer's pass decides after its callout (`LoopTimer.afterFire`): a fire
 /// date set during the callout, grid advance, one-shot end, parked and set-aside entries, nested
 /// runs, moves to another loop and other threads racing the callout. Exact counts only; no timing
-/// beyond "not before its date".
+/// beyond "not before its date". Six of these failed before the fix that followed the review
+/// (moves before a fire, a date set from another thread before the callout, a callout that
+/// removes its timer from its only mode).
 @Suite("ReviewRound5")
 struct ReviewRound5Tests {
   let modeA = RunLoopMode("r5-a")
@@ -396,7 +398,7 @@ struct ReviewRound5Tests {
   /// "A one-shot timer invalidates itself after firing": one that removes itself from its only
   /// mode in its callout stays valid (the pass returns early for a detached record), and added
   /// again, fires a second time for the same date.
-  @Test(.disabled("bug: a one-shot timer removed from its only mode in its callout stays valid (fires again re-added)"))
+  @Test
   func oneShotRemovingItselfFromItsOnlyModeIsInvalidated() async throws {
     let loop = try RunLoopThread(name: "r5-oneshot-self-remove")
     defer { loop.shutdownAndWait() }
@@ -428,7 +430,7 @@ struct ReviewRound5Tests {
   /// mode and adds it back (a new record) is never advanced (the pass returns early for the
   /// detached record); the new record is scheduled at the date that just fired: it fires again on
   /// the next pass for the same grid point, and so on every pass (3 fires in 3 passes).
-  @Test(.disabled("bug: a repeating timer re-added to its only mode in its callout fires on every pass"))
+  @Test
   func repeatingReAddedToItsOnlyModeInCalloutFiresOncePerDate() async throws {
     let loop = try RunLoopThread(name: "r5-repeat-readd")
     defer { loop.shutdownAndWait() }
@@ -463,7 +465,7 @@ struct ReviewRound5Tests {
   /// one-shot timer, to loop B (remove from A, add to B) before A reaches it. A pops the second's
   /// stale entry: its callout does not run there (right), but `afterFire` then invalidates the
   /// timer, which is B's now. It never fires on B.
-  @Test(.disabled("bug: a one-shot timer moved to another loop just before its fire is invalidated by the old loop"))
+  @Test
   func oneShotMovedToAnotherLoopBeforeItsFireFiresThere() async throws {
     let loopA = try RunLoopThread(name: "r5-move-a")
     defer { loopA.shutdownAndWait() }
@@ -512,7 +514,7 @@ struct ReviewRound5Tests {
   /// The same move, but the timer's `setFireDate` was called once before it was added: its
   /// `versionAtFire` (set only by a callout that runs) is stale, so A's `afterFire` answers
   /// `.rescheduled` for the callout that never ran, leaves the timer alone, and it fires on B.
-  /// (Passes: the outcome of the bug above depends on a stale version.)
+  /// (This passed even before the fix of the test above, whose outcome then hung on a stale version.)
   @Test func oneShotMovedAfterAnEarlierSetFireDateFiresThere() async throws {
     let loopA = try RunLoopThread(name: "r5-move-sa")
     defer { loopA.shutdownAndWait() }
@@ -560,7 +562,7 @@ struct ReviewRound5Tests {
   /// The same for a repeating (1 h) timer: A's `afterFire` advances the moved timer's date a
   /// period, although it never fired; B (blocked until then) schedules it at that date, so its
   /// due fire is skipped.
-  @Test(.disabled("bug: a repeating timer moved to another loop just before its fire is advanced by the old loop"))
+  @Test
   func repeatingMovedToAnotherLoopBeforeItsFireKeepsItsDate() async throws {
     let loopA = try RunLoopThread(name: "r5-move-ra")
     defer { loopA.shutdownAndWait() }
@@ -612,7 +614,7 @@ struct ReviewRound5Tests {
   /// effect on the loop's next pass": the second may still fire in this pass, but afterwards its
   /// date must be the one set. `fire(on:)` takes `versionAtFire` when the callout starts, so the
   /// call counts as "before" the fire, and the grid advance then overwrites the date.
-  @Test(.disabled("bug: setFireDate from another thread after the pop but before the callout is lost"))
+  @Test
   func setFireDateFromAnotherThreadBeforeTheCalloutIsKept() async throws {
     let loop = try RunLoopThread(name: "r5-set-before")
     defer { loop.shutdownAndWait() }
@@ -644,7 +646,7 @@ struct ReviewRound5Tests {
 
   /// The same for a one-shot timer: a future date set from another thread before its callout
   /// starts; afterwards it must still have that date to fire at (valid), or never have fired.
-  @Test(.disabled("bug: setFireDate from another thread after the pop but before the callout is lost"))
+  @Test
   func oneShotSetFireDateFromAnotherThreadBeforeTheCalloutIsKept() async throws {
     let loop = try RunLoopThread(name: "r5-set-before-1")
     defer { loop.shutdownAndWait() }

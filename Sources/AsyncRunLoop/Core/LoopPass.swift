@@ -332,20 +332,29 @@ extension LoopCore {
   }
 
   /// Fires one timer, then moves a repeating timer to the next point of its grid, keeps a fire
-  /// date set during the callout, or invalidates a one-shot timer. Whatever the callout did to the
-  /// timer's modes (removed it from some, added it to others), its entries then all follow its
-  /// date: the one this pass popped and any a nested run parked go back into their heaps.
+  /// date set during the callout, or invalidates a one-shot timer, whatever the callout did to the
+  /// timer's modes (as CF does). The timer's entries then all follow its date: the one this pass
+  /// popped and any a nested run parked go back into their heaps, and so do those of a new record
+  /// when the callout removed the timer and added it here again. A timer whose handler did not run
+  /// (moved to another loop, invalidated, or moved later by a `setFireDate` not applied yet) is
+  /// left to the change on its way here.
   private func fire(_ record: MemberRecord, _ timer: LoopTimer, firedAt fireDate: Int64) {
     record.isFiring = true
-    timer.fire(on: shared)
+    let ran = timer.fire(on: shared, dueAt: fireDate)
     record.isFiring = false
     record.hasParkedEntries = false
-    guard record.isAttached else { return }  // invalidated, or removed from every mode
-    switch timer.afterFire(firedAt: fireDate, now: LoopClock.monotonicNanoseconds()) {
+    guard ran else {
+      if record.isAttached && timer.isBound(to: shared) { pushTimerEntries(record) }  // back at its date
+      return
+    }
+    let current: MemberRecord? = record.isAttached ? record : timer.withBinding { $0.record(on: shared) }
+    switch timer.afterFire(now: LoopClock.monotonicNanoseconds()) {
     case .rescheduled, .advanced:
-      pushTimerEntries(record)
+      if let current, current.isAttached { pushTimerEntries(current) }
     case .finished:
-      detach(record)  // one-shot: done (`afterFire` invalidated it)
+      // One-shot: done (`afterFire` invalidated it); also its new record, if it came back here.
+      detach(record)
+      if let current { detach(current) }
     }
   }
 

@@ -209,14 +209,17 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   /// The current fire date in nanoseconds. Loop thread (any thread is safe).
   var fireDateNanoseconds: Int64 { lock.withLock { fireDateNs } }
 
-  /// Runs the handler if the timer is still valid and on `loop`. Loop thread of `loop`. While it
-  /// runs, `invalidateAndWait()` from another thread waits for it to end. The loop never fires a
-  /// timer inside its own callout, so one `firingLoop` is enough.
-  func fire(on loop: LoopShared) {
+  /// Runs the handler if the timer is still valid and on `loop`, and its fire date is not later
+  /// than `dueAt`, the date of the heap entry the loop popped (a `setFireDate` from another thread
+  /// that the loop has not applied yet moved it: it fires at the new date, never early). Loop
+  /// thread of `loop`. While it runs, `invalidateAndWait()` from another thread waits for it to
+  /// end. The loop never fires a timer inside its own callout, so one `firingLoop` is enough.
+  /// - Returns: whether the handler ran.
+  func fire(on loop: LoopShared, dueAt deadline: Int64) -> Bool {
     lock.lock()
-    guard let current = state.callout(on: loop) else {
+    guard let current = state.callout(on: loop), fireDateNs <= deadline else {
       lock.unlock()
-      return
+      return false
     }
     firingLoop = loop
     versionAtFire = fireDateVersion
@@ -226,12 +229,13 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     firingLoop = nil
     guard !firingWaiters.isEmpty else {
       lock.unlock()
-      return
+      return true
     }
     let waiters = firingWaiters
     firingWaiters.removeAll()
     lock.unlock()
     for gate in waiters { gate.open() }
+    return true
   }
 
   /// What a fire left the timer with.
@@ -245,10 +249,11 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     case finished
   }
 
-  /// After a fire: moves a repeating timer to its next date on its grid, unless the callout set a
-  /// fire date; invalidates a one-shot timer (without a round trip through the inbox: the loop
-  /// detaches the record it holds). One critical section. Loop thread.
-  func afterFire(firedAt fireDate: Int64, now: Int64) -> AfterFire {
+  /// After a fire whose handler ran: moves a repeating timer to its next date on its grid (from
+  /// the date it fired for), unless the callout set a fire date; invalidates a one-shot timer
+  /// (without a round trip through the inbox: the loop detaches its records). One critical
+  /// section. Loop thread.
+  func afterFire(now: Int64) -> AfterFire {
     lock.lock()
     if fireDateVersion != versionAtFire {
       lock.unlock()
@@ -260,7 +265,7 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
       invalidation.finish(self, detaching: false)
       return .finished
     }
-    fireDateNs = Self.nextFireDate(after: fireDate, interval: interval, now: now)
+    fireDateNs = Self.nextFireDate(after: fireDateNs, interval: interval, now: now)
     lock.unlock()
     return .advanced
   }
