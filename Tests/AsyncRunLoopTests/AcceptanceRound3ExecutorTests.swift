@@ -178,14 +178,18 @@ struct AcceptanceRound3ExecutorTests {
     let order = Locked<[String]>([])
     let innerEntries = Locked(0)
     loop.add(LoopObserver(activities: .entry) { _, _ in innerEntries.withLock { $0 += 1 } }, to: "r3-inner")
+    let outerEntries = Locked(0)
+    loop.add(LoopObserver(activities: .entry) { _, _ in outerEntries.withLock { $0 += 1 } }, to: "r3-outer")
     let timed = try await withWatchdog(timeout: .seconds(20), "nested modal runs") {
       () async throws -> (RunLoopRunResult, RunLoopRunResult) in
+      // The outer run lasts long enough for the inner one to start inside it even on a loaded
+      // machine (scaled like the watchdogs), and the inner one starts once the outer one began.
       async let outer: RunLoopRunResult = {
-        let result = try await worker.modal("r3-outer", for: .milliseconds(80))
+        let result = try await worker.modal("r3-outer", for: .milliseconds(300 * watchdogScale))
         order.withLock { $0.append("outer") }
         return result
       }()
-      try await Task.sleep(for: .milliseconds(10))
+      while outerEntries.withLock({ $0 }) < 1 { try await Task.sleep(for: .milliseconds(2)) }
       let inner = try await worker.modal("r3-inner", for: .milliseconds(20))
       order.withLock { $0.append("inner") }
       await worker.poke()
@@ -522,7 +526,9 @@ struct AcceptanceRound3ExecutorTests {
       loop.add(InputSource { _ in })  // keeps the default mode alive
       loop.perform(inModes: ["r3-never-run"]) { drainedOn.withLock { $0 = pthread_self() } }
       published.withLock { $0 = loop }
-      let result = loop.run(mode: .default, for: .seconds(20))
+      // No deadline that a loaded machine could reach before the shutdown does (the test's
+      // waits bound it instead).
+      let result = loop.run(mode: .default, for: .seconds(3600))
       runResult.withLock { $0 = result }
       exit.wait(timeout: .seconds(20))  // the thread lives on after its run ended
       threadDone.open()
