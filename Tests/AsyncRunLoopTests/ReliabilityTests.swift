@@ -108,7 +108,9 @@ struct ReliabilityTests {
     let loop = try RunLoopThread(name: "rel-burst")
     let counter = try ExecCounter(loop: loop)
     let timerFired = Atomic<Bool>(false)
-    let distant = LoopTimer(after: .seconds(60)) { _ in timerFired.store(true, ordering: .relaxed) }
+    // Distant even for sanitized builds, which run the burst many times slower (scaled like the
+    // watchdogs).
+    let distant = LoopTimer(after: .seconds(60 * watchdogScale)) { _ in timerFired.store(true, ordering: .relaxed) }
     loop.add(distant)
     let perTask = 10_000 * stressFactor
     await execConcurrently(tasks: 4, times: perTask) { await counter.increment() }
