@@ -92,13 +92,7 @@ struct ReviewFindingsTests {
     _ = try loopA.performAndWait { 0 }  // scheduled on A
     let result = try await withWatchdogOnThread {
       // Hold loop A inside a block, so that its removal waits in its inbox.
-      let holding = TestGate()
-      let release = TestGate()
-      loopA.perform {
-        holding.open()
-        _ = release.wait(timeout: .seconds(10))
-      }
-      _ = holding.wait(timeout: .seconds(10))
+      let release = blockLoop(loopA)
       loopA.remove(source)  // its last mode on A: free to move
       loopB.add(source)
       source.invalidate()

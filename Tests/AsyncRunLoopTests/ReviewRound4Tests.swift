@@ -9,17 +9,6 @@ import Testing
 /// change of modes for a move of the fire date).
 @Suite("ReviewRound4")
 struct ReviewRound4Tests {
-  /// Counts per loop (by name) of schedule and cancel calls.
-  final class PairLog: @unchecked Sendable {  // Safety: `counts` is a `Guarded`.
-    let counts = Guarded<[String: (schedule: Int, cancel: Int)]>([:])
-    func schedule(_ loop: RunLoopThread) { counts.withLock { $0[loop.name, default: (0, 0)].schedule += 1 } }
-    func cancel(_ loop: RunLoopThread) { counts.withLock { $0[loop.name, default: (0, 0)].cancel += 1 } }
-    var unpaired: [String] {
-      counts.snapshot.filter { $0.value.schedule != $0.value.cancel }.map {
-        "\($0.key): schedule \($0.value.schedule), cancel \($0.value.cancel)"
-      }
-    }
-  }
 
   /// Something the routines capture, to see (weakly) that they are released.
   final class Capture: Sendable {}

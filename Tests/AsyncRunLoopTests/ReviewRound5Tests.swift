@@ -395,9 +395,9 @@ struct ReviewRound5Tests {
 
   // MARK: Removal from its only mode in the callout
 
-  /// "A one-shot timer invalidates itself after firing": one that removes itself from its only
-  /// mode in its callout stays valid (the pass returns early for a detached record), and added
-  /// again, fires a second time for the same date.
+  /// "A one-shot timer invalidates itself after firing", also one that removes itself from its
+  /// only mode in its callout: added again, it does not fire a second time for the same date.
+  /// (Before the fix the pass returned early for the detached record and left it valid.)
   @Test
   func oneShotRemovingItselfFromItsOnlyModeIsInvalidated() async throws {
     let loop = try RunLoopThread(name: "r5-oneshot-self-remove")
@@ -427,9 +427,8 @@ struct ReviewRound5Tests {
   }
 
   /// SPEC §4, once per grid point: a repeating (1 h) timer whose callout removes it from its only
-  /// mode and adds it back (a new record) is never advanced (the pass returns early for the
-  /// detached record); the new record is scheduled at the date that just fired: it fires again on
-  /// the next pass for the same grid point, and so on every pass (3 fires in 3 passes).
+  /// mode and adds it back (a new record) is advanced, and its new record follows the new date.
+  /// (Before the fix it was never advanced and fired on every pass: 3 fires in 3 passes.)
   @Test
   func repeatingReAddedToItsOnlyModeInCalloutFiresOncePerDate() async throws {
     let loop = try RunLoopThread(name: "r5-repeat-readd")
@@ -463,8 +462,8 @@ struct ReviewRound5Tests {
 
   /// Two due timers on loop A; the first one's callout has another thread move the second, a
   /// one-shot timer, to loop B (remove from A, add to B) before A reaches it. A pops the second's
-  /// stale entry: its callout does not run there (right), but `afterFire` then invalidates the
-  /// timer, which is B's now. It never fires on B.
+  /// stale entry: its callout does not run there, and A leaves the timer alone: it fires on B.
+  /// (Before the fix A invalidated it, and it never fired on B.)
   @Test
   func oneShotMovedToAnotherLoopBeforeItsFireFiresThere() async throws {
     let loopA = try RunLoopThread(name: "r5-move-a")
@@ -559,9 +558,8 @@ struct ReviewRound5Tests {
     #expect(result?.validAfter == false)
   }
 
-  /// The same for a repeating (1 h) timer: A's `afterFire` advances the moved timer's date a
-  /// period, although it never fired; B (blocked until then) schedules it at that date, so its
-  /// due fire is skipped.
+  /// The same for a repeating (1 h) timer: A does not move the date of a timer that never fired
+  /// there, so B makes its due fire. (Before the fix A advanced it a period and the fire was lost.)
   @Test
   func repeatingMovedToAnotherLoopBeforeItsFireKeepsItsDate() async throws {
     let loopA = try RunLoopThread(name: "r5-move-ra")
@@ -612,8 +610,8 @@ struct ReviewRound5Tests {
   /// Two due timers; the first one's callout has another thread set the second (repeating, 1 h)
   /// timer's date 2 h ahead, off its grid, and waits for that call to return. "Elsewhere it takes
   /// effect on the loop's next pass": the second may still fire in this pass, but afterwards its
-  /// date must be the one set. `fire(on:)` takes `versionAtFire` when the callout starts, so the
-  /// call counts as "before" the fire, and the grid advance then overwrites the date.
+  /// date must be the one set. (Before the fix the grid advance overwrote it: the call counted as
+  /// made before the fire.)
   @Test
   func setFireDateFromAnotherThreadBeforeTheCalloutIsKept() async throws {
     let loop = try RunLoopThread(name: "r5-set-before")

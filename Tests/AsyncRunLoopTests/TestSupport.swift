@@ -331,3 +331,16 @@ final class EventLog: Sendable {
   var snapshot: [String] { entries.snapshot }
   func count(_ entry: String) -> Int { snapshot.filter { $0 == entry }.count }
 }
+
+/// Counts per loop (by name) of a custom source's schedule and cancel calls. Any thread.
+final class PairLog: Sendable {
+  let counts = Guarded<[String: (schedule: Int, cancel: Int)]>([:])
+  func schedule(_ loop: RunLoopThread) { counts.withLock { $0[loop.name, default: (0, 0)].schedule += 1 } }
+  func cancel(_ loop: RunLoopThread) { counts.withLock { $0[loop.name, default: (0, 0)].cancel += 1 } }
+  /// The loops whose schedules and cancels do not pair up.
+  var unpaired: [String] {
+    counts.snapshot.filter { $0.value.schedule != $0.value.cancel }.map {
+      "\($0.key): schedule \($0.value.schedule), cancel \($0.value.cancel)"
+    }
+  }
+}
