@@ -431,6 +431,40 @@ struct AcceptanceRound3Members {
     keeper.invalidate()
   }
 
+  /// A repeating observer is never told inside its own callout either: a run nested in it tells
+  /// the other observers, not this one; and after the callout it is told again as usual.
+  @Test func aRepeatingObserverIsNotToldInsideItsOwnCalloutButOtherObserversAre() throws {
+    let loop = try RunLoopThread(name: "ar3-repeat-obs")
+    defer { loop.shutdownAndWait() }
+    let other: RunLoopMode = "ar3-repeat-obs-other"
+    let depth = Guarded(0)
+    let reentered = AtomicCounter()
+    let calls = AtomicCounter()
+    let othersTold = AtomicCounter()
+    let observer = LoopObserver(activities: .entry) { _, _ in
+      if depth.withLock({
+        $0 += 1; return $0
+      }) > 1 {
+        reentered.increment()
+      }
+      if calls.increment() == 1 { loop.run(mode: other, for: .milliseconds(5)) }
+      depth.withLock { $0 -= 1 }
+    }
+    let bystander = LoopObserver(activities: .entry) { _, _ in othersTold.increment() }
+    try loop.performAndWait {
+      loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: other)
+      loop.add(observer, to: other)
+      loop.add(bystander, to: other)
+      loop.run(mode: other, for: .milliseconds(5))  // tells both; the observer's callout nests
+      loop.run(mode: other, for: .milliseconds(5))  // and again, after its callout
+    }
+    #expect(reentered.current == 0)
+    #expect(calls.current == 2, "told \(calls.current) times")
+    #expect(othersTold.current == 3, "the bystander was told \(othersTold.current) times")
+    observer.invalidate()
+    bystander.invalidate()
+  }
+
   // MARK: - The end of a thread's own loop
 
   /// `RunLoopThread.current`: "when the thread exits, the loop terminates". A CommandSource on

@@ -80,7 +80,7 @@ struct IndexedTimerHeap<Element: TimerHeapElement> {
     return earliest
   }
 
-  /// Every element in the heap, in storage (not deadline) order; for shutdown.
+  /// Every element in the heap, in storage (not deadline) order (tests inspect the heap with it).
   var elements: LazyMapSequence<[Entry], Element> { entries.lazy.map(\.element) }
 
   /// Whether `element` is in this heap. O(1).
