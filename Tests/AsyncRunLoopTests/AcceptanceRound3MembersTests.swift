@@ -546,7 +546,11 @@ struct AcceptanceRound3Members {
         oldLoop.withLock { $0 = nil }
         try Self.settle(newLoop)
         newLoop.shutdownAndWait()
-        _ = waitUntil(timeout: .seconds(10), "cancels match schedules") { cancels.snapshot == schedules.snapshot }
+        // A dropped loop drains on its own thread, without anyone waiting for it (it may not even
+        // have scheduled the source yet): wait for its deliveries too, not only for the pairs.
+        _ = waitUntil(timeout: .seconds(10), "cancels match schedules, every accepted command delivered") {
+          cancels.snapshot == schedules.snapshot && delivered.snapshot == accepted.snapshot
+        }
         results.append((schedules.snapshot, cancels.snapshot, accepted.snapshot, delivered.snapshot))
       }
       return results
