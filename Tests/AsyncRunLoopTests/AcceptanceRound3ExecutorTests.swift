@@ -176,22 +176,27 @@ struct AcceptanceRound3ExecutorTests {
     loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: "r3-outer")
     loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: "r3-inner")
     let order = Locked<[String]>([])
+    // The order is taken from the runs' exits on the loop thread: the callers' tasks resume on
+    // the shared pool, whose threads other tests may hold for longer than the outer run lasts.
     let innerEntries = Locked(0)
-    loop.add(LoopObserver(activities: .entry) { _, _ in innerEntries.withLock { $0 += 1 } }, to: "r3-inner")
+    loop.add(
+      LoopObserver(activities: [.entry, .exit]) { _, activity in
+        if activity == .entry { innerEntries.withLock { $0 += 1 } } else { order.withLock { $0.append("inner") } }
+      }, to: "r3-inner")
     let outerEntries = Locked(0)
-    loop.add(LoopObserver(activities: .entry) { _, _ in outerEntries.withLock { $0 += 1 } }, to: "r3-outer")
+    loop.add(
+      LoopObserver(activities: [.entry, .exit]) { _, activity in
+        if activity == .entry { outerEntries.withLock { $0 += 1 } } else { order.withLock { $0.append("outer") } }
+      }, to: "r3-outer")
     let timed = try await withWatchdog(timeout: .seconds(20), "nested modal runs") {
       () async throws -> (RunLoopRunResult, RunLoopRunResult) in
       // The outer run lasts long enough for the inner one to start inside it even on a loaded
       // machine (scaled like the watchdogs), and the inner one starts once the outer one began.
       async let outer: RunLoopRunResult = {
-        let result = try await worker.modal("r3-outer", for: .milliseconds(300 * watchdogScale))
-        order.withLock { $0.append("outer") }
-        return result
+        try await worker.modal("r3-outer", for: .milliseconds(1000 * watchdogScale))
       }()
       while outerEntries.withLock({ $0 }) < 1 { try await Task.sleep(for: .milliseconds(2)) }
       let inner = try await worker.modal("r3-inner", for: .milliseconds(20))
-      order.withLock { $0.append("inner") }
       await worker.poke()
       return (try await outer, inner)
     }
