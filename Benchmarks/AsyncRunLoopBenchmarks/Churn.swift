@@ -96,6 +96,15 @@ func timedOnLoop(_ loop: RunLoopThread, _ body: @escaping @Sendable () -> Void) 
   }
 }
 
+/// Nanoseconds from calling `body` on this thread until the loop has applied every change it
+/// sent (a `performAndWait` barrier after it: the loop applies changes in the order sent).
+func timedAcross(_ loop: RunLoopThread, _ body: () -> Void) -> Int64 {
+  let start = monotonicNanoseconds()
+  body()
+  try! loop.performAndWait {}
+  return monotonicNanoseconds() - start
+}
+
 /// How long churn's rounds took per kind and side, so that a count whose round would take too long
 /// is skipped: on a core whose add or remove scans, the cost per member grows with the count, and
 /// 100k input sources would take minutes. Used by the measuring thread only.
@@ -187,7 +196,7 @@ final class ChurnSession: FigureSession {
   private func measureRound() -> (Double, Double, Double, Double) {
     let loop = try! RunLoopThread(name: "churn", cpu: cpu)
     defer { loop.shutdownAndWait() }
-    var start = monotonicNanoseconds()
+    let start = monotonicNanoseconds()
     let members = IdleMembers(kind, count: count)
     let create = monotonicNanoseconds() - start
     defer { members.close() }
@@ -206,14 +215,8 @@ final class ChurnSession: FigureSession {
       faults = Double(addFaults) * 1_000 / Double(count)
       remove = timedOnLoop(loop) { members.remove(from: loop) }
     case .crossThread:
-      start = monotonicNanoseconds()
-      members.add(to: loop)
-      try! loop.performAndWait {}  // applied after every change sent before it
-      add = monotonicNanoseconds() - start
-      start = monotonicNanoseconds()
-      members.remove(from: loop)
-      try! loop.performAndWait {}
-      remove = monotonicNanoseconds() - start
+      add = timedAcross(loop) { members.add(to: loop) }
+      remove = timedAcross(loop) { members.remove(from: loop) }
     }
     let perMember = Double(count)
     return (Double(create) / perMember, Double(add) / perMember, Double(remove) / perMember, faults)
@@ -394,6 +397,11 @@ enum ChurnScenarios {
     "\(kind.rawValue) \(side.rawValue) \(label(count))"
   }
 
+  /// The peer name of one steady (kind, side, fill).
+  static func steadyPeerName(_ kind: ChurnKind, _ side: ChurnSide, _ fill: Int) -> String {
+    "steady \(kind.rawValue) \(side.rawValue) \(label(fill))"
+  }
+
   /// The peer name of the mass-removal measurement.
   static func removalPeerName(_ side: ChurnSide, _ count: Int) -> String {
     "timer mass-removal \(side.rawValue) \(label(count))"
@@ -404,6 +412,7 @@ enum ChurnScenarios {
     let cpu = context.pin.serverCPU
     let budget = DescriptorBudget.raise()
     let timeBudget = ChurnTimeBudget(mode: mode)
+    let steadyRounds = mode == .smoke ? 1 : (mode == .quick ? 9 : 25)
     var notes = [
       "per kind and size, on a fresh loop: create n idle members, add them all, remove them all;"
         + " value = ns per add, remove_ns = ns per remove",
@@ -414,6 +423,10 @@ enum ChurnScenarios {
         + " 5 at 10k, 1 at 100k, as many as fit in \(timeBudget.measurementNanoseconds / 1_000_000) ms",
       "a size whose round would take over \(timeBudget.limitNanoseconds / 1_000_000_000) s (extrapolated"
         + " quadratically from the size below) is skipped: the reason is on stderr",
+      "steady: a loop holding n idle members of a kind (the fill, not timed); rounds of \(SteadyChurnSession.batch)"
+        + " fresh members added, rescheduled (timers: setFireDate later than every timer held) and removed;"
+        + " value = ns per add, remove_ns / reschedule_ns per member; median of \(steadyRounds) rounds after a"
+        + " warm-up round at every fill",
       "timer mass-removal: longest pass (ns of loop-thread CPU time, beforeTimers to beforeTimers) from the end"
         + " of the removals of n far-future"
         + " timers through 5 wake-ups; cross-thread includes the passes that apply the removals",
@@ -434,6 +447,21 @@ enum ChurnScenarios {
           peers.append(
             PeerSpec(name: peerName(kind, side, count)) {
               ChurnSession(kind: kind, side: side, count: count, rounds: rounds, cpu: cpu, budget: timeBudget)
+            })
+        }
+      }
+    }
+    for kind in ChurnKind.allCases {
+      var fills = sizes(kind, mode)
+      if kind == .descriptorSource {
+        let room = budget.available - 2 * SteadyChurnSession.batch
+        fills = fills.map { min($0, room) }.reduce(into: []) { if !$0.contains($1) && $1 > 0 { $0.append($1) } }
+      }
+      for side in ChurnSide.allCases {
+        for fill in fills {
+          peers.append(
+            PeerSpec(name: steadyPeerName(kind, side, fill)) {
+              SteadyChurnSession(kind: kind, side: side, fill: fill, rounds: steadyRounds, cpu: cpu)
             })
         }
       }

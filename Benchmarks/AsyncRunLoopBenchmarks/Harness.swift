@@ -28,8 +28,8 @@ protocol FigureSession: AnyObject {
   func close()
 }
 
-/// A single figure, with optional extra counts reported next to it (the maximum over
-/// repetitions is kept for those).
+/// A single figure, with optional extras reported next to it: over repetitions, the median is
+/// kept for timings (keys ending in `_ns`, like the figure itself) and the maximum for counts.
 struct Figure {
   var value: Double
   var extras: [(String, Double)] = []
@@ -162,7 +162,7 @@ func runLatencyScenario(
 }
 
 /// Runs a single-figure scenario: `repetitions` interleaved measurements of every available
-/// peer; the value is the median, extras the maximum over repetitions.
+/// peer; the value is the median, extras as `Figure` says (timings the median, counts the maximum).
 func runFigureScenario(
   _ name: String, unit: String, floor: String? = nil, notes: [String], peers: [PeerSpec<any FigureSession>],
   warmUp: Bool, repetitions: Int
@@ -194,8 +194,8 @@ func runFigureScenario(
     }
     var combined = Figure(value: median(figures[index].map(\.value).filter { !$0.isNaN }))
     for (key, _) in figures[index].first?.extras ?? [] {
-      let worst = figures[index].compactMap { $0.extras.first { $0.0 == key }?.1 }.max() ?? .nan
-      combined.extras.append((key, worst))
+      let values = figures[index].compactMap { $0.extras.first { $0.0 == key }?.1 }
+      combined.extras.append((key, key.hasSuffix("_ns") ? median(values.filter { !$0.isNaN }) : values.max() ?? .nan))
     }
     return PeerResult(name: spec.name, outcome: .figure(combined))
   }

@@ -133,28 +133,16 @@ enum TargetReport {
   }
 
   /// Issue 13: adding and removing costs the same per member whatever the loop holds (ns per
-  /// operation at the largest count ≤ 1.2× at the smallest, per kind and side), and a mass removal
-  /// of timers stalls no pass for more than 1 ms.
+  /// operation at the largest count ≤ 1.2× at the smallest, per kind and side), both while the
+  /// loop fills from empty (`fill`) and for one more batch while it holds n (`steady`, timers'
+  /// reschedules too), and a mass removal of timers stalls no pass for more than 1 ms.
   private static let churnTargets: [Target] =
     ChurnKind.allCases.flatMap { kind in
       ChurnSide.allCases.flatMap { side in
-        [("add", nil), ("remove", "remove_ns")].map { (operation: String, extra: String?) in
-          Target(
-            label: "churn \(kind.rawValue) \(operation) \(side.rawValue): ns/op big n / small n",
-            bound: .atMost(1.2),
-            measure: { results in
-              let figures = churnFigures(results, prefix: "\(kind.rawValue) \(side.rawValue) ")
-              guard let smallest = figures.first?.figure, let largest = figures.last?.figure, figures.count > 1 else {
-                return nil
-              }
-              func cost(_ figure: Figure) -> Double? {
-                guard let extra else { return figure.value }
-                return figure.extras.first { $0.0 == extra }?.1
-              }
-              guard let top = cost(largest), let bottom = cost(smallest) else { return nil }
-              return top / bottom
-            })
-        }
+        churnRatioTargets(prefix: "\(kind.rawValue) \(side.rawValue) ", label: "fill \(kind.rawValue)", side: side)
+          + churnRatioTargets(
+            prefix: "steady \(kind.rawValue) \(side.rawValue) ", label: "steady \(kind.rawValue)", side: side,
+            reschedules: kind == .timer)
       }
     }
     + ChurnSide.allCases.map { side in
@@ -162,6 +150,32 @@ enum TargetReport {
         label: "churn timer mass-removal \(side.rawValue): longest pass ns", bound: .atMost(1_000_000),
         measure: { churnFigures($0, prefix: "timer mass-removal \(side.rawValue) ").last?.figure.value })
     }
+
+  /// The ratio targets of one group of churn peers (named `prefix` and a count): ns per add,
+  /// remove (and reschedule) at the largest count over the smallest.
+  private static func churnRatioTargets(
+    prefix: String, label: String, side: ChurnSide, reschedules: Bool = false
+  ) -> [Target] {
+    let operations: [(name: String, extra: String?)] =
+      [("add", nil), ("remove", "remove_ns")] + (reschedules ? [("reschedule", "reschedule_ns")] : [])
+    return operations.map { operation in
+      Target(
+        label: "churn \(label) \(operation.name) \(side.rawValue): ns/op big n / small n",
+        bound: .atMost(1.2),
+        measure: { results in
+          let figures = churnFigures(results, prefix: prefix)
+          guard let smallest = figures.first?.figure, let largest = figures.last?.figure, figures.count > 1 else {
+            return nil
+          }
+          func cost(_ figure: Figure) -> Double? {
+            guard let extra = operation.extra else { return figure.value }
+            return figure.extras.first { $0.0 == extra }?.1
+          }
+          guard let top = cost(largest), let bottom = cost(smallest) else { return nil }
+          return top / bottom
+        })
+    }
+  }
 
   /// One target checked against a run.
   struct Verdict {
