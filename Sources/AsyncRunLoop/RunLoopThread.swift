@@ -204,7 +204,13 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
 
   /// A non-owned loop's thread exited: nothing will run the loop any more.
   private func threadDidExit() {
-    _ = shared.inboxLock.withLock { shared.inbox.beginShutdown() }
+    // The drain runs jobs on this thread, like a run: a `shutdown()` racing it must not hand them
+    // to the fallback meanwhile, and a run nested in one of them is not the outermost.
+    _ = shared.inboxLock.withLock {
+      shared.inbox.threadIsInRun = true
+      return shared.inbox.beginShutdown()
+    }
+    core.runDepth += 1
     core.drainForShutdown()
     shared.terminatedGate.open()
   }
@@ -241,11 +247,21 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
   /// A loop that does not own its thread (`RunLoopThread.current`, `RunLoopThread.main`) is
   /// drained by that thread, not by the caller: its runs end now (and any run started later ends at
   /// once), and it drains when its thread exits (the main loop: before `runMainLoop()` returns).
-  /// Until then the jobs it accepted wait, and so do the tasks awaiting them.
+  /// A current loop's jobs do not wait for that: as soon as its thread is out of a run (now, or
+  /// when the run it is in ends), the jobs it accepted and every later one run on the fallback,
+  /// in order, still isolated to the loop. The main loop's jobs wait for the main thread, which
+  /// they need. What only the loop's thread can do still waits for it: detaching the members
+  /// (cancel routines, ending sequences' consumers), and so moving a `Task.sleep` scheduled on
+  /// the loop's timers elsewhere or ending a sleep on its clock.
   public func shutdown() {
     // A non-owned loop's runs end now; it drains when its thread exits (or, for the main loop,
-    // when `runMainLoop()` returns).
-    let (_, wake) = shared.inboxLock.withLock { shared.inbox.beginShutdown() }
+    // when `runMainLoop()` returns). A current loop's jobs go to the fallback at once if its
+    // thread is out of a run, else when the thread leaves its run.
+    let (wake, diverted) = shared.inboxLock.withLock { () -> (LoopInbox.WakeAction, Bool) in
+      let wake = shared.inbox.beginShutdown().wake
+      return (wake, shared.divertJobsLocked(for: self))
+    }
+    if diverted { FallbackExecution.warnOnce(for: self) }
     perform(wake)
   }
 

@@ -38,6 +38,8 @@ final class LoopCore {
   @exclusivity(unchecked) var localJobIndex = 0
   /// How many executor jobs are on the stack (0 or 1: a run nested in a job runs no jobs).
   @exclusivity(unchecked) var jobDepth = 0
+  /// How many runs are on the stack (kept for loops that divert jobs at shutdown only).
+  @exclusivity(unchecked) var runDepth = 0
 
   // MARK: Registration changes
 

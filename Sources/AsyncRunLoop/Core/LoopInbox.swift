@@ -44,6 +44,14 @@ struct LoopInbox {
   }
 
   private(set) var lifecycle = Lifecycle.active
+  /// A shut-down loop whose thread is not running it (a `RunLoopThread.current` loop, drained
+  /// only when its thread exits) sends its jobs to the fallback executor from now on, as a
+  /// terminated loop does, so that no awaiting task waits for that thread (see `divertJobs`).
+  private(set) var jobsDiverted = false
+  /// A loop that does not own its thread (and is not the main loop): its thread is inside a run
+  /// now, where it may be running a job. Only then may the thread run jobs; outside a run, every
+  /// job the loop accepted is here in `jobs` (the core puts back what a run left over).
+  var threadIsInRun = false
   /// Executor jobs, oldest first, with the role they were enqueued in.
   var jobs: [LoopJob] = []
   /// Blocks from `perform`, oldest first.
@@ -101,6 +109,7 @@ struct LoopInbox {
 
   /// A job arrives (executor enqueue).
   mutating func enqueue(_ job: LoopJob) -> JobAction {
+    if jobsDiverted { return .runElsewhere }
     switch lifecycle {
     case .active, .shuttingDown:
       var job = job
@@ -170,6 +179,18 @@ struct LoopInbox {
     case .shuttingDown, .terminated:
       return (false, .none)  // shutdown twice: no-op
     }
+  }
+
+  /// A shut-down loop whose thread is not in a run (see `threadIsInRun`) stops running jobs on
+  /// that thread: returns the jobs accepted so far (oldest first), which the caller hands to the
+  /// fallback executor before releasing the lock (so later arrivals, which go there too, queue
+  /// behind them). Empty, and nothing changes, unless shutting down with the thread out of a run
+  /// and jobs not diverted yet.
+  mutating func divertJobs() -> [LoopJob] {
+    guard lifecycle == .shuttingDown, !threadIsInRun, !jobsDiverted else { return [] }
+    jobsDiverted = true
+    defer { jobs.removeAll() }
+    return jobs
   }
 
   enum TerminateAction {

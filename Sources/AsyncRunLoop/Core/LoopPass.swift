@@ -22,6 +22,17 @@ extension LoopCore {
     mode: RunLoopMode, deadline: Int64, returnAfterSourceHandled: Bool, keepsAlive: Bool,
     shouldEnd: (@Sendable () -> Bool)? = nil
   ) -> RunLoopRunResult {
+    let tracksRuns = shared.divertsJobsAtShutdown
+    if tracksRuns {
+      if runDepth == 0 { enterOutermostRun() }
+      runDepth += 1
+    }
+    defer {
+      if tracksRuns {
+        runDepth -= 1
+        if runDepth == 0 { leaveOutermostRun() }
+      }
+    }
     applyControls(bounded: true)
     let contents = modeTable.contents(for: mode)
     var run = RunContext(
@@ -33,6 +44,29 @@ extension LoopCore {
     let result = runPasses(&run)
     notifyObservers(contents, .exit)  // 10
     return result
+  }
+
+  /// A current loop's thread enters a run: from now on it may run jobs (see
+  /// `LoopInbox.threadIsInRun`).
+  private func enterOutermostRun() {
+    shared.inboxLock.withLock { shared.inbox.threadIsInRun = true }
+  }
+
+  /// A current loop's thread leaves its outermost run: the jobs the run took and did not run go
+  /// back to the front of the inbox (so every accepted job is there while the thread is out of a
+  /// run), and if the loop is shut down they leave for the fallback executor with the rest.
+  private func leaveOutermostRun() {
+    assert(jobDepth == 0, "AsyncRunLoop: the outermost run ended inside a job")
+    let diverted: Bool = shared.inboxLock.withLock {
+      if localJobIndex < localJobs.count {
+        shared.inbox.jobs.insert(contentsOf: localJobs[localJobIndex...], at: 0)
+      }
+      localJobs.removeAll(keepingCapacity: true)
+      localJobIndex = 0
+      shared.inbox.threadIsInRun = false
+      return shared.divertJobsLocked(for: loop)
+    }
+    if diverted { FallbackExecution.warnOnce(for: loop) }
   }
 
   /// Passes 2–9 until a pass ends the run.

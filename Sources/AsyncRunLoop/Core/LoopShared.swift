@@ -142,6 +142,23 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
     onLoopThread { core in core.applyReschedule(record) }
   }
 
+  /// A loop that does not own its thread and is not the main loop (`RunLoopThread.current`): its
+  /// thread drains it only when the thread exits, so once it is shut down its jobs leave that
+  /// thread whenever the thread is out of a run (`LoopInbox.divertJobs`), instead of waiting, with
+  /// the tasks that await them, for as long as the thread lives.
+  var divertsJobsAtShutdown: Bool { !ownsThread && !isMainLoop }
+
+  /// Under `inboxLock`: if the loop is shut down and its thread is out of a run, hands the jobs it
+  /// accepted to the fallback executor (under the lock, so jobs enqueued later queue behind them)
+  /// and sends later ones there too. Returns whether any job was handed over (the caller warns
+  /// once the lock is released).
+  func divertJobsLocked(for loop: RunLoopThread) -> Bool {
+    guard divertsJobsAtShutdown else { return false }
+    let jobs = inbox.divertJobs()
+    for job in jobs { FallbackExecution.dispatch(job.job, role: job.role, for: loop) }
+    return !jobs.isEmpty
+  }
+
   /// True once shutdown began. Any thread.
   var isShutDown: Bool { inboxLock.withLock { inbox.lifecycle != .active } }
 }

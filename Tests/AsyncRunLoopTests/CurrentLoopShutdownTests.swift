@@ -1,0 +1,161 @@
+import Glibc
+import Testing
+
+@testable import AsyncRunLoop
+
+/// An actor pinned to a `RunLoopThread.current` loop: counts its calls, where they ran, and
+/// whether two of its jobs ever overlapped.
+actor CurrentLoopCounter: LoopActor {
+  nonisolated let loop: RunLoopThread
+  nonisolated let overlap = Round3Overlap()
+  private(set) var calls = 0
+
+  init(loop: RunLoopThread) { self.loop = loop }
+
+  /// One call: whether it ran isolated to the loop, and whether on the loop's own thread.
+  func call() -> (isolated: Bool, onLoopThread: Bool) {
+    overlap.enter()
+    defer { overlap.leave() }
+    calls += 1
+    return (loop.isIsolatingCurrentContext() == true, loop.isOnLoopThread)
+  }
+}
+
+/// A thread that binds a `RunLoopThread.current` loop, publishes it, runs `body` with it and
+/// then lives on (never running the loop again) until `exit` opens.
+private final class CurrentLoopThread: Sendable {
+  let exit = TestGate()
+  let exited = TestGate()
+  private let published = Locked<RunLoopThread?>(nil)
+
+  init(_ body: @escaping @Sendable (RunLoopThread) -> Void = { _ in }) {
+    ExecThread { [published, exit, exited] in
+      let loop = RunLoopThread.current
+      published.withLock { $0 = loop }
+      body(loop)
+      exit.wait(timeout: .seconds(3600))
+      exited.open()
+    }.detach()
+  }
+
+  /// The thread's loop, once it has one.
+  func loop() async -> RunLoopThread {
+    await execOnNewThread { [published] in
+      while published.withLock({ $0 }) == nil { usleep(500) }
+      return published.withLock { $0! }
+    }
+  }
+
+  /// Lets the thread exit and waits until it did.
+  func end() {
+    exit.open()
+    exited.wait(timeout: .seconds(20))
+  }
+}
+
+/// Jobs waiting in `loop`'s inbox (white-box: how many calls were accepted and wait).
+private func waitingJobs(_ loop: RunLoopThread) -> Int {
+  loop.shared.inboxLock.withLock { loop.shared.inbox.jobs.count }
+}
+
+/// A `RunLoopThread.current` loop is drained only by its own thread, when that thread exits. Its
+/// jobs must not wait that long once it is shut down: out of a run, its thread runs no job, so
+/// they go to the fallback (still isolated to the loop, one at a time), none lost, none twice.
+@Suite("CurrentLoopShutdown: a shut-down current loop's jobs never wait for its thread", .timeLimit(.minutes(3)))
+struct CurrentLoopShutdownTests {
+  /// Calls accepted while the thread was out of a run (waiting in the inbox) run once the loop
+  /// is shut down, while the thread lives on: each exactly once, isolated, one at a time.
+  @Test func callsWaitingWhenTheLoopIsShutDownRunWhileItsThreadLivesOn() async throws {
+    let thread = CurrentLoopThread()
+    defer { thread.end() }
+    let loop = await thread.loop()
+    let counter = CurrentLoopCounter(loop: loop)
+    let callers = 40
+    let outcome = try await withWatchdog(timeout: .seconds(20), "calls waiting at shutdown") {
+      try await withThrowingTaskGroup(of: (isolated: Bool, onLoopThread: Bool).self) { group in
+        for _ in 0..<callers { group.addTask { await counter.call() } }
+        // Every call waits in the inbox: the thread is not running the loop.
+        while waitingJobs(loop) < callers { try await Task.sleep(for: .milliseconds(1)) }
+        loop.shutdown()
+        var results: [(isolated: Bool, onLoopThread: Bool)] = []
+        for try await result in group { results.append(result) }
+        return results
+      }
+    }
+    #expect(outcome?.count == callers)
+    #expect(outcome?.allSatisfy { $0.isolated && !$0.onLoopThread } == true)
+    #expect(await counter.calls == callers)
+    #expect(counter.overlap.maximum == 1)
+    #expect(!thread.exited.opened, "the calls waited for the loop's thread to exit")
+  }
+
+  /// A shutdown from another thread while the thread runs the loop ends that run; the thread
+  /// lives on outside it, and a call made then does not wait for the thread to exit.
+  @Test func aShutdownDuringARunLeavesLaterCallsToTheFallback() async throws {
+    let ranBefore = Locked<(isolated: Bool, onLoopThread: Bool)?>(nil)
+    let runResult = Locked<RunLoopRunResult?>(nil)
+    let started = TestGate()
+    let thread = CurrentLoopThread { loop in
+      let keepAlive = LoopTimer(after: .seconds(3600)) { _ in }
+      loop.add(keepAlive)
+      started.open()
+      runResult.withLock { $0 = loop.run(for: .seconds(3600)) }
+      keepAlive.invalidate()
+    }
+    defer { thread.end() }
+    let loop = await thread.loop()
+    let counter = CurrentLoopCounter(loop: loop)
+    let outcome = try await withWatchdog(timeout: .seconds(20), "a call after a shutdown during a run") {
+      () async -> (isolated: Bool, onLoopThread: Bool) in
+      await execOnNewThread { _ = started.wait(timeout: .seconds(20)) }
+      ranBefore.withLock { $0 = nil }
+      let before = await counter.call()  // the run serves it, on the loop's thread
+      ranBefore.withLock { $0 = before }
+      loop.shutdown()
+      _ = await execOnNewThread { waitUntil("the run to end") { runResult.withLock { $0 } != nil } }
+      return await counter.call()
+    }
+    #expect(ranBefore.withLock { $0 }.map { $0.isolated && $0.onLoopThread } == true)
+    #expect(runResult.withLock { $0 } == .stopped)
+    #expect(outcome.map { $0.isolated && !$0.onLoopThread } == true)
+    #expect(await counter.calls == 2)
+    #expect(!thread.exited.opened)
+  }
+
+  /// The thread enters and leaves short runs over and over while tasks call an actor on the loop
+  /// and another thread shuts it down at some point: every call completes exactly once, no two of
+  /// the actor's jobs ever overlap (the thread and the fallback never both run them), and none
+  /// waits for the thread to exit.
+  @Test func shutdownRacingRunsNeverRunsTwoJobsAtOnceAndLosesNone() async throws {
+    let rounds = 10 * stressFactor
+    for round in 0..<rounds {
+      let thread = CurrentLoopThread { loop in
+        let keepAlive = LoopTimer(after: .seconds(3600)) { _ in }
+        loop.add(keepAlive)
+        while !loop.isShutDown { loop.run(for: .microseconds(200)) }
+        keepAlive.invalidate()
+      }
+      let loop = await thread.loop()
+      let counter = CurrentLoopCounter(loop: loop)
+      let (tasks, calls) = (4, 50)
+      let isolated = Locked(0)
+      let outcome: Void? = try await withWatchdog(timeout: .seconds(20), "calls racing a shutdown, round \(round)") {
+        await execConcurrently(
+          tasks: tasks, times: calls,
+          {
+            if await counter.call().isolated { isolated.withLock { $0 += 1 } }
+          },
+          alongside: {
+            usleep(UInt32(200 * (round % 7)))
+            loop.shutdown()
+          })
+      }
+      #expect(outcome != nil)
+      #expect(await counter.calls == tasks * calls)
+      #expect(isolated.withLock { $0 } == tasks * calls)
+      #expect(counter.overlap.maximum == 1, "round \(round): two jobs of the actor overlapped")
+      #expect(!thread.exited.opened)
+      thread.end()
+    }
+  }
+}
