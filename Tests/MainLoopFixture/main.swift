@@ -22,6 +22,8 @@ case "round3-main-actor-nested-run": mainActorNestedRunScenario()
 case "round3-main-actor-modal": mainActorModalScenario()
 case "round3-main-shutdown-late-jobs": mainShutdownLateJobsScenario()
 case "round3-main-actor-private-modal": mainActorPrivateModalScenario()
+case "round6-main-sequences": round6MainSequencesScenario()
+case "round6-run-on-main-returns": round6RunOnMainReturnsToTheCallersExecutorScenario()
 default: fail("unknown scenario '\(scenario)'")
 }
 say("\(scenario) ok")
