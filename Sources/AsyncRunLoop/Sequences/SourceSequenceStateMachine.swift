@@ -223,10 +223,16 @@ struct SourceSequenceStateMachine<Element, Consumer, Producer>: ClosableStateMac
       return .refused(.dropped)
     case .dropOldest:
       droppedCount += 1
-      if released.isEmpty { _ = posted.popFirst() } else { _ = released.popFirst() }  // the oldest
+      // The oldest is the first released one, if any. Its slot keeps the value until the batch
+      // is compacted, so the batch dropped from is compacted when wasteful: a stalled consumer
+      // must not make dropped elements pile up (each post released before the next kept every
+      // one of them in `released` before).
+      let droppedFromReleased = !released.isEmpty
+      if droppedFromReleased { _ = released.popFirst() } else { _ = posted.popFirst() }
       let wasEmpty = posted.isEmpty
       posted.append(element)
-      return .accepted(.enqueuedDroppingOldest, signalSource: wasEmpty, discard: posted.compactIfWasteful())
+      let discard = droppedFromReleased ? released.compactIfWasteful() : posted.compactIfWasteful()
+      return .accepted(.enqueuedDroppingOldest, signalSource: wasEmpty, discard: discard)
     }
   }
 
