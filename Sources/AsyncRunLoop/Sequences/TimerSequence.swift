@@ -10,8 +10,10 @@
 ///
 /// One consumer (a second `makeAsyncIterator()` traps). It ends when the consuming task is
 /// cancelled or drops its iterator (the timer is invalidated and released), on `invalidate()` or
-/// the loop's shutdown (ticks already due are delivered first), and after the one tick of a
-/// one-shot timer.
+/// the loop's shutdown (ticks the loop has fired and the consumer has not taken yet are
+/// delivered first; a tick whose instant passed while the loop was busy, but that the loop has not
+/// fired, is not: as with a `LoopTimer`, no fire happens after the invalidation), and after the
+/// one tick of a one-shot timer.
 public final class TimerSequence: AsyncSequence, SingleConsumerStorage, @unchecked Sendable {  // Safety: proof below
   public typealias Element = LoopTick
   public typealias Failure = Never
@@ -48,8 +50,9 @@ public final class TimerSequence: AsyncSequence, SingleConsumerStorage, @uncheck
     timer.invalidate()
   }
 
-  /// Ends the sequence after the ticks already due are delivered; the timer is invalidated and
-  /// released. Any thread; idempotent.
+  /// Ends the sequence after the ticks the loop has already fired are delivered (a tick due but not
+  /// fired yet, because the loop is busy, is not); the timer is invalidated and released. Any
+  /// thread; idempotent.
   public func invalidate() {
     timer.invalidate()  // its onInvalidate ends the machine
   }
@@ -82,7 +85,7 @@ public final class TimerSequence: AsyncSequence, SingleConsumerStorage, @uncheck
 /// The cross-thread state of a `TimerSequence`: a pure state machine held under its lock, generic
 /// over the consumer's waiter handle. The tick arithmetic lives in `TickSchedule`, who waits and
 /// how the sequence ends in the shared `ConsumerLifecycle`: the timer's invalidation (one-shot
-/// done, `invalidate()`, the loop's shutdown) ends it after the ticks already due are taken.
+/// done, `invalidate()`, the loop's shutdown) ends it after the ticks already fired are taken.
 @usableFromInline
 struct TimerSequenceStateMachine<Consumer>: SingleConsumerStateMachine {
   @usableFromInline var lifecycle = ConsumerLifecycle<Consumer>(sequenceName: "TimerSequence")
