@@ -53,7 +53,8 @@ struct SequenceSourceTests {
       return count
     }
     #expect(sequence.post(1) == .enqueued)
-    try await Task.sleep(for: .milliseconds(20))  // the consumer takes 1 and waits
+    // The consumer takes 1 and waits (a fixed sleep could end first on a loaded machine).
+    await eventually("the consumer to take 1") { sequence.bufferedCount == 0 }
     consumer.cancel()
     let count = try await withWatchdog(timeout: .seconds(10), "cancelled consumer") { await consumer.value }
     #expect(count == 1)
