@@ -257,11 +257,11 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
     // A non-owned loop's runs end now; it drains when its thread exits (or, for the main loop,
     // when `runMainLoop()` returns). A current loop's jobs go to the fallback at once if its
     // thread is out of a run, else when the thread leaves its run.
-    let (wake, diverted) = shared.inboxLock.withLock { () -> (LoopInbox.WakeAction, Bool) in
+    let (wake, diverted) = shared.inboxLock.withLock { () -> (LoopInbox.WakeAction, LoopShared.DivertedJobs) in
       let wake = shared.inbox.beginShutdown().wake
       return (wake, shared.divertJobsLocked(for: self))
     }
-    if diverted { FallbackExecution.warnOnce(for: self) }
+    diverted.finish(for: self)
     perform(wake)
   }
 
@@ -316,30 +316,38 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
   ///
   /// As in CF, a loop that is not an owned loop thread runs the block when its thread next runs
   /// it: the caller blocks until then. The exception is the main loop, which nothing else could
-  /// run: when it is not running the call fails instead of hanging.
+  /// run: when it is not running the call fails instead of hanging. A `RunLoopThread.current`
+  /// loop shut down before the block started, while its thread is out of a run (or when it leaves
+  /// the run it is in), releases the caller with `RunLoopError.shutDown` and skips the block,
+  /// rather than keeping it until the thread exits.
   ///
   /// `modes` must name at least one mode (traps otherwise, even on the loop's thread), as for
   /// `perform(inModes:_:)`.
   /// - Throws: `RunLoopError.shutDown` if the loop has shut down (or shuts down before running
-  ///   it); `RunLoopError.wouldDeadlock` for the main loop when it is not running. Rethrows what
-  ///   `block` throws.
+  ///   it); `RunLoopError.wouldDeadlock` for the main loop when it is not running, and (without
+  ///   performing the block) when called on a loop thread that this loop is, directly or through
+  ///   other loops, waiting for (in `performAndWait` or `LoopTimer.invalidateAndWait()`): the wait
+  ///   could never end. Rethrows what `block` throws.
   public func performAndWait<T: Sendable>(
     inModes modes: [RunLoopMode] = [.common], _ block: @escaping @Sendable () throws -> T
   ) throws -> T {
     precondition(!modes.isEmpty, Self.emptyModesMessage("performAndWait(inModes:)", loop: name))
     if isOnLoopThread { return try block() }
     if isShutDown { throw RunLoopError.shutDown(loop: name) }
-    if isMainLoop { return try performAndWaitOnMain(inModes: modes, block) }
-    let box = ResultBox<T>()
-    let gate = BlockingGate()
-    let accepted = perform(inModes: modes) {
-      box.set(Result { try block() })
-      gate.open()
+    return try CalloutWaits.whileWaiting(for: shared, "performAndWait") { () throws -> T in
+      if isMainLoop { return try performAndWaitOnMain(inModes: modes, block) }
+      if shared.divertsJobsAtShutdown { return try performAndWaitOnCurrentLoop(inModes: modes, block) }
+      let box = ResultBox<T>()
+      let gate = BlockingGate()
+      let accepted = perform(inModes: modes) {
+        box.set(Result { try block() })
+        gate.open()
+      }
+      guard accepted else { throw RunLoopError.shutDown(loop: name) }
+      gate.wait()
+      guard let result = box.take() else { throw RunLoopError.shutDown(loop: name) }
+      return try result.get()
     }
-    guard accepted else { throw RunLoopError.shutDown(loop: name) }
-    gate.wait()
-    guard let result = box.take() else { throw RunLoopError.shutDown(loop: name) }
-    return try result.get()
   }
 
   /// `performAndWait` on the main loop from another thread: the caller registers as a waiter the
@@ -361,6 +369,25 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
       throw RunLoopError.wouldDeadlock(
         "performAndWait: the main loop stopped running before the block ran; it will not run")
     }
+    return try result.get()
+  }
+
+  /// `performAndWait` on a `RunLoopThread.current` loop from another thread: the caller blocks
+  /// until the loop's thread runs the block, unless the loop is shut down while its thread is out
+  /// of a run (or leaves the run it is in) before the block started: then the call throws and the
+  /// block is skipped, instead of waiting for the thread to exit.
+  private func performAndWaitOnCurrentLoop<T: Sendable>(
+    inModes modes: [RunLoopMode], _ block: @escaping @Sendable () throws -> T
+  ) throws -> T {
+    let waiter = MainCallWaiter<T>()
+    guard let ticket = shared.registerBlockedCaller(waiter) else { throw RunLoopError.shutDown(loop: name) }
+    defer { shared.unregisterBlockedCaller(ticket) }
+    let accepted = perform(inModes: modes) {
+      guard waiter.begin() else { return }  // abandoned: the caller was told it did not run
+      waiter.finish(Result { try block() })
+    }
+    guard accepted else { throw RunLoopError.shutDown(loop: name) }
+    guard let result = waiter.wait() else { throw RunLoopError.shutDown(loop: name) }
     return try result.get()
   }
 

@@ -127,11 +127,7 @@ struct ReviewRound7Tests {
   /// blocks and callouts on the loop, so a block the thread runs at its exit drain (or an
   /// observer told in a run entered after the shutdown, or the thread's own code) would touch an
   /// actor's state while the actor's job runs on the fallback.
-  @Test(
-    .disabled(
-      "bug: after shutdown, the current loop's thread answers isIsolatingCurrentContext() == true (exit-drain block, re-entered run's observer, plain code) while a job of the loop's actor runs on the fallback"
-    ))
-  func theThreadAndTheFallbackNeverBothClaimIsolation() async throws {
+  @Test func theThreadAndTheFallbackNeverBothClaimIsolation() async throws {
     let thread = R7Thread()
     let loop = await thread.loop()
     let actor = R7Actor(loop: loop)
@@ -362,11 +358,7 @@ struct ReviewRound7Tests {
   /// `performAndWait` on a current loop whose thread is out of a run, then `shutdown()` from a
   /// third thread: the documented outcome is `RunLoopError.shutDown` ("if the loop has shut down
   /// (or shuts down before running it)"), not a wait for the thread to exit.
-  @Test(
-    .disabled(
-      "bug: performAndWait on a current loop shut down before running the block blocks (even across a new run of its thread) until the thread exits, then returns the value run by the exit drain; never throws RunLoopError.shutDown"
-    ))
-  func performAndWaitOnACurrentLoopShutDownBeforeRunningItThrows() async throws {
+  @Test func performAndWaitOnACurrentLoopShutDownBeforeRunningItThrows() async throws {
     let thread = R7Thread()
     let loop = await thread.loop()
     let outcome = Guarded<Result<Int, any Error>?>(nil)
@@ -614,11 +606,7 @@ struct ReviewRound7Tests {
   /// Two sources on one descriptor: the second add must either be refused or leave the first
   /// working. Here the first one was silenced (it reported an event while the loop ran a mode
   /// it is not in) when the second is added.
-  @Test(
-    .disabled(
-      "bug: a second DescriptorSource on a descriptor whose first source is silenced (other mode) is accepted, and the first never delivers again in its own mode"
-    ))
-  func aSecondSourceOnTheSameDescriptorNeverSilencesTheFirst() async throws {
+  @Test func aSecondSourceOnTheSameDescriptorNeverSilencesTheFirst() async throws {
     let thread = R7Thread()
     defer { thread.quit() }
     let pipe = makePipe()
@@ -651,6 +639,46 @@ struct ReviewRound7Tests {
     }
     #expect(
       outcome.firstFired >= 1, "the first source never fired in its own mode (second added: \(outcome.secondAdded))")
+    #expect(!outcome.secondAdded, "refused with EEXIST, as for an armed first source")
+    #expect(outcome.secondFired == 0)
+  }
+
+  /// A silenced source (out of the epoll set while the loop runs another mode) whose descriptor
+  /// is closed and whose number is reused by another file, with no new source: when its mode runs
+  /// again it must not be registered on that other file (whose events it would then report).
+  @Test func aSilencedSourceWhoseNumberNowNamesAnotherFileNeverReportsIt() async throws {
+    let thread = R7Thread()
+    defer { thread.quit() }
+    let mode = modeM
+    let (calls, reused) = await thread.exec { loop -> (Int, Bool) in
+      let first = makePipe()
+      let calls = Locked(0)
+      let source = DescriptorSource(descriptor: first.read) { _, _ in
+        calls.withLock { $0 += 1 }
+        loop.stop()
+      }
+      try? loop.add(source, to: mode)
+      let keepAlive = LoopTimer(after: .seconds(3600)) { _ in }
+      loop.add(keepAlive)
+      loop.add(keepAlive, to: mode)
+      writeByte(first.write)
+      // Its event arrives while the loop runs .default, which does not hold it: silenced.
+      _ = loop.run(for: .milliseconds(50))
+      let second = makePipe()
+      let readEnd = first.read
+      let reused = dup2(second.read, readEnd) == readEnd  // closes the old read end
+      close(second.read)
+      close(first.write)
+      writeByte(second.write)  // the number's new file is readable
+      _ = loop.run(mode: mode, for: .milliseconds(300), returnAfterSourceHandled: true)
+      source.invalidate()
+      keepAlive.invalidate()
+      close(readEnd)
+      close(second.write)
+      return (calls.withLock { $0 }, reused)
+    }
+    #expect(reused)
+    #expect(calls == 0, "the source reported the events of a file it was never given")
   }
 
   /// A descriptor closed while its source is registered, and its number reused by a new
@@ -841,11 +869,7 @@ struct ReviewRound7Tests {
   /// `invalidateAndWait()` on that timer: the documented answer is `wouldDeadlock` ("from a
   /// loop thread whose callout the timer's callout is itself waiting for, directly or through
   /// other loops"), not a hang. (If it hangs, both loop threads stay blocked for good.)
-  @Test(
-    .disabled(
-      "bug: invalidateAndWait() from loop B's block hangs forever when the timer's callout on loop A waits for B with performAndWait (no wouldDeadlock)"
-    ))
-  func invalidateAndWaitAgainstACalloutWaitingWithPerformAndWaitIsRefused() async throws {
+  @Test func invalidateAndWaitAgainstACalloutWaitingWithPerformAndWaitIsRefused() async throws {
     let loopA = try RunLoopThread(name: "r7-cycle-a")
     let loopB = try RunLoopThread(name: "r7-cycle-b")
     let outcome = Guarded<String?>(nil)

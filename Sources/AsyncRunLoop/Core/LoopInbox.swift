@@ -184,10 +184,10 @@ struct LoopInbox {
   /// A shut-down loop whose thread is not in a run (see `threadIsInRun`) stops running jobs on
   /// that thread: returns the jobs accepted so far (oldest first), which the caller hands to the
   /// fallback executor before releasing the lock (so later arrivals, which go there too, queue
-  /// behind them). Empty, and nothing changes, unless shutting down with the thread out of a run
+  /// behind them). nil, and nothing changes, unless shutting down with the thread out of a run
   /// and jobs not diverted yet.
-  mutating func divertJobs() -> [LoopJob] {
-    guard lifecycle == .shuttingDown, !threadIsInRun, !jobsDiverted else { return [] }
+  mutating func divertJobs() -> [LoopJob]? {
+    guard lifecycle == .shuttingDown, !threadIsInRun, !jobsDiverted else { return nil }
     jobsDiverted = true
     defer { jobs.removeAll() }
     return jobs

@@ -57,7 +57,7 @@ extension LoopCore {
   /// run), and if the loop is shut down they leave for the fallback executor with the rest.
   private func leaveOutermostRun() {
     assert(jobDepth == 0, "AsyncRunLoop: the outermost run ended inside a job")
-    let diverted: Bool = shared.inboxLock.withLock {
+    let diverted: LoopShared.DivertedJobs = shared.inboxLock.withLock {
       if localJobIndex < localJobs.count {
         shared.inbox.jobs.insert(contentsOf: localJobs[localJobIndex...], at: 0)
       }
@@ -66,7 +66,7 @@ extension LoopCore {
       shared.inbox.threadIsInRun = false
       return shared.divertJobsLocked(for: loop)
     }
-    if diverted { FallbackExecution.warnOnce(for: loop) }
+    diverted.finish(for: loop)
   }
 
   /// Passes 2–9 until a pass ends the run.
@@ -437,6 +437,9 @@ extension LoopCore {
     // The number may belong to a newer registration by now (this descriptor was closed and the
     // number reused): then this one can never fire again.
     guard tokenByDescriptor[source.descriptor] == record.token else { return }
+    // Silenced, the registration was out of the epoll set: if the number names another file now
+    // (closed and reused meanwhile), registering it would report that file's events here.
+    guard record.file == nil || SystemCall.fileIdentity(of: source.descriptor) == record.file else { return }
     do {
       try poller.register(descriptor: source.descriptor, events: source.epollEvents, token: record.token)
       record.isArmed = true

@@ -148,16 +148,55 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   /// the tasks that await them, for as long as the thread lives.
   var divertsJobsAtShutdown: Bool { !ownsThread && !isMainLoop }
 
+  /// Under `inboxLock`: callers blocked in `performAndWait` on a loop that diverts its jobs, by
+  /// ticket. When the jobs are diverted, those whose block has not started are released with
+  /// `RunLoopError.shutDown` (the block is skipped when the drain reaches it), instead of waiting
+  /// for the thread to exit.
+  var blockedCallers: [UInt64: any AbandonableWait] = [:]
+  var nextBlockedCallerTicket: UInt64 = 0
+
+  /// What diverting the jobs left to do once the inbox lock is released.
+  struct DivertedJobs {
+    /// Jobs were handed to the fallback: warn (once per loop).
+    var handedJobs = false
+    /// Blocked `performAndWait` callers to release.
+    var callers: [any AbandonableWait] = []
+
+    /// After the inbox lock is released.
+    func finish(for loop: RunLoopThread) {
+      if handedJobs { FallbackExecution.warnOnce(for: loop) }
+      for caller in callers { caller.abandon() }
+    }
+  }
+
   /// Under `inboxLock`: if the loop is shut down and its thread is out of a run, hands the jobs it
   /// accepted to the fallback executor (under the lock, so jobs enqueued later queue behind them)
-  /// and sends later ones there too. Returns whether any job was handed over (the caller warns
-  /// once the lock is released).
-  func divertJobsLocked(for loop: RunLoopThread) -> Bool {
-    guard divertsJobsAtShutdown else { return false }
-    let jobs = inbox.divertJobs()
+  /// and sends later ones there too; the blocked `performAndWait` callers are to be released.
+  /// Call `finish` on the result once the lock is released.
+  func divertJobsLocked(for loop: RunLoopThread) -> DivertedJobs {
+    guard divertsJobsAtShutdown, let jobs = inbox.divertJobs() else { return DivertedJobs() }
     for job in jobs { FallbackExecution.dispatch(job.job, role: job.role, for: loop) }
-    return !jobs.isEmpty
+    defer { blockedCallers.removeAll() }
+    return DivertedJobs(handedJobs: !jobs.isEmpty, callers: Array(blockedCallers.values))
   }
+
+  /// Registers a caller about to block in `performAndWait`; nil when the jobs were diverted
+  /// already (the block would wait for the thread to exit). Any thread.
+  func registerBlockedCaller(_ caller: any AbandonableWait) -> UInt64? {
+    inboxLock.withLock {
+      guard !inbox.jobsDiverted else { return nil }
+      nextBlockedCallerTicket &+= 1
+      blockedCallers[nextBlockedCallerTicket] = caller
+      return nextBlockedCallerTicket
+    }
+  }
+
+  func unregisterBlockedCaller(_ ticket: UInt64) {
+    _ = inboxLock.withLock { blockedCallers.removeValue(forKey: ticket) }
+  }
+
+  /// The loop's jobs go to the fallback now (see `divertJobsLocked`). Any thread.
+  var hasDivertedJobs: Bool { inboxLock.withLock { inbox.jobsDiverted } }
 
   /// True once shutdown began. Any thread.
   var isShutDown: Bool { inboxLock.withLock { inbox.lifecycle != .active } }

@@ -49,6 +49,11 @@ extension RunLoopThread: SerialExecutor, TaskExecutor {
   /// "no" off the loop (see `LoopSerialExecutor.isIsolatingCurrentContext()`).
   public func checkIsolated() {
     guard isIsolatingCurrentContext() != true else { return }
+    if isOnLoopThread {
+      preconditionFailure(
+        "AsyncRunLoop: expected to be isolated to loop '\(name)', but it has shut down and its jobs run on the "
+          + "fallback queue: its thread, \(Self.describeCallingThread()), is no longer isolated to it")
+    }
     preconditionFailure(
       "AsyncRunLoop: expected to run on loop '\(name)', but running on \(Self.describeCallingThread())")
   }
@@ -56,11 +61,17 @@ extension RunLoopThread: SerialExecutor, TaskExecutor {
   /// True on this loop's thread (or the fallback running this loop's late jobs), false elsewhere:
   /// a definite answer for code that asks the loop directly. Any thread.
   ///
+  /// Once a shut-down `RunLoopThread.current` loop sends its jobs to the fallback (see
+  /// `shutdown()`), only the fallback is isolated to it: its thread answers false from then on (in
+  /// its own code, in runs it starts and in the drain when it exits), so that code there cannot
+  /// assume the isolation of an actor whose jobs run on the fallback meanwhile.
+  ///
   /// Actors on the loop do not use this identity (see `asUnownedSerialExecutor()`); the runtime
   /// asks their executor role, which answers true or nil (see
   /// `LoopSerialExecutor.isIsolatingCurrentContext()`).
   public func isIsolatingCurrentContext() -> Bool? {
-    isOnLoopThread || FallbackExecution.isRunning(for: self)
+    if isOnLoopThread { return !shared.divertsJobsAtShutdown || !shared.hasDivertedJobs }
+    return FallbackExecution.isRunning(for: self)
   }
 
   /// The calling thread for a trap message: `thread 'name' (tid 123)`, plus the loop it runs.

@@ -103,8 +103,9 @@ private func runOnMainActor<T: Sendable, E: Error>(_ body: @MainActor () throws(
   try body()
 }
 
-/// One blocked `runOnMainAndWait` call: a once-only meeting of the caller, its block on the main
-/// queue, and the main loop stopping. A state machine under a lock; the gate opens after it.
+/// One blocked `runOnMainAndWait` call (or `performAndWait` on the main loop or on a
+/// `RunLoopThread.current` loop): a once-only meeting of the caller, its block on the loop, and
+/// the loop stopping (the main loop) or shutting down with its thread out of a run (a current loop). A state machine under a lock; the gate opens after it.
 final class MainCallWaiter<T: Sendable>: AbandonableWait, @unchecked Sendable {  // Safety: proof below
   // Safety: `state` is only touched with `lock` held; `gate` is thread-safe.
   private let lock = PthreadLock.make()
@@ -132,7 +133,7 @@ final class MainCallWaiter<T: Sendable>: AbandonableWait, @unchecked Sendable { 
       case .abandoned:
         return false  // the caller already got an error
       case .running, .finished:
-        preconditionFailure("AsyncRunLoop: a runOnMainAndWait block started twice")
+        preconditionFailure("AsyncRunLoop: a waited-for block started twice")
       }
     }
   }
@@ -144,7 +145,7 @@ final class MainCallWaiter<T: Sendable>: AbandonableWait, @unchecked Sendable { 
       case .running:
         state = .finished(result)  // the caller takes it
       case .pending, .finished, .abandoned:
-        preconditionFailure("AsyncRunLoop: a runOnMainAndWait block finished without starting")
+        preconditionFailure("AsyncRunLoop: a waited-for block finished without starting")
       }
     }
     gate.open()
@@ -171,7 +172,7 @@ final class MainCallWaiter<T: Sendable>: AbandonableWait, @unchecked Sendable { 
       switch state {
       case .finished(let result): return result
       case .abandoned: return nil
-      case .pending, .running: preconditionFailure("AsyncRunLoop: runOnMainAndWait woke early")
+      case .pending, .running: preconditionFailure("AsyncRunLoop: a waited-for block's caller woke early")
       }
     }
   }

@@ -1,6 +1,7 @@
-/// Which loop threads are blocked in `LoopTimer.invalidateAndWait()`, waiting for a callout on
-/// which other loop: a wait-for graph, so that a wait that would close a cycle (two loops' timer
-/// callouts waiting for each other) is refused instead of deadlocking. Any thread; the graph is
+/// Which loop threads are blocked in `LoopTimer.invalidateAndWait()` (waiting for a callout on
+/// another loop) or `RunLoopThread.performAndWait` (waiting for another loop to run a block): a
+/// wait-for graph, so that a wait that would close a cycle (two loops waiting for each other,
+/// directly or through others) is refused instead of deadlocking. Any thread; the graph is
 /// only touched under its lock, and no edge is held across anything but the wait itself.
 enum CalloutWaits {
   /// Waiting loop → the loop whose callout it waits for. A loop thread waits for one thing at a
@@ -19,6 +20,23 @@ enum CalloutWaits {
       edges[ObjectIdentifier(waiter)] = target
       return true
     }
+  }
+
+  /// Runs `wait` (which blocks the calling thread until `target` did something) with the caller's
+  /// loop, if it is a loop thread, recorded as waiting for `target`. Throws
+  /// `RunLoopError.wouldDeadlock` (without waiting) when `target` is, directly or through other
+  /// loops, waiting for the caller's loop. `what` names the call for the message.
+  static func whileWaiting<T>(
+    for target: LoopShared, _ what: String, _ wait: () throws -> T
+  ) throws -> T {
+    guard let waiter = RunLoopThread.currentIfExists?.shared, waiter !== target else { return try wait() }
+    guard begin(waiter: waiter, target: target) else {
+      throw RunLoopError.wouldDeadlock(
+        "\(what) on loop '\(waiter.name)' would wait for loop '\(target.name)', which is itself waiting for loop "
+          + "'\(waiter.name)'")
+    }
+    defer { end(waiter: waiter) }
+    return try wait()
   }
 
   /// `waiter`'s wait ended.

@@ -31,6 +31,9 @@ public struct DescriptorEvents: OptionSet, Sendable, Hashable, CustomStringConve
 /// The source does not own the descriptor: close it yourself, after removing the source. A
 /// descriptor closed while registered, and its number reused by a new descriptor, never delivers
 /// events to the old registration: each registration is identified by a token, not by the number.
+/// One source per descriptor and loop: adding a second source for a descriptor that a source on
+/// the same loop still watches fails with `EEXIST`, as epoll refuses it — also while the first
+/// one is silenced (the loop runs a mode that does not hold it).
 public final class DescriptorSource: LoopMember, @unchecked Sendable {  // Safety: proof below
   // Safety: `descriptor`, `interest` and `order` are immutable. `state` (binding, handler) is only
   // touched with `lock` held. The loop-thread side (epoll token, armed) lives in the loop's

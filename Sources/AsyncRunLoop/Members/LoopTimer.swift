@@ -169,8 +169,9 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   ///
   /// - Throws: `RunLoopError.wouldDeadlock` (the timer is invalidated all the same) when waiting
   ///   could never end: called from the timer's own callout (or from a run nested in it), or from
-  ///   a loop thread whose callout the timer's callout is itself waiting for, directly or through
-  ///   other loops (two loops' timers invalidating each other with this call).
+  ///   a loop thread that the timer's callout is itself waiting for, directly or through other
+  ///   loops: with this call (two loops' timers invalidating each other) or with
+  ///   `RunLoopThread.performAndWait` (the callout waits for a block of the calling loop).
   public func invalidateAndWait() throws(RunLoopError) {
     // One critical section: a callout either started before it (and is waited for) or never does.
     let (invalidation, target, gate): (MemberInvalidation<@Sendable (LoopTimer) -> Void>, LoopShared?, BlockingGate?) =

@@ -20,6 +20,12 @@ public struct SystemCallError: Error, CustomStringConvertible, Sendable, Equatab
   }
 }
 
+/// The file an open descriptor refers to (see `SystemCall.fileIdentity(of:)`).
+struct FileIdentity: Equatable {
+  let device: UInt64
+  let inode: UInt64
+}
+
 /// Thin wrappers over the syscalls the loop uses: each retries `EINTR` and turns `-1` + `errno`
 /// into a thrown `SystemCallError`. Callable from any thread.
 enum SystemCall {
@@ -35,6 +41,15 @@ enum SystemCall {
       if code == EINTR { continue }
       throw SystemCallError(call: name(), errno: code)
     }
+  }
+
+  /// The open file a descriptor refers to now (device and inode, from `fstat`), or nil when the
+  /// descriptor is not open: tells a descriptor number that still names the same file from one
+  /// that was closed and reused.
+  static func fileIdentity(of descriptor: Int32) -> FileIdentity? {
+    var status = stat()
+    guard fstat(descriptor, &status) == 0 else { return nil }
+    return FileIdentity(device: UInt64(status.st_dev), inode: UInt64(status.st_ino))
   }
 
   static func epollCreate() throws(SystemCallError) -> Int32 {
