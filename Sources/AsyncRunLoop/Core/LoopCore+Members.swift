@@ -40,14 +40,12 @@ extension LoopCore {
   /// - Throws: what epoll reports (the record is dropped again).
   func applyAdd(_ source: DescriptorSource, _ record: MemberRecord, to mode: RunLoopMode) throws(SystemCallError) {
     if !record.isAttached {
-      let file = SystemCall.fileIdentity(of: source.descriptor)
-      try refuseIfHeldBySilencedSource(source.descriptor, file: file)
+      try refuseIfHeldBySilencedSource(source.descriptor)
       let token = nextToken
       nextToken += 1
       try poller.register(descriptor: source.descriptor, events: source.epollEvents, token: token)
       modeTable.attach(record, .descriptor(source))
       record.token = token
-      record.file = file
       record.isArmed = true
       descriptorsByToken[token] = record
       tokenByDescriptor[source.descriptor] = token
@@ -61,9 +59,9 @@ extension LoopCore {
   /// descriptor that a silenced source here still holds: the silenced one is out of the epoll set,
   /// so epoll would accept the new one, whose number the loop would then take from the silenced
   /// one for good. The number is only free if it names another file now (closed and reused).
-  private func refuseIfHeldBySilencedSource(_ descriptor: Int32, file: FileIdentity?) throws(SystemCallError) {
+  private func refuseIfHeldBySilencedSource(_ descriptor: Int32) throws(SystemCallError) {
     guard let token = tokenByDescriptor[descriptor], let holder = descriptorsByToken[token], holder.isAttached,
-      !holder.isArmed, let file, holder.file == file
+      !holder.isArmed, let file = holder.file, SystemCall.fileIdentity(of: descriptor) == file
     else { return }
     throw SystemCallError(
       call: "epoll_ctl(ADD)", errno: EEXIST,

@@ -427,9 +427,12 @@ extension LoopCore {
     guard armed else {
       // Only while the number is still this registration's: if the descriptor was closed and
       // the number reused, epoll dropped this one already, and the number's set entry belongs
-      // to the newer registration.
-      if tokenByDescriptor[source.descriptor] == record.token {
-        poller.deregister(descriptor: source.descriptor)  // already gone (closed) is fine
+      // to the newer registration. The file is noted only if the registration was still in the
+      // set (the number still named its file); gone already, the descriptor was closed and the
+      // source can never fire again.
+      record.file = nil
+      if tokenByDescriptor[source.descriptor] == record.token, poller.deregister(descriptor: source.descriptor) {
+        record.file = SystemCall.fileIdentity(of: source.descriptor)
       }
       record.isArmed = false
       return
@@ -439,7 +442,7 @@ extension LoopCore {
     guard tokenByDescriptor[source.descriptor] == record.token else { return }
     // Silenced, the registration was out of the epoll set: if the number names another file now
     // (closed and reused meanwhile), registering it would report that file's events here.
-    guard record.file == nil || SystemCall.fileIdentity(of: source.descriptor) == record.file else { return }
+    guard let file = record.file, SystemCall.fileIdentity(of: source.descriptor) == file else { return }
     do {
       try poller.register(descriptor: source.descriptor, events: source.epollEvents, token: record.token)
       record.isArmed = true

@@ -46,9 +46,10 @@ final class MemberRecord: TimerEntry {
   /// Descriptor: whether epoll reports its events now (false while the loop runs a mode that does
   /// not hold it, or a sequence consumer asked for a pause).
   @exclusivity(unchecked) var isArmed = false
-  /// Descriptor: the file its descriptor referred to when it was registered (nil: unknown). A
-  /// silenced registration is out of the epoll set, so only this tells, when it is re-armed or
-  /// another source claims the same number, whether the number still names that file.
+  /// Descriptor, while silenced: the file its descriptor referred to when it was taken out of the
+  /// epoll set (nil: the registration was gone already, its descriptor closed). Out of the set,
+  /// only this tells, when it is re-armed or another source claims the same number, whether the
+  /// number still names that file.
   @exclusivity(unchecked) var file: FileIdentity?
   /// Descriptor: a sequence consumer paused it (its buffer is full); the loop does not re-arm it
   /// on a mode switch until the consumer resumes it.

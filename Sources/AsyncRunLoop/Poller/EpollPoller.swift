@@ -118,12 +118,16 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
 
   /// Removes a registration. A descriptor that was already closed (and so already dropped by
   /// the kernel) is not an error. Loop thread.
-  func deregister(descriptor: Int32) {
+  /// - Returns: false when the registration was gone already (its descriptor was closed).
+  @discardableResult
+  func deregister(descriptor: Int32) -> Bool {
     do {
       try SystemCall.epollControl(epollDescriptor, EPOLL_CTL_DEL, descriptor, events: 0, token: 0)
+      return true
     } catch {
       // EBADF: closed already; ENOENT: the kernel dropped it when it was closed. Both mean gone.
       assert(error.errno == EBADF || error.errno == ENOENT, "AsyncRunLoop: \(error)")
+      return false
     }
   }
 
