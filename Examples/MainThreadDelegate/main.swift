@@ -1,7 +1,7 @@
 import AsyncRunLoop
 import Synchronization
 
-// The delegate-wrapper idiom (SPEC §8), ported from FORCE_MAIN_THREAD: a type whose delegate
+// The delegate-wrapper idiom, ported from FORCE_MAIN_THREAD: a type whose delegate
 // callouts happen on the main thread however they are triggered — by its own work on a background
 // loop thread, by a caller on a pool thread, or by a caller already on the main thread (then the
 // callout runs inline, before the triggering call returns).

@@ -16,7 +16,7 @@ public enum RunLoopError: Error, Equatable, CustomStringConvertible {
   }
 }
 
-/// A run loop: one thread's event loop in the CFRunLoop model (see SPEC.md and the DocC article
+/// A run loop: one thread's event loop in the CFRunLoop model (see the DocC article
 /// "One pass of the loop"), and a Swift `SerialExecutor`/`TaskExecutor` for that thread.
 ///
 /// Get one with `RunLoopThread(name:)` (a new thread that runs the loop until `shutdown()`),

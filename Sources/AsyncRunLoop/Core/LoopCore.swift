@@ -7,7 +7,7 @@
 /// calls out is either per run (`RunContext`) or one queue with a cursor that a nested run
 /// continues instead of starting over (blocks, registration changes), so a nested run never
 /// disturbs the batch of the run it is nested in, and work still runs in the order it was sent.
-/// A run nested in one of the loop's own executor jobs runs no jobs (`jobDepth`, SPEC §10).
+/// A run nested in one of the loop's own executor jobs runs no jobs (`jobDepth`; see "One pass of the loop").
 ///
 /// Every pass reads these, so the hot ones skip dynamic exclusivity checks (a thread-local lookup
 /// each): they are confined to the loop thread, and no access spans a callout.
@@ -239,7 +239,7 @@ final class LoopCore {
     }
   }
 
-  /// Whether jobs may run here now: not inside one of the loop's own jobs (SPEC §10).
+  /// Whether jobs may run here now: not inside one of the loop's own jobs (see "One pass of the loop").
   @inline(__always)
   var mayRunJobs: Bool { jobDepth == 0 }
 

@@ -13,8 +13,8 @@ struct RunContext {
   var readySources: [MemberRecord]
 }
 
-/// One run of the loop: a list of phases, one small method each, numbered as in SPEC §6 and the
-/// DocC article "One pass of the loop". Loop thread only.
+/// One run of the loop: a list of phases, one small method each, numbered as in the DocC article
+/// "One pass of the loop". Loop thread only.
 extension LoopCore {
   /// Runs the loop in `mode` until it is stopped, its time limit passes, it has nothing to watch,
   /// `shouldEnd` says so, or (when asked) one input source fired.
@@ -133,7 +133,7 @@ extension LoopCore {
     deferredSignalled.contains { $0.isIn(contents) }
   }
 
-  /// SPEC §1: nothing to watch in the mode, and no jobs (that may run here) or blocks for this mode
+  /// Nothing to watch in the mode, and no jobs (that may run here) or blocks for this mode
   /// waiting (CF counts pending blocks too). A loop that serves as an executor never finishes.
   private func isFinished(_ run: RunContext) -> Bool {
     guard run.contents.hasNothingToWatch, !run.keepsAlive, !hasRunnableJobs, !hasWaitingControls else {

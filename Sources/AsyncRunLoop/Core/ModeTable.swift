@@ -28,7 +28,7 @@ final class ModeContents {
 
   init(mode: RunLoopMode) { self.mode = mode }
 
-  /// SPEC §1: a mode with no sources and no timers gives the run nothing to wait for.
+  /// A mode with no sources and no timers gives the run nothing to wait for.
   var hasNothingToWatch: Bool {
     sourceCount == 0 && descriptors.isEmpty && timerCount == 0
   }

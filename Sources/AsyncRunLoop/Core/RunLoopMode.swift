@@ -1,4 +1,4 @@
-/// The name of a run-loop mode: a named set of sources, timers and observers (SPEC §2).
+/// The name of a run-loop mode: a named set of sources, timers and observers.
 ///
 /// Running a loop names one mode; only that mode's members are watched and only its observers
 /// are told. `.common` is not a mode to run but a *set* of modes: adding an item to `.common`
@@ -23,7 +23,7 @@ public struct RunLoopMode: Hashable, Sendable, RawRepresentable, ExpressibleBySt
   public var description: String { rawValue }
 }
 
-/// Why a call to `RunLoopThread.run` returned (SPEC §2, §6).
+/// Why a call to `RunLoopThread.run` returned (see "One pass of the loop").
 public enum RunLoopRunResult: Sendable, Equatable, CustomStringConvertible {
   /// The mode held nothing to watch (no sources, no timers), or the loop is shutting down.
   case finished

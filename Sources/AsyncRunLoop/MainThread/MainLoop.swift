@@ -1,7 +1,7 @@
 import CAsyncRunLoop
 import Glibc
 
-/// The process's main-thread loop (SPEC §1, §8).
+/// The process's main-thread loop.
 ///
 /// `RunLoopThread.main` is a loop like any other (modes, sources, timers, observers, executor) whose
 /// thread is the process's main thread (thread id == process id). It also serves libdispatch's

@@ -1,7 +1,7 @@
 import CAsyncRunLoop
 import Dispatch
 
-// The FORCE_MAIN_THREAD / performSelectorOnMainThread idiom (SPEC §8), cooperating with @MainActor.
+// The FORCE_MAIN_THREAD / performSelectorOnMainThread idiom, cooperating with @MainActor.
 //
 // Every form runs its body inline when the caller is already on the main thread (no hop, so no
 // reordering against the caller's own code), and otherwise hands it to the main dispatch queue.

@@ -1,6 +1,6 @@
 import Glibc
 
-/// A custom input source with a typed command buffer (SPEC §3, the "command buffer" pattern).
+/// A custom input source with a typed command buffer (the "command buffer" pattern).
 ///
 /// Any thread may `post(_:)` a command: the command is appended to the buffer, the source is
 /// signalled and its loop woken, in one call. On the loop's next pass the handler runs on the loop

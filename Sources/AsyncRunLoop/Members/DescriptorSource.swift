@@ -24,7 +24,7 @@ public struct DescriptorEvents: OptionSet, Sendable, Hashable, CustomStringConve
 }
 
 /// A readiness ("version 1", port-based) source: fires when a file descriptor becomes readable or
-/// writable (pipes, sockets, eventfd, timerfd, signalfd, ...). SPEC §3.
+/// writable (pipes, sockets, eventfd, timerfd, signalfd, ...).
 ///
 /// The handler runs on the loop thread, level-triggered: it fires on every pass while the
 /// descriptor stays ready, so it should read (or write) until `EAGAIN`, or remove the source.

@@ -1,4 +1,4 @@
-/// A custom ("version 0", signal-based) input source (SPEC §3).
+/// A custom ("version 0", signal-based) input source.
 ///
 /// The owner keeps whatever state the source needs (usually a command buffer, see
 /// `CommandSource`). Clients call `signal()` from any thread: that marks the source as ready

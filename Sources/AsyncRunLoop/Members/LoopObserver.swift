@@ -1,4 +1,4 @@
-/// The points of a loop pass at which observers are told (SPEC §5, §6).
+/// The points of a loop pass at which observers are told (see "One pass of the loop").
 public struct LoopActivity: OptionSet, Sendable, Hashable, CustomStringConvertible {
   public let rawValue: UInt8
   public init(rawValue: UInt8) { self.rawValue = rawValue }
@@ -28,7 +28,7 @@ public struct LoopActivity: OptionSet, Sendable, Hashable, CustomStringConvertib
   }
 }
 
-/// Watches a loop's activities (SPEC §5). The callout runs on the loop thread, synchronously, at
+/// Watches a loop's activities. The callout runs on the loop thread, synchronously, at
 /// each activity it asked for, while the loop runs in one of the observer's modes.
 ///
 /// A repeating observer is told every pass; a one-shot observer invalidates itself after its

@@ -15,7 +15,7 @@ public enum LoopTimerError: Error, Equatable, CustomStringConvertible {
   }
 }
 
-/// A timer that fires on its loop's thread (SPEC §4).
+/// A timer that fires on its loop's thread.
 ///
 /// - One-shot or repeating. A repeating timer that missed fire times (the loop was busy, or ran
 ///   in another mode) fires once and moves to the next future multiple of its interval: it

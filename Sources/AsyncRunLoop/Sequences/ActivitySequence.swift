@@ -13,7 +13,7 @@ public struct LoopActivityEvent: Sendable, Hashable, CustomStringConvertible {
   public var description: String { "\(activity)@\(instant.nanoseconds)" }
 }
 
-/// A loop's observer activities (SPEC §5), consumed with `for await`, for instrumentation.
+/// A loop's observer activities, consumed with `for await`, for instrumentation.
 ///
 /// Built on a repeating `LoopObserver` in the given modes: the loop records each activity it
 /// reaches (on its thread, with a timestamp) into a bounded buffer, and the consumer takes the

@@ -1,4 +1,4 @@
-/// The readiness of a file descriptor (SPEC §3, "version 1" sources), consumed with `for await`:
+/// The readiness of a file descriptor (a "version 1" source), consumed with `for await`:
 /// each element is the set of events (`.readable`, `.writable`, `.error`, `.hangUp`) that occurred
 /// since the consumer last looked.
 ///

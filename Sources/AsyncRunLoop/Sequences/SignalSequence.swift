@@ -1,4 +1,4 @@
-/// A coalescing custom source (SPEC §3, the `uv_async_send` shape) consumed with `for await`:
+/// A coalescing custom source (the `uv_async_send` shape) consumed with `for await`:
 /// many signals may become one element, and after the last signal at least one element is always
 /// delivered.
 ///

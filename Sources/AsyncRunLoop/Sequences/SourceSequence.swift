@@ -1,4 +1,4 @@
-/// A custom input source (SPEC §3) whose elements are consumed with `for await`.
+/// A custom input source whose elements are consumed with `for await`.
 ///
 /// Producers hand elements in from any thread:
 /// - `post(_:)` never waits and never suspends: it is safe from plain threads and C callbacks. It
