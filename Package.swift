@@ -27,7 +27,7 @@ let package = Package(
       path: "Benchmarks/AsyncRunLoopBenchmarks",
       swiftSettings: strictSettings
     ),
-    // The delegate-wrapper idiom (SPEC §8): delegate callouts always on the main thread.
+    // The delegate-wrapper idiom (FORCE_MAIN_THREAD): delegate callouts always on the main thread.
     .executableTarget(
       name: "MainThreadDelegateExample",
       dependencies: ["AsyncRunLoop"],
