@@ -250,9 +250,11 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
   /// A current loop's jobs do not wait for that: as soon as its thread is out of a run (now, or
   /// when the run it is in ends), the jobs it accepted and every later one run on the fallback,
   /// in order, still isolated to the loop. The main loop's jobs wait for the main thread, which
-  /// they need. What only the loop's thread can do still waits for it: detaching the members
-  /// (cancel routines, ending sequences' consumers), and so moving a `Task.sleep` scheduled on
-  /// the loop's timers elsewhere or ending a sleep on its clock.
+  /// they need. At the same moment a `Task.sleep` scheduled on its timers moves elsewhere (it
+  /// completes at its deadline) and a sleep on its `clock` throws `CancellationError`, and blocked
+  /// `performAndWait` callers whose block has not started throw `RunLoopError.shutDown`. What
+  /// only the loop's thread can do still waits for it: detaching the members (cancel routines,
+  /// closing deliveries, ending sequences' consumers).
   public func shutdown() {
     // A non-owned loop's runs end now; it drains when its thread exits (or, for the main loop,
     // when `runMainLoop()` returns). A current loop's jobs go to the fallback at once if its

@@ -159,3 +159,91 @@ struct CurrentLoopShutdownTests {
     }
   }
 }
+
+/// Sleeps pending on a current loop's timers when it is shut down, its thread out of a run: they
+/// must not wait for the thread to exit either (its drain, which invalidates the timers, happens
+/// only then). A `Task.sleep` completes at its deadline elsewhere, never early; a `clock` sleep
+/// throws `CancellationError` as the docs say for a loop's shutdown.
+@Suite("CurrentLoopShutdown: sleeps on a shut-down current loop", .timeLimit(.minutes(3)))
+struct CurrentLoopShutdownSleepTests {
+  /// Sleeps registered with the loop's shutdown (white-box).
+  private func pendingSleeps(_ loop: RunLoopThread) -> Int {
+    loop.shared.inboxLock.withLock { loop.shared.sleepHandOffs.count }
+  }
+
+  @Test func aTaskSleepPendingAtShutdownEndsAtItsDeadlineNotAtThreadExit() async throws {
+    // The thread runs the loop in short runs until the shutdown (a task preferring a loop that
+    // nobody runs never starts), then lives on.
+    let thread = CurrentLoopThread { loop in
+      let keepAlive = LoopTimer(after: .seconds(3600)) { _ in }
+      loop.add(keepAlive)
+      while !loop.isShutDown { loop.run(for: .milliseconds(5)) }
+      keepAlive.invalidate()
+    }
+    defer { thread.end() }
+    let loop = await thread.loop()
+    let outcome = try await withWatchdog(timeout: .seconds(20), "a Task.sleep on a shut-down current loop") {
+      () async throws -> (slept: Duration, isolated: Bool) in
+      async let slept: (Duration, Bool) = withTaskExecutorPreference(loop) {
+        let start = ContinuousClock.now
+        try await Task.sleep(for: .milliseconds(300))
+        return (ContinuousClock.now - start, loop.isIsolatingCurrentContext() == true)
+      }
+      while pendingSleeps(loop) < 1 { try await Task.sleep(for: .milliseconds(1)) }
+      loop.shutdown()
+      return try await slept
+    }
+    #expect(outcome.map { $0.slept >= .milliseconds(300) } == true, "the sleep ended early")
+    #expect(outcome?.isolated == true, "the sleeper resumed off the loop's executor (the fallback)")
+    #expect(!thread.exited.opened, "the sleep waited for the loop's thread to exit")
+    #expect(pendingSleeps(loop) == 0)
+  }
+
+  @Test func aClockSleepPendingAtShutdownThrowsCancellationWithoutWaitingForTheThread() async throws {
+    let thread = CurrentLoopThread()
+    defer { thread.end() }
+    let loop = await thread.loop()
+    let outcome = try await withWatchdog(timeout: .seconds(20), "a clock sleep on a shut-down current loop") {
+      () async -> String in
+      async let ended: String = {
+        do {
+          try await loop.clock.sleep(for: .seconds(3600))
+          return "returned"
+        } catch is CancellationError {
+          return "cancelled"
+        } catch {
+          return "\(error)"
+        }
+      }()
+      while pendingSleeps(loop) < 1 { try? await Task.sleep(for: .milliseconds(1)) }
+      loop.shutdown()
+      return await ended
+    }
+    #expect(outcome == "cancelled")
+    #expect(!thread.exited.opened)
+  }
+
+  @Test func sleepsStartedAfterTheJobsLeftNeitherHangNorEndEarly() async throws {
+    let thread = CurrentLoopThread()
+    defer { thread.end() }
+    let loop = await thread.loop()
+    loop.shutdown()  // the thread is out of a run: the jobs leave now
+    let outcome = try await withWatchdog(timeout: .seconds(20), "sleeps after the shutdown") {
+      () async -> (slept: Duration, clock: Bool) in
+      let start = ContinuousClock.now
+      try? await withTaskExecutorPreference(loop) { try await Task.sleep(for: .milliseconds(100)) }
+      let slept = ContinuousClock.now - start
+      let cancelled: Bool
+      do {
+        try await loop.clock.sleep(for: .seconds(3600))
+        cancelled = false
+      } catch {
+        cancelled = error is CancellationError
+      }
+      return (slept, cancelled)
+    }
+    #expect(outcome.map { $0.slept >= .milliseconds(100) } == true)
+    #expect(outcome?.clock == true)
+    #expect(pendingSleeps(loop) == 0)
+  }
+}

@@ -155,18 +155,44 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   var blockedCallers: [UInt64: any AbandonableWait] = [:]
   var nextBlockedCallerTicket: UInt64 = 0
 
+  /// Under `inboxLock`: for a loop that diverts its jobs, what each sleep pending on its timers
+  /// does when its timer is invalidated (a `Task.sleep` job waits for its deadline elsewhere, a
+  /// `clock` sleep throws `CancellationError`), keyed by the sleep: run when the jobs are
+  /// diverted, so that no sleeper waits for the thread to exit either. Each is once-only, so the
+  /// timer's own invalidation at the thread's drain later finds it done.
+  var sleepHandOffs: [ObjectIdentifier: @Sendable () -> Void] = [:]
+
   /// What diverting the jobs left to do once the inbox lock is released.
   struct DivertedJobs {
     /// Jobs were handed to the fallback: warn (once per loop).
     var handedJobs = false
     /// Blocked `performAndWait` callers to release.
     var callers: [any AbandonableWait] = []
+    /// Pending sleeps to end or move (see `sleepHandOffs`).
+    var sleeps: [@Sendable () -> Void] = []
 
     /// After the inbox lock is released.
     func finish(for loop: RunLoopThread) {
       if handedJobs { FallbackExecution.warnOnce(for: loop) }
       for caller in callers { caller.abandon() }
+      for sleep in sleeps { sleep() }
     }
+  }
+
+  /// Registers what the sleep `key` does if the loop shuts down before its timer fires (see
+  /// `sleepHandOffs`); false when the jobs were diverted already: the caller does it now, and
+  /// does not add the timer. Any thread.
+  func registerSleepHandOff(_ key: AnyObject, _ handOff: @escaping @Sendable () -> Void) -> Bool {
+    inboxLock.withLock {
+      guard !inbox.jobsDiverted else { return false }
+      sleepHandOffs[ObjectIdentifier(key)] = handOff
+      return true
+    }
+  }
+
+  /// The sleep `key`'s timer fired or was invalidated. Any thread.
+  func unregisterSleepHandOff(_ key: AnyObject) {
+    _ = inboxLock.withLock { sleepHandOffs.removeValue(forKey: ObjectIdentifier(key)) }
   }
 
   /// Under `inboxLock`: if the loop is shut down and its thread is out of a run, hands the jobs it
@@ -176,8 +202,12 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   func divertJobsLocked(for loop: RunLoopThread) -> DivertedJobs {
     guard divertsJobsAtShutdown, let jobs = inbox.divertJobs() else { return DivertedJobs() }
     for job in jobs { FallbackExecution.dispatch(job.job, role: job.role, for: loop) }
-    defer { blockedCallers.removeAll() }
-    return DivertedJobs(handedJobs: !jobs.isEmpty, callers: Array(blockedCallers.values))
+    defer {
+      blockedCallers.removeAll()
+      sleepHandOffs.removeAll()
+    }
+    return DivertedJobs(
+      handedJobs: !jobs.isEmpty, callers: Array(blockedCallers.values), sleeps: Array(sleepHandOffs.values))
   }
 
   /// Registers a caller about to block in `performAndWait`; nil when the jobs were diverted

@@ -60,9 +60,24 @@ import Dispatch
     scheduledJobCounter.withLock { $0 += 1 }
     let once = JobOnce(job)
     let deadline = LoopClock.Instant.now.advanced(by: delay)
+    // Shut down before the deadline: the job waits for its deadline elsewhere.
+    let waitElsewhere: @Sendable () -> Void = { [self] in
+      let remaining = LoopClock.monotonicNanoseconds().distance(to: deadline.nanoseconds)
+      guard remaining > 0 else {
+        if let job = once.take() { enqueue(job, role: role) }
+        return
+      }
+      DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(clamping: remaining))) {
+        if let job = once.take() { self.enqueue(job, role: role) }
+      }
+    }
+    // A current loop's thread drains its timers only when it exits: the shutdown moves the job
+    // when the loop's jobs leave for the fallback (see `LoopShared.sleepHandOffs`).
+    let handsOff = shared.divertsJobsAtShutdown
     let timer = LoopTimer(
       fireAt: deadline, tolerance: tolerance ?? .zero,
       handler: { [unowned self] _ in
+        if handsOff { shared.unregisterSleepHandOff(once) }
         guard let job = once.take() else { return }
         // Inside one of the loop's own jobs (a run nested in an actor method) no other job may
         // start: queue it behind the running one.
@@ -81,16 +96,10 @@ import Dispatch
         }
       },
       onInvalidate: { [self] in
-        // Shut down before the deadline: the job waits for its deadline elsewhere.
-        let remaining = LoopClock.monotonicNanoseconds().distance(to: deadline.nanoseconds)
-        guard remaining > 0 else {
-          if let job = once.take() { enqueue(job, role: role) }
-          return
-        }
-        DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(clamping: remaining))) {
-          if let job = once.take() { self.enqueue(job, role: role) }
-        }
+        if handsOff { shared.unregisterSleepHandOff(once) }
+        waitElsewhere()
       })
+    if handsOff, !shared.registerSleepHandOff(once, waitElsewhere) { return waitElsewhere() }
     add(timer, to: .common)
     if isShutDown { timer.invalidate() }
   }

@@ -19,13 +19,27 @@ extension RunLoopThread {
   ///   the deadline.
   func sleep(until deadline: LoopClock.Instant, tolerance: Duration?) async throws {
     let waiter = SleepWaiter()
+    // A current loop's thread drains its timers only when it exits: the shutdown ends the sleep
+    // when the loop's jobs leave for the fallback (see `LoopShared.sleepHandOffs`).
+    let handsOff = shared.divertsJobsAtShutdown
+    let shared = shared
     try await withTaskCancellationHandler {
       try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
         let timer = LoopTimer(
           fireAt: deadline, tolerance: tolerance ?? .zero,
-          handler: { _ in waiter.finish(.success(())) },
-          onInvalidate: { waiter.finish(.failure(CancellationError())) })
+          handler: { _ in
+            if handsOff { shared.unregisterSleepHandOff(waiter) }
+            waiter.finish(.success(()))
+          },
+          onInvalidate: {
+            if handsOff { shared.unregisterSleepHandOff(waiter) }
+            waiter.finish(.failure(CancellationError()))
+          })
         guard waiter.start(continuation, timer: timer) else { return }  // cancelled already
+        if handsOff, !shared.registerSleepHandOff(waiter, { waiter.finish(.failure(CancellationError())) }) {
+          waiter.finish(.failure(CancellationError()))  // shut down, its jobs diverted: never add
+          return
+        }
         add(timer, to: .common)
         if isShutDown { timer.invalidate() }
       }
