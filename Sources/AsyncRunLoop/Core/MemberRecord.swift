@@ -81,8 +81,15 @@ final class MemberRecord: TimerEntry {
     registrySlot = slot
   }
 
+  /// Left its loop (detached) once: final. A record stands for one stay of its member on its
+  /// loop (the binding makes a new one each time the member joins a loop), so an add still on its
+  /// way with this record (made before the member was invalidated, or removed and re-added) is
+  /// stale and must not attach it again.
+  @exclusivity(unchecked) private(set) var hasLeft = false
+
   /// Loop thread (`ModeTable.removeEverywhere`): the record left its loop; drops the member.
   func markDetached() {
+    hasLeft = true
     registrySlot = -1
     commonOrder = 0
     kind = nil
