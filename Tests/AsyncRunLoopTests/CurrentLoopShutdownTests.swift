@@ -182,18 +182,24 @@ struct CurrentLoopShutdownSleepTests {
     }
     defer { thread.end() }
     let loop = await thread.loop()
+    // Long enough that the shutdown comes first even on a loaded machine (scaled like the
+    // watchdogs); the wait below also ends if the sleep ended first (the test then proves less,
+    // but never hangs).
+    let duration = Duration.milliseconds(1000 * watchdogScale)
+    let finished = Locked(false)
     let outcome = try await withWatchdog(timeout: .seconds(20), "a Task.sleep on a shut-down current loop") {
       () async throws -> (slept: Duration, isolated: Bool) in
       async let slept: (Duration, Bool) = withTaskExecutorPreference(loop) {
         let start = ContinuousClock.now
-        try await Task.sleep(for: .milliseconds(300))
+        try await Task.sleep(for: duration)
+        finished.withLock { $0 = true }
         return (ContinuousClock.now - start, loop.isIsolatingCurrentContext() == true)
       }
-      while pendingSleeps(loop) < 1 { try await Task.sleep(for: .milliseconds(1)) }
+      while pendingSleeps(loop) < 1 && !finished.withLock({ $0 }) { try await Task.sleep(for: .milliseconds(1)) }
       loop.shutdown()
       return try await slept
     }
-    #expect(outcome.map { $0.slept >= .milliseconds(300) } == true, "the sleep ended early")
+    #expect(outcome.map { $0.slept >= duration } == true, "the sleep ended early")
     #expect(outcome?.isolated == true, "the sleeper resumed off the loop's executor (the fallback)")
     #expect(!thread.exited.opened, "the sleep waited for the loop's thread to exit")
     #expect(pendingSleeps(loop) == 0)
