@@ -83,6 +83,14 @@ final class LoopCore {
   var nextToken = EpollPoller.firstRegistrationToken
   /// Sequence numbers for timer-heap entries (equal deadlines fire in scheduling order).
   @exclusivity(unchecked) var timerSequence: UInt64 = 0
+  /// Tokens reported by the last wait that belong to no registration. A registration removed by an
+  /// earlier handler of the same wait shows up once; one that epoll keeps for a closed number (a
+  /// `dup` keeps the file open) shows up in every wait while ready, and the second sighting makes
+  /// the loop rebuild its epoll set (`purgeLingeringRegistrations`).
+  @exclusivity(unchecked) var unknownTokensLastWait: Set<UInt64> = []
+  @exclusivity(unchecked) var unknownTokensThisWait: Set<UInt64> = []
+  /// A wait reported a registration that must go (see above): rebuild after the wait.
+  @exclusivity(unchecked) var needsEpollPurge = false
   /// The mode whose descriptors are armed in epoll.
   @exclusivity(unchecked) var armedMode: RunLoopMode?
 

@@ -287,6 +287,7 @@ extension LoopCore {
       poller.wait(block: sleeps, afterWait: { if letsGo { reacquireHandleAfterSleep() } }) { token, events in  // 7
         fired = handleReadiness(token: token, events: events, contents: run.contents) || fired
       }
+      noteUnknownTokensAfterWait()
     }
     applyControls(afterWake: true, bounded: true)  // awake again; this pass is the one a wake-up asked for
     if announcesSleep { notifyObservers(run.contents, .afterWaiting) }  // 8
@@ -315,7 +316,19 @@ extension LoopCore {
   /// Delivers one readiness event; silences a registration that is not in the running mode.
   private func handleReadiness(token: UInt64, events: UInt32, contents: ModeContents) -> Bool {
     guard let record = descriptorsByToken[token], case .descriptor(let source)? = record.kind else {
-      return false  // stale: removed already
+      // Removed already (by a handler earlier in this wait), or kept by epoll for a closed number.
+      if unknownTokensLastWait.contains(token) { needsEpollPurge = true }
+      unknownTokensThisWait.insert(token)
+      return false
+    }
+    guard tokenByDescriptor[source.descriptor] == token else {
+      // The number was closed and now belongs to a newer registration, but epoll still reports
+      // this one (a `dup` keeps its file open): it reports another file than the number names,
+      // so it never fires again, and epoll must forget it.
+      record.isArmed = false
+      record.file = nil
+      needsEpollPurge = true
+      return false
     }
     guard record.isIn(contents) else {
       setArmed(record, false)  // level-triggered: would fire forever in a mode that ignores it
@@ -415,6 +428,37 @@ extension LoopCore {
     armedMode = contents.mode
     for record in contents.descriptors.values where !record.isArmed && !record.isPaused {
       setArmed(record, true)
+    }
+  }
+
+  /// After a wait: keeps this wait's unknown tokens for the next one, and rebuilds the epoll set
+  /// when one of them must go (`unknownTokensLastWait`). Free unless a wait reported one.
+  private func noteUnknownTokensAfterWait() {
+    if needsEpollPurge { purgeLingeringRegistrations() }
+    guard !unknownTokensThisWait.isEmpty || !unknownTokensLastWait.isEmpty else { return }
+    swap(&unknownTokensLastWait, &unknownTokensThisWait)
+    unknownTokensThisWait.removeAll(keepingCapacity: true)
+  }
+
+  /// Rebuilds the epoll set with the registrations that are armed and still own their numbers:
+  /// what epoll kept for closed numbers is dropped with the old set (see `EpollPoller.rebuild`).
+  func purgeLingeringRegistrations() {
+    needsEpollPurge = false
+    unknownTokensLastWait.removeAll()
+    unknownTokensThisWait.removeAll()
+    var keep: [(descriptor: Int32, events: UInt32, token: UInt64)] = []
+    for (token, record) in descriptorsByToken where record.isArmed {
+      guard case .descriptor(let source)? = record.kind, tokenByDescriptor[source.descriptor] == token else {
+        record.isArmed = false
+        record.file = nil
+        continue
+      }
+      keep.append((source.descriptor, source.epollEvents, token))
+    }
+    guard let refused = poller.rebuild(keeping: keep) else { return }
+    for token in refused {
+      descriptorsByToken[token]?.isArmed = false  // closed meanwhile: it can never fire again
+      descriptorsByToken[token]?.file = nil
     }
   }
 

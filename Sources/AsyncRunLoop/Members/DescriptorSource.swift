@@ -31,6 +31,11 @@ public struct DescriptorEvents: OptionSet, Sendable, Hashable, CustomStringConve
 /// The source does not own the descriptor: close it yourself, after removing the source. A
 /// descriptor closed while registered, and its number reused by a new descriptor, never delivers
 /// events to the old registration: each registration is identified by a token, not by the number.
+/// One exception is epoll's: while another descriptor (a `dup`, a forked child's copy) keeps the
+/// closed one's file open, the kernel keeps the registration, and the source, until removed, is
+/// still told that file's readiness (not the new one's). Once the source is removed or invalidated
+/// the loop drops such a registration (it rebuilds its epoll set when it sees one reported), so
+/// it never makes the loop spin.
 /// One source per descriptor and loop: adding a second source for a descriptor that a source on
 /// the same loop still watches fails with `EEXIST`, as epoll refuses it — also while the first
 /// one is silenced (the loop runs a mode that does not hold it).

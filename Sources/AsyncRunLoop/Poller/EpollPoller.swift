@@ -9,7 +9,9 @@ import Glibc
 /// Thread rules: `wake(_:)` may be called from any thread; everything else is called only on the
 /// loop's thread (or during init/deinit, when no other thread can see the poller).
 final class EpollPoller: @unchecked Sendable {  // Safety: proof below
-  // Safety: the descriptors and `futexWord` (the pointer) are immutable after init; `wake(_:)`
+  // Safety: the descriptors and `futexWord` (the pointer) are immutable after init, except
+  // `epollDescriptor`, which only `rebuild` replaces, on the loop thread (no other thread reads it:
+  // `wake(_:)` uses the eventfd or the futex word); `wake(_:)`
   // only writes to `wakeDescriptor` (a thread-safe syscall) or changes `futexWord`'s pointee with
   // an atomic add and wakes it (a thread-safe syscall). `armedTimerDeadline`, `eventBuffer` and `waitCount` are
   // touched only by the loop thread, which every caller of the other methods is (see the loop's
@@ -22,7 +24,7 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
   /// The first token handed out to readiness registrations.
   static let firstRegistrationToken: UInt64 = 2
 
-  private let epollDescriptor: Int32
+  private var epollDescriptor: Int32
   private let wakeDescriptor: Int32
   private let timerDescriptor: Int32
   private static let eventCapacity: Int32 = 64
@@ -114,6 +116,40 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
   /// Registers a readiness descriptor under `token`. Loop thread.
   func register(descriptor: Int32, events: UInt32, token: UInt64) throws(SystemCallError) {
     try SystemCall.epollControl(epollDescriptor, EPOLL_CTL_ADD, descriptor, events: events, token: token)
+  }
+
+  /// Replaces the epoll instance by a new one that watches the wake-up eventfd, the timerfd and
+  /// `registrations` only. This is the one way to drop a registration that epoll keeps for a file
+  /// still open through another descriptor (a `dup`) after its number here was closed: epoll keys
+  /// registrations by file and number, so `EPOLL_CTL_DEL` by number can no longer reach it, and a
+  /// level-triggered one would end every wait at once. A pending wake-up is not lost: adding the
+  /// readable eventfd reports it. Loop thread.
+  /// - Returns: the tokens of `registrations` epoll refused (their descriptors were closed), or
+  ///   nil when no new instance could be made (the old one stays).
+  func rebuild(keeping registrations: [(descriptor: Int32, events: UInt32, token: UInt64)]) -> [UInt64]? {
+    guard let epoll = try? SystemCall.epollCreate() else { return nil }
+    do {
+      try SystemCall.epollControl(
+        epoll, EPOLL_CTL_ADD, wakeDescriptor, events: UInt32(EPOLLIN.rawValue) | UInt32(EPOLLET.rawValue),
+        token: Self.wakeToken)
+      try SystemCall.epollControl(
+        epoll, EPOLL_CTL_ADD, timerDescriptor, events: UInt32(EPOLLIN.rawValue), token: Self.timerToken)
+    } catch {
+      SystemCall.close(epoll)
+      return nil
+    }
+    var refused: [UInt64] = []
+    for registration in registrations {
+      do {
+        try SystemCall.epollControl(
+          epoll, EPOLL_CTL_ADD, registration.descriptor, events: registration.events, token: registration.token)
+      } catch {
+        refused.append(registration.token)
+      }
+    }
+    SystemCall.close(epollDescriptor)
+    epollDescriptor = epoll
+    return refused
   }
 
   /// Removes a registration. A descriptor that was already closed (and so already dropped by
