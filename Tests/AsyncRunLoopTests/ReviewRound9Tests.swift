@@ -136,6 +136,9 @@ struct ReviewRound9DescriptorTests {
         _ = drainDescriptor(number)
       }
       try loop.add(newSource, to: .default)
+      // Applied before the old file turns readable: until then nothing tells the loop that the
+      // number names another file (the limitation the test above documents).
+      try loop.performAndWait {}
       writeByte(old.write)  // the old file is readable from now on (nobody reads it)
       writeByte(other.write)  // the new source's file, once
       let before = counter.wakes.current
