@@ -46,10 +46,12 @@ private final class CurrentLoopThread: Sendable {
     }
   }
 
-  /// Lets the thread exit and waits until it did.
+  /// Shuts the loop down (so that a body still in a run returns) and lets the thread exit,
+  /// without waiting for it: this runs in `defer` on a cooperative-pool thread, which must not
+  /// block (a body stuck after a failure would hold it for the whole wait).
   func end() {
+    published.withLock { $0 }?.shutdown()
     exit.open()
-    exited.wait(timeout: .seconds(20))
   }
 }
 

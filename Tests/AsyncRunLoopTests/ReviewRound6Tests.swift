@@ -338,14 +338,18 @@ struct ReviewRound6Tests {
     let loop = try RunLoopThread(name: "r6-due-tick")
     defer { loop.shutdownAndWait() }
     let timer = loop.timer(after: .milliseconds(150))
-    // No await in between (a resumption on a busy pool could outlast the 150 ms): the block runs
-    // only once the timer's add, sent before it, was applied, so the timer is on the loop.
-    let release = blockLoop(loop)
-    let due = LoopClock.Instant.now.advanced(by: .milliseconds(200))
-    while LoopClock.Instant.now < due { usleep(2000) }  // its instant has passed: the tick is due
-    if shutdown { loop.shutdown() } else { timer.invalidate() }
-    release.open()
-    let ticks = try await withWatchdog(timeout: .seconds(10), "ticks after invalidate") { await r6Count(timer) }
+    // The loop is blocked from a new thread at once (a resumption on a busy pool could outlast
+    // the 150 ms, and blocking a pool thread this long starves other tests): the block runs only
+    // once the timer's add, sent before it, was applied, so the timer is on the loop.
+    _ = await execOnNewThread {
+      let release = blockLoop(loop)
+      let due = LoopClock.Instant.now.advanced(by: .milliseconds(200))
+      while LoopClock.Instant.now < due { usleep(2000) }  // its instant has passed: the tick is due
+      if shutdown { loop.shutdown() } else { timer.invalidate() }
+      release.open()
+      return true
+    }
+    let ticks = try await withWatchdog(timeout: .seconds(20), "ticks after invalidate") { await r6Count(timer) }
     if shutdown {
       #expect(ticks.map { $0 <= 1 } == true)
     } else {
@@ -388,10 +392,15 @@ struct ReviewRound6Tests {
     let interval = Duration.milliseconds(10)
     let burst = loop.timer(every: interval, missedTicks: .burst)
     let skip = loop.timer(every: interval, missedTicks: .skip)
-    let release = blockLoop(loop)
-    usleep(200_000)  // about twenty intervals pass while the loop is busy
-    release.open()
-    let outcome = try await withWatchdog(timeout: .seconds(10), "ticks") { () async -> ([LoopTick], [LoopTick]) in
+    // About twenty intervals pass while the loop is busy (blocked from a thread of the test's own:
+    // a cooperative-pool thread blocked this long starves other tests).
+    _ = await execOnNewThread {
+      let release = blockLoop(loop)
+      usleep(200_000)
+      release.open()
+      return true
+    }
+    let outcome = try await withWatchdog(timeout: .seconds(20), "ticks") { () async -> ([LoopTick], [LoopTick]) in
       var burstTicks: [LoopTick] = []
       for await tick in burst {
         burstTicks.append(tick)
@@ -759,11 +768,11 @@ struct ReviewRound6Tests {
     writeByte(pipeEnds.write)  // stays readable: nobody reads it
     await loopBarrier(loop)
     await loopBarrier(loop)
-    usleep(20_000)  // the second event pauses the registration (not asserted on)
+    try await Task.sleep(for: .milliseconds(20))  // the second event pauses the registration (not asserted on)
     let passes = AtomicCounter()
     let observer = LoopObserver(activities: .afterWaiting, repeats: true) { _, _ in passes.increment() }
     loop.add(observer, to: .common)
-    usleep(100_000)
+    try await Task.sleep(for: .milliseconds(100))
     observer.invalidate()
     #expect(passes.current < 50, "the loop woke \(passes.current) times in 100 ms with nothing to do")
     readiness.invalidate()

@@ -43,7 +43,8 @@ private final class R8RunningCurrentLoop: Sendable {
       loop.add(keepAlive)
       published.withLock { $0 = loop }
       while !quitting.withLock({ $0 }) {
-        if loop.run(for: .milliseconds(2)) != .timedOut { usleep(200) }
+        // Shut down, a run ends at once: do not burn a core meanwhile.
+        if loop.run(for: .milliseconds(2)) != .timedOut { usleep(1_000) }
       }
       keepAlive.invalidate()
     }
