@@ -726,9 +726,10 @@ struct ReviewRound9CommandSourceTests {
         problems.append("delivered \(delivery.values.snapshot.count) of \(total)")
       }
       if commands.pendingCount != 0 { problems.append("\(commands.pendingCount) pending") }
-      if nested && maxDepth.current < 2 {
-        problems.append("no nested delivery happened (max depth \(maxDepth.current))")
-      }
+      // Whether a nested run found commands to deliver depends on how posts and drains
+      // interleave (a loop faster than the posters drains one command at a time), so the depth
+      // reached is not asserted: what is, is exactly-once and per-thread order however they did.
+      _ = maxDepth.current
       box.withLock { $0 = nil }
       commands.source.invalidate()
       return problems
