@@ -154,9 +154,11 @@ func round9ModalStackScenario() {
     stopMainLoop()
   }
   runMainLoop()
+  // The inner run necessarily ends first (it is nested in the outer one); the order the two
+  // tasks resume in afterwards is the main queue's, not the runs', so only the results count.
   check(
-    order.current == ["inner timedOut", "outer stopped"], "modal runs ended as \(order.current); trace \(trace.current)"
-  )
+    order.current.sorted() == ["inner timedOut", "outer stopped"],
+    "modal runs ended as \(order.current); trace \(trace.current)")
   say("stacked modal runs from the main actor: \(order.current)")
 }
 
