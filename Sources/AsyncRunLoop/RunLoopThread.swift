@@ -382,8 +382,8 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
     inModes modes: [RunLoopMode], _ block: @escaping @Sendable () throws -> T
   ) throws -> T {
     let waiter = MainCallWaiter<T>()
-    guard let ticket = shared.registerBlockedCaller(waiter) else { throw RunLoopError.shutDown(loop: name) }
-    defer { shared.unregisterBlockedCaller(ticket) }
+    guard shared.registerHandOff(waiter, { waiter.abandon() }) else { throw RunLoopError.shutDown(loop: name) }
+    defer { shared.unregisterHandOff(waiter) }
     let accepted = perform(inModes: modes) {
       guard waiter.begin() else { return }  // abandoned: the caller was told it did not run
       waiter.finish(Result { try block() })

@@ -168,9 +168,9 @@ struct CurrentLoopShutdownTests {
 /// throws `CancellationError` as the docs say for a loop's shutdown.
 @Suite("CurrentLoopShutdown: sleeps on a shut-down current loop", .timeLimit(.minutes(3)))
 struct CurrentLoopShutdownSleepTests {
-  /// Sleeps registered with the loop's shutdown (white-box).
+  /// Sleeps registered with the loop's shutdown (white-box: no other hand-off is made here).
   private func pendingSleeps(_ loop: RunLoopThread) -> Int {
-    loop.shared.inboxLock.withLock { loop.shared.sleepHandOffs.count }
+    loop.shared.inboxLock.withLock { loop.shared.divertHandOffs.count }
   }
 
   @Test func aTaskSleepPendingAtShutdownEndsAtItsDeadlineNotAtThreadExit() async throws {

@@ -13,7 +13,6 @@ extension LoopCore {
   /// commands accepted meanwhile) still happens. `record` is the member's record here (from its
   /// binding); it attaches on the member's first add here.
   func applyAdd(_ source: InputSource, _ record: MemberRecord, to mode: RunLoopMode) {
-    guard !record.hasLeft else { return }  // a stale add (see `MemberRecord.hasLeft`)
     let joins = !record.isAttached
     if joins { modeTable.attach(record, .source(source)) }
     modeTable.add(record, to: mode)
@@ -26,14 +25,12 @@ extension LoopCore {
   }
 
   func applyAdd(_ timer: LoopTimer, _ record: MemberRecord, to mode: RunLoopMode) {
-    guard !record.hasLeft else { return }  // a stale add (see `MemberRecord.hasLeft`)
     if !record.isAttached { modeTable.attach(record, .timer(timer)) }
     if modeTable.add(record, to: mode) { pushTimerEntries(record) }
     detachIfInvalidated(record)
   }
 
   func applyAdd(_ observer: LoopObserver, _ record: MemberRecord, to mode: RunLoopMode) {
-    guard !record.hasLeft else { return }  // a stale add (see `MemberRecord.hasLeft`)
     if !record.isAttached { modeTable.attach(record, .observer(observer)) }
     modeTable.add(record, to: mode)
     detachIfInvalidated(record)
@@ -42,7 +39,6 @@ extension LoopCore {
   /// Registers the descriptor on the first add, then adds it to the mode.
   /// - Throws: what epoll reports (the record is dropped again).
   func applyAdd(_ source: DescriptorSource, _ record: MemberRecord, to mode: RunLoopMode) throws(SystemCallError) {
-    guard !record.hasLeft else { return }  // a stale add (see `MemberRecord.hasLeft`)
     if !record.isAttached {
       try refuseIfHeldBySilencedSource(source.descriptor)
       let token = nextToken

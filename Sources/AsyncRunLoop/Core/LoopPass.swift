@@ -325,8 +325,7 @@ extension LoopCore {
       // The number was closed and now belongs to a newer registration, but epoll still reports
       // this one (a `dup` keeps its file open): it reports another file than the number names,
       // so it never fires again, and epoll must forget it.
-      record.isArmed = false
-      record.file = nil
+      record.markRegistrationLost()
       needsEpollPurge = true
       return false
     }
@@ -449,16 +448,14 @@ extension LoopCore {
     var keep: [(descriptor: Int32, events: UInt32, token: UInt64)] = []
     for (token, record) in descriptorsByToken where record.isArmed {
       guard case .descriptor(let source)? = record.kind, tokenByDescriptor[source.descriptor] == token else {
-        record.isArmed = false
-        record.file = nil
+        record.markRegistrationLost()
         continue
       }
       keep.append((source.descriptor, source.epollEvents, token))
     }
     guard let refused = poller.rebuild(keeping: keep) else { return }
     for token in refused {
-      descriptorsByToken[token]?.isArmed = false  // closed meanwhile: it can never fire again
-      descriptorsByToken[token]?.file = nil
+      descriptorsByToken[token]?.markRegistrationLost()  // closed meanwhile
     }
   }
 

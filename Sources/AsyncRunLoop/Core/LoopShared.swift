@@ -148,81 +148,54 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   /// the tasks that await them, for as long as the thread lives.
   var divertsJobsAtShutdown: Bool { !ownsThread && !isMainLoop }
 
-  /// Under `inboxLock`: callers blocked in `performAndWait` on a loop that diverts its jobs, by
-  /// ticket. When the jobs are diverted, those whose block has not started are released with
-  /// `RunLoopError.shutDown` (the block is skipped when the drain reaches it), instead of waiting
-  /// for the thread to exit.
-  var blockedCallers: [UInt64: any AbandonableWait] = [:]
-  var nextBlockedCallerTicket: UInt64 = 0
-
-  /// Under `inboxLock`: for a loop that diverts its jobs, what each sleep pending on its timers
-  /// does when its timer is invalidated (a `Task.sleep` job waits for its deadline elsewhere, a
-  /// `clock` sleep throws `CancellationError`), keyed by the sleep: run when the jobs are
-  /// diverted, so that no sleeper waits for the thread to exit either. Each is once-only, so the
-  /// timer's own invalidation at the thread's drain later finds it done.
-  var sleepHandOffs: [ObjectIdentifier: @Sendable () -> Void] = [:]
+  /// Under `inboxLock`: for a loop that diverts its jobs, what must not wait for its thread to exit
+  /// either, keyed by its owner, run when the jobs are diverted: a sleep pending on its timers
+  /// does what its timer's invalidation would (a `Task.sleep` job waits for its deadline
+  /// elsewhere, a `clock` sleep throws `CancellationError`), and a caller blocked in
+  /// `performAndWait` whose block has not started is released with `RunLoopError.shutDown` (the
+  /// block is skipped when the drain reaches it). Each is once-only, so what the thread's drain
+  /// later does for the same owner finds it done.
+  var divertHandOffs: [ObjectIdentifier: @Sendable () -> Void] = [:]
 
   /// What diverting the jobs left to do once the inbox lock is released.
   struct DivertedJobs {
     /// Jobs were handed to the fallback: warn (once per loop).
     var handedJobs = false
-    /// Blocked `performAndWait` callers to release.
-    var callers: [any AbandonableWait] = []
-    /// Pending sleeps to end or move (see `sleepHandOffs`).
-    var sleeps: [@Sendable () -> Void] = []
+    /// The hand-offs to run (see `divertHandOffs`).
+    var handOffs: [@Sendable () -> Void] = []
 
     /// After the inbox lock is released.
     func finish(for loop: RunLoopThread) {
       if handedJobs { FallbackExecution.warnOnce(for: loop) }
-      for caller in callers { caller.abandon() }
-      for sleep in sleeps { sleep() }
+      for handOff in handOffs { handOff() }
     }
-  }
-
-  /// Registers what the sleep `key` does if the loop shuts down before its timer fires (see
-  /// `sleepHandOffs`); false when the jobs were diverted already: the caller does it now, and
-  /// does not add the timer. Any thread.
-  func registerSleepHandOff(_ key: AnyObject, _ handOff: @escaping @Sendable () -> Void) -> Bool {
-    inboxLock.withLock {
-      guard !inbox.jobsDiverted else { return false }
-      sleepHandOffs[ObjectIdentifier(key)] = handOff
-      return true
-    }
-  }
-
-  /// The sleep `key`'s timer fired or was invalidated. Any thread.
-  func unregisterSleepHandOff(_ key: AnyObject) {
-    _ = inboxLock.withLock { sleepHandOffs.removeValue(forKey: ObjectIdentifier(key)) }
   }
 
   /// Under `inboxLock`: if the loop is shut down and its thread is out of a run, hands the jobs it
   /// accepted to the fallback executor (under the lock, so jobs enqueued later queue behind them)
-  /// and sends later ones there too; the blocked `performAndWait` callers are to be released.
-  /// Call `finish` on the result once the lock is released.
+  /// and sends later ones there too; the hand-offs are to be run. Call `finish` on the result once
+  /// the lock is released.
   func divertJobsLocked(for loop: RunLoopThread) -> DivertedJobs {
     guard divertsJobsAtShutdown, let jobs = inbox.divertJobs() else { return DivertedJobs() }
     for job in jobs { FallbackExecution.dispatch(job.job, role: job.role, for: loop) }
-    defer {
-      blockedCallers.removeAll()
-      sleepHandOffs.removeAll()
-    }
-    return DivertedJobs(
-      handedJobs: !jobs.isEmpty, callers: Array(blockedCallers.values), sleeps: Array(sleepHandOffs.values))
+    defer { divertHandOffs.removeAll() }
+    return DivertedJobs(handedJobs: !jobs.isEmpty, handOffs: Array(divertHandOffs.values))
   }
 
-  /// Registers a caller about to block in `performAndWait`; nil when the jobs were diverted
-  /// already (the block would wait for the thread to exit). Any thread.
-  func registerBlockedCaller(_ caller: any AbandonableWait) -> UInt64? {
+  /// Registers what `owner` (a pending sleep, a blocked caller) does if the jobs are diverted
+  /// before it is done (see `divertHandOffs`); false when they were diverted already: the caller
+  /// does it now instead of waiting on the loop. Any thread.
+  func registerHandOff(_ owner: AnyObject, _ handOff: @escaping @Sendable () -> Void) -> Bool {
     inboxLock.withLock {
-      guard !inbox.jobsDiverted else { return nil }
-      nextBlockedCallerTicket &+= 1
-      blockedCallers[nextBlockedCallerTicket] = caller
-      return nextBlockedCallerTicket
+      guard !inbox.jobsDiverted else { return false }
+      divertHandOffs[ObjectIdentifier(owner)] = handOff
+      return true
     }
   }
 
-  func unregisterBlockedCaller(_ ticket: UInt64) {
-    _ = inboxLock.withLock { blockedCallers.removeValue(forKey: ticket) }
+  /// `owner` is done (its timer fired or was invalidated; its caller returned). Any thread.
+  func unregisterHandOff(_ owner: AnyObject) {
+    _ = inboxLock.withLock { divertHandOffs.removeValue(forKey: ObjectIdentifier(owner)) }
   }
 
   /// The loop's jobs go to the fallback now (see `divertJobsLocked`). Any thread.

@@ -51,6 +51,13 @@ final class MemberRecord: TimerEntry {
   /// only this tells, when it is re-armed or another source claims the same number, whether the
   /// number still names that file.
   @exclusivity(unchecked) var file: FileIdentity?
+  /// Descriptor: the registration can never report its own file again (the descriptor was
+  /// closed, its number reused): never armed again.
+  @inline(__always)
+  func markRegistrationLost() {
+    isArmed = false
+    file = nil
+  }
   /// Descriptor: a sequence consumer paused it (its buffer is full); the loop does not re-arm it
   /// on a mode switch until the consumer resumes it.
   @exclusivity(unchecked) var isPaused = false

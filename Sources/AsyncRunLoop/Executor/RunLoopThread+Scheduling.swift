@@ -72,12 +72,12 @@ import Dispatch
       }
     }
     // A current loop's thread drains its timers only when it exits: the shutdown moves the job
-    // when the loop's jobs leave for the fallback (see `LoopShared.sleepHandOffs`).
+    // when the loop's jobs leave for the fallback (see `LoopShared.divertHandOffs`).
     let handsOff = shared.divertsJobsAtShutdown
     let timer = LoopTimer(
       fireAt: deadline, tolerance: tolerance ?? .zero,
       handler: { [unowned self] _ in
-        if handsOff { shared.unregisterSleepHandOff(once) }
+        if handsOff { shared.unregisterHandOff(once) }
         guard let job = once.take() else { return }
         // Inside one of the loop's own jobs (a run nested in an actor method) no other job may
         // start: queue it behind the running one.
@@ -96,10 +96,10 @@ import Dispatch
         }
       },
       onInvalidate: { [self] in
-        if handsOff { shared.unregisterSleepHandOff(once) }
+        if handsOff { shared.unregisterHandOff(once) }
         waitElsewhere()
       })
-    if handsOff, !shared.registerSleepHandOff(once, waitElsewhere) { return waitElsewhere() }
+    if handsOff, !shared.registerHandOff(once, waitElsewhere) { return waitElsewhere() }
     add(timer, to: .common)
     if isShutDown { timer.invalidate() }
   }

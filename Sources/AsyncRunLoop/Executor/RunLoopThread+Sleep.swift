@@ -20,7 +20,7 @@ extension RunLoopThread {
   func sleep(until deadline: LoopClock.Instant, tolerance: Duration?) async throws {
     let waiter = SleepWaiter()
     // A current loop's thread drains its timers only when it exits: the shutdown ends the sleep
-    // when the loop's jobs leave for the fallback (see `LoopShared.sleepHandOffs`).
+    // when the loop's jobs leave for the fallback (see `LoopShared.divertHandOffs`).
     let handsOff = shared.divertsJobsAtShutdown
     let shared = shared
     try await withTaskCancellationHandler {
@@ -28,15 +28,15 @@ extension RunLoopThread {
         let timer = LoopTimer(
           fireAt: deadline, tolerance: tolerance ?? .zero,
           handler: { _ in
-            if handsOff { shared.unregisterSleepHandOff(waiter) }
+            if handsOff { shared.unregisterHandOff(waiter) }
             waiter.finish(.success(()))
           },
           onInvalidate: {
-            if handsOff { shared.unregisterSleepHandOff(waiter) }
+            if handsOff { shared.unregisterHandOff(waiter) }
             waiter.finish(.failure(CancellationError()))
           })
         guard waiter.start(continuation, timer: timer) else { return }  // cancelled already
-        if handsOff, !shared.registerSleepHandOff(waiter, { waiter.finish(.failure(CancellationError())) }) {
+        if handsOff, !shared.registerHandOff(waiter, { waiter.finish(.failure(CancellationError())) }) {
           waiter.finish(.failure(CancellationError()))  // shut down, its jobs diverted: never add
           return
         }

@@ -123,7 +123,8 @@ extension RunLoopThread {
       switch member.withBinding({ $0.bind(to: shared, mode: mode) }) {
       case .accepted(let record):
         core.applyControls()
-        return member.applyAdd(on: core, record: record, mode: mode, callerWaits: true)
+        // A record that left this loop already (see `MemberRecord.hasLeft`): a stale add.
+        return record.hasLeft ? nil : member.applyAdd(on: core, record: record, mode: mode, callerWaits: true)
       case .refused:
         return nil
       case .onAnotherLoop(let other):
@@ -134,7 +135,11 @@ extension RunLoopThread {
       let lastLoop = binding.lastLoop  // what a refused add restores
       switch binding.bind(to: shared, mode: mode) {
       case .accepted(let record):
-        let change = { (core: LoopCore) in _ = member.applyAdd(on: core, record: record, mode: mode, callerWaits: false)
+        let change = { (core: LoopCore) in
+          // Applied after the record left this loop (the member was invalidated, or removed and
+          // added again, meanwhile): a stale add (see `MemberRecord.hasLeft`).
+          guard !record.hasLeft else { return }
+          _ = member.applyAdd(on: core, record: record, mode: mode, callerWaits: false)
         }
         guard let wake = shared.send(change) else {
           binding.forget(shared, restoringLastLoop: lastLoop)
