@@ -630,9 +630,4 @@ struct AcceptanceRound3ExecutorMainLoopTests {
     try expectScenarioPasses("round3-main-shutdown-late-jobs")
   }
 
-  private func expectScenarioPasses(_ scenario: String, sourceLocation: SourceLocation = #_sourceLocation) throws {
-    let run = try ChildProcess.run(ChildProcess.sibling("MainLoopFixture"), arguments: [scenario])
-    #expect(run.exitCode == 0, "scenario '\(scenario)' failed: \(run)", sourceLocation: sourceLocation)
-    #expect(run.standardOutput.contains("\(scenario) ok"), "\(run)", sourceLocation: sourceLocation)
-  }
 }

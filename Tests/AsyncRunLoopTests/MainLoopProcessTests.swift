@@ -65,11 +65,6 @@ struct MainLoopProcessTests {
     #expect(run.standardOutput.contains("delegate callouts, all on the main thread"), "\(run)")
   }
 
-  private func expectScenarioPasses(_ scenario: String, sourceLocation: SourceLocation = #_sourceLocation) throws {
-    let run = try ChildProcess.run(ChildProcess.sibling("MainLoopFixture"), arguments: [scenario])
-    #expect(run.exitCode == 0, "scenario '\(scenario)' failed: \(run)", sourceLocation: sourceLocation)
-    #expect(run.standardOutput.contains("\(scenario) ok"), "\(run)", sourceLocation: sourceLocation)
-  }
 }
 
 /// A finished child process: how it ended and what it printed.
@@ -177,4 +172,13 @@ private final class CaptureFile {
     }
     return String(decoding: bytes, as: UTF8.self)
   }
+}
+
+/// Runs the `MainLoopFixture` scenario `scenario` in a child process (its main thread runs the
+/// main loop) and expects it to exit 0 and report "`scenario` ok". Shared by every suite with
+/// main-loop scenarios.
+func expectScenarioPasses(_ scenario: String, sourceLocation: SourceLocation = #_sourceLocation) throws {
+  let run = try ChildProcess.run(ChildProcess.sibling("MainLoopFixture"), arguments: [scenario])
+  #expect(run.exitCode == 0, "scenario '\(scenario)' failed: \(run)", sourceLocation: sourceLocation)
+  #expect(run.standardOutput.contains("\(scenario) ok"), "\(run)", sourceLocation: sourceLocation)
 }

@@ -916,9 +916,4 @@ struct ReviewRound6MainLoopTests {
     try expectScenarioPasses("round6-run-on-main-returns")
   }
 
-  private func expectScenarioPasses(_ scenario: String, sourceLocation: SourceLocation = #_sourceLocation) throws {
-    let run = try ChildProcess.run(ChildProcess.sibling("MainLoopFixture"), arguments: [scenario])
-    #expect(run.exitCode == 0, "scenario '\(scenario)' failed: \(run)", sourceLocation: sourceLocation)
-    #expect(run.standardOutput.contains("\(scenario) ok"), "\(run)", sourceLocation: sourceLocation)
-  }
 }

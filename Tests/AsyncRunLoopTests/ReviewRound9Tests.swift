@@ -795,10 +795,4 @@ struct ReviewRound9MainLoopTests {
     try expectScenarioPasses("round9-shutdown-sleeps")
   }
 
-  private func expectScenarioPasses(_ scenario: String, sourceLocation: SourceLocation = #_sourceLocation) throws {
-    let run = try ChildProcess.run(
-      ChildProcess.sibling("MainLoopFixture"), arguments: [scenario], timeout: .seconds(60))
-    #expect(run.exitCode == 0, "scenario '\(scenario)' failed: \(run)", sourceLocation: sourceLocation)
-    #expect(run.standardOutput.contains("\(scenario) ok"), "\(run)", sourceLocation: sourceLocation)
-  }
 }
