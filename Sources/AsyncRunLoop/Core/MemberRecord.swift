@@ -24,33 +24,65 @@ final class MemberRecord: TimerEntry {
     case observer(LoopObserver)
   }
 
-  /// The member, while the record is attached to its loop; nil before and after.
-  @exclusivity(unchecked) private(set) var kind: Kind?
-  /// The member's identity (its descriptor and common-set bookkeeping), set when it attaches.
-  @exclusivity(unchecked) private(set) var key = MemberKey(address: 0)
-  /// The record's slot in `ModeTable`'s registry while attached; -1 when not attached.
-  @exclusivity(unchecked) var registrySlot = -1
-  /// Nonzero while the member is in `.common`: the order it was added there in (a mode joining
-  /// the common set later receives the common members in that order).
-  @exclusivity(unchecked) var commonOrder: UInt64 = 0
-  /// The modes holding the member on this loop.
-  @exclusivity(unchecked) var modes = MembershipList()
+  // Field order and widths keep the object at 88 bytes (a 96-byte heap block, down from 160):
+  // one is allocated per member, and filling a loop with 100k members touches that much fresh
+  // memory, whose page faults were most of what an add cost at 100k. The flags fill the gap after
+  // the inherited 32-bit heap slot; descriptor-only state sits in a side object.
 
   /// Timer: a callout of it is running (so a nested run never fires it inside its own callout).
   @exclusivity(unchecked) var isFiring = false
   /// Timer: a run nested in its callout found it due in another mode and took that entry out of
   /// the heap until the callout returns.
   @exclusivity(unchecked) var hasParkedEntries = false
+  /// Left its loop (detached) once: final. A record stands for one stay of its member on its
+  /// loop (the binding makes a new one each time the member joins a loop), so an add still on its
+  /// way with this record (made before the member was invalidated, or removed and re-added) is
+  /// stale and must not attach it again.
+  @exclusivity(unchecked) private(set) var hasLeft = false
+  /// The record's slot in `ModeTable`'s registry while attached; -1 when not attached.
+  @exclusivity(unchecked) private var storedRegistrySlot: Int32 = -1
+  /// The member, while the record is attached to its loop; nil before and after.
+  @exclusivity(unchecked) private(set) var kind: Kind?
+  /// Nonzero while the member is in `.common`: the order it was added there in (a mode joining
+  /// the common set later receives the common members in that order).
+  @exclusivity(unchecked) var commonOrder: UInt64 = 0
+  /// The modes holding the member on this loop.
+  @exclusivity(unchecked) var modes = MembershipList()
+  /// Descriptor: its registration's state (nil for the other kinds, and before it registers).
+  @exclusivity(unchecked) private var registration: DescriptorRegistration?
+
+  /// The record's slot in `ModeTable`'s registry while attached; -1 when not attached.
+  @inline(__always)
+  var registrySlot: Int {
+    get { Int(storedRegistrySlot) }
+    set { storedRegistrySlot = Int32(newValue) }  // traps past 2^31 members, which no memory holds
+  }
+
   /// Descriptor: the epoll token of its registration (0 when not registered).
-  @exclusivity(unchecked) var token: UInt64 = 0
+  var token: UInt64 {
+    get { registration?.token ?? 0 }
+    set { descriptorRegistration.token = newValue }
+  }
   /// Descriptor: whether epoll reports its events now (false while the loop runs a mode that does
   /// not hold it, or a sequence consumer asked for a pause).
-  @exclusivity(unchecked) var isArmed = false
+  var isArmed: Bool {
+    get { registration?.isArmed ?? false }
+    set { descriptorRegistration.isArmed = newValue }
+  }
   /// Descriptor, while silenced: the file its descriptor referred to when it was taken out of the
   /// epoll set (nil: the registration was gone already, its descriptor closed). Out of the set,
   /// only this tells, when it is re-armed or another source claims the same number, whether the
   /// number still names that file.
-  @exclusivity(unchecked) var file: FileIdentity?
+  var file: FileIdentity? {
+    get { registration?.file }
+    set { descriptorRegistration.file = newValue }
+  }
+  /// Descriptor: a sequence consumer paused it (its buffer is full); the loop does not re-arm it
+  /// on a mode switch until the consumer resumes it.
+  var isPaused: Bool {
+    get { registration?.isPaused ?? false }
+    set { descriptorRegistration.isPaused = newValue }
+  }
   /// Descriptor: the registration can never report its own file again (the descriptor was
   /// closed, its number reused): never armed again.
   @inline(__always)
@@ -58,15 +90,20 @@ final class MemberRecord: TimerEntry {
     isArmed = false
     file = nil
   }
-  /// Descriptor: a sequence consumer paused it (its buffer is full); the loop does not re-arm it
-  /// on a mode switch until the consumer resumes it.
-  @exclusivity(unchecked) var isPaused = false
+
+  /// The descriptor state, made on first use.
+  private var descriptorRegistration: DescriptorRegistration {
+    if let registration { return registration }
+    let made = DescriptorRegistration()
+    registration = made
+    return made
+  }
 
   /// An empty record, not attached. Any thread (the binding makes it, under the member's lock).
-  init() {
-    super.init(record: nil)
-    ownRecord = self
-  }
+  override init() {}
+
+  /// The record itself is its timer's entry in its first mode.
+  override var record: MemberRecord { self }
 
   /// Whether the record is on its loop (attached and not detached since).
   @inline(__always)
@@ -79,20 +116,13 @@ final class MemberRecord: TimerEntry {
   /// Loop thread (`ModeTable.attach`): the record joins its loop, holding `kind`'s member.
   func attach(_ kind: Kind, slot: Int) {
     self.kind = kind
-    switch kind {
-    case .source(let member): key = MemberKey(member)
-    case .descriptor(let member): key = MemberKey(member)
-    case .timer(let member): key = MemberKey(member)
-    case .observer(let member): key = MemberKey(member)
-    }
     registrySlot = slot
   }
 
-  /// Left its loop (detached) once: final. A record stands for one stay of its member on its
-  /// loop (the binding makes a new one each time the member joins a loop), so an add still on its
-  /// way with this record (made before the member was invalidated, or removed and re-added) is
-  /// stale and must not attach it again.
-  @exclusivity(unchecked) private(set) var hasLeft = false
+  /// The record's identity as a dictionary key (one record per member and loop: it names the
+  /// member there).
+  @inline(__always)
+  var key: MemberKey { MemberKey(self) }
 
   /// Loop thread (`ModeTable.removeEverywhere`): the record left its loop; drops the member.
   func markDetached() {
@@ -138,6 +168,15 @@ final class MemberRecord: TimerEntry {
   }
 }
 
+/// A descriptor record's registration state (see `MemberRecord`'s descriptor fields), apart from
+/// the record so that the other kinds' records stay small. Loop thread only.
+final class DescriptorRegistration {
+  @exclusivity(unchecked) var token: UInt64 = 0
+  @exclusivity(unchecked) var isArmed = false
+  @exclusivity(unchecked) var isPaused = false
+  @exclusivity(unchecked) var file: FileIdentity?
+}
+
 /// A member's identity as a dictionary key, hashed with one multiply instead of SipHash: the keys
 /// are object addresses chosen by the allocator, not by an adversary, and a lookup per add, remove
 /// and fire made SipHash the largest item of the timers-100k profile.
@@ -167,13 +206,29 @@ struct MemberKey: Hashable {
 /// (`usesRecordEntry`, at most one membership per record) or an entry object of its own.
 struct Membership {
   let contents: ModeContents
-  var slot: Int
+  /// 32 bits, with the flags after it, keep a membership at 24 bytes (one is inline in every
+  /// record).
+  private var storedSlot: Int32
   /// Added to this mode by its name.
   var byName: Bool
   /// Added to this mode through `.common` (the mode is in the common set).
   var viaCommon: Bool
   var usesRecordEntry = false
-  var extraEntry: TimerEntry?
+  var extraEntry: ExtraTimerEntry?
+
+  init(contents: ModeContents, slot: Int, byName: Bool, viaCommon: Bool) {
+    self.contents = contents
+    storedSlot = Int32(slot)
+    self.byName = byName
+    self.viaCommon = viaCommon
+  }
+
+  /// The observer's slot in the mode's list (-1 for the other kinds).
+  @inline(__always)
+  var slot: Int {
+    get { Int(storedSlot) }
+    set { storedSlot = Int32(newValue) }
+  }
 
   /// A timer's entry for this mode (nil for the other kinds).
   @inline(__always)
@@ -210,24 +265,37 @@ struct MembershipList: RandomAccessCollection {
 }
 
 /// A timer's place in one mode's timer heap (one per timer and mode), so the loop can remove or
-/// move it in O(log n) instead of leaving stale entries behind. Loop thread only. (A
-/// `MemberRecord` is one too: its timer's entry in its first mode.)
+/// move it in O(log n) instead of leaving stale entries behind. Loop thread only. Abstract: a
+/// `MemberRecord` is its timer's entry in its first mode, an `ExtraTimerEntry` one in each other
+/// mode.
 class TimerEntry: TimerHeapElement {
-  /// Safety of `unowned(unsafe)`: the record owns its entries (through `modes`) and takes them out
-  /// of their heaps before it drops them, so a heap never holds an entry whose record is gone (a
-  /// record's own entry points at the record itself: no cycle).
-  @exclusivity(unchecked) fileprivate unowned(unsafe) var ownRecord: MemberRecord?
-  @exclusivity(unchecked) final var heapSlot = -1
+  /// 32 bits, so that a record's own fields start right after it (see `MemberRecord`).
+  @exclusivity(unchecked) private final var storedHeapSlot: Int32 = -1
 
-  init(record: MemberRecord?) { ownRecord = record }
-
-  /// The record this entry belongs to.
   @inline(__always)
-  final var record: MemberRecord { ownRecord.unsafelyUnwrapped }
+  final var heapSlot: Int {
+    get { Int(storedHeapSlot) }
+    set { storedHeapSlot = Int32(newValue) }  // traps past 2^31 timers in one heap
+  }
+
+  /// The record this entry belongs to (overridden by both kinds of entry).
+  var record: MemberRecord { preconditionFailure("AsyncRunLoop: TimerEntry is abstract") }
 
   /// The timer (the entry is in a heap only while its record is attached).
   final var timer: LoopTimer {
     guard case .timer(let timer)? = record.kind else { preconditionFailure("AsyncRunLoop: not a timer record") }
     return timer
   }
+}
+
+/// A timer's entry in a mode other than its first (see `Membership.extraEntry`).
+final class ExtraTimerEntry: TimerEntry {
+  /// Safety of `unowned(unsafe)`: the record owns its extra entries (through `modes`) and takes
+  /// them out of their heaps before it drops them, so a heap never holds an entry whose record is
+  /// gone.
+  private unowned(unsafe) let owner: MemberRecord
+
+  init(record: MemberRecord) { owner = record }
+
+  override var record: MemberRecord { owner }
 }

@@ -250,7 +250,7 @@ final class ModeTable {
       // The loop puts the entry in the heap (`pushTimerEntries`): the record itself unless
       // another of its modes uses it already.
       if record.modes.contains(where: \.usesRecordEntry) {
-        membership.extraEntry = TimerEntry(record: record)
+        membership.extraEntry = ExtraTimerEntry(record: record)
       } else {
         membership.usesRecordEntry = true
       }
