@@ -66,7 +66,7 @@ struct LoopInboxTests {
     let first = inbox.beginShutdown().first
     let second = inbox.beginShutdown().first
     let blockWhileDraining = inbox.perform(Self.request())
-    let controlWhileDraining = inbox.control { _ in }
+    let controlWhileDraining = inbox.control(.custom { _ in })
     #expect(first && !second)  // twice: a no-op
     #expect(blockWhileDraining == nil)
     #expect(controlWhileDraining != nil)
@@ -79,7 +79,7 @@ struct LoopInboxTests {
       Issue.record("an idle inbox must terminate")
       return
     }
-    let controlAfterTermination = inbox.control { _ in }
+    let controlAfterTermination = inbox.control(.custom { _ in })
     let signalAfterTermination = inbox.signal(MemberRecord())
     #expect(leftover.isEmpty)
     #expect(controlAfterTermination == nil)

@@ -164,9 +164,9 @@ final class LoopCore {
         collectInbox()
         if !hasWaitingControls { break }
       }
-      let change = controlBatches[controlBatchIndex][controlIndex].apply
-      // Release what the change captured as it is applied, not all at once when the queue
-      // empties (100k removals' closures freed together made one pass take 10 ms).
+      let change = controlBatches[controlBatchIndex][controlIndex].change
+      // Release what the change holds as it is applied, not all at once when the queue empties
+      // (100k removals' closures freed together made one pass take 10 ms).
       controlBatches[controlBatchIndex][controlIndex] = Self.appliedChange
       controlIndex += 1
       if controlIndex == controlBatches[controlBatchIndex].count {
@@ -174,7 +174,7 @@ final class LoopCore {
         controlIndex = 0
       }
       budget -= 1
-      change(self)
+      apply(change)
     }
     controlDepth -= 1
     if controlDepth == 0 { dropAppliedControlBatches() }
@@ -204,8 +204,7 @@ final class LoopCore {
   }
 
   /// What an applied change's slot holds until the queue empties.
-  private static var appliedChange: SequencedChange { SequencedChange(sequence: 0, apply: noChange) }
-  private static let noChange: @Sendable (LoopCore) -> Void = { _ in }
+  private static var appliedChange: SequencedChange { SequencedChange(sequence: 0, change: .applied) }
 
   /// The most registration changes one bounded `applyControls` applies.
   static let controlsPerPass = 256

@@ -20,9 +20,8 @@ struct SignalledRecord {
 /// arrived: a block or job runs only once every change that arrived before it was applied.
 struct SequencedChange {
   let sequence: UInt64
-  /// Applied on the loop thread, to its core. (Taking the core as an argument lets the sender's
-  /// closure go into the inbox as it is: one allocation per cross-thread change, not three.)
-  let apply: (LoopCore) -> Void
+  /// Applied on the loop thread, to its core.
+  let change: RegistrationChange
 }
 
 /// Everything other threads hand to a loop: a pure state machine held under the loop's inbox
@@ -136,10 +135,10 @@ struct LoopInbox {
   }
 
   /// A registration change arrives from another thread; nil once terminated.
-  mutating func control(_ change: @escaping (LoopCore) -> Void) -> WakeAction? {
+  mutating func control(_ change: RegistrationChange) -> WakeAction? {
     switch lifecycle {
     case .active, .shuttingDown:
-      controls.append(SequencedChange(sequence: nextSequence(), apply: change))
+      controls.append(SequencedChange(sequence: nextSequence(), change: change))
       return requestWake()
     case .terminated:
       return nil

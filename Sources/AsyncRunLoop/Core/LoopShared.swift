@@ -109,10 +109,10 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   /// Sends a registration change to the loop thread: at once when called there, otherwise on
   /// the loop's next pass. Returns false when the loop has terminated.
   @discardableResult
-  func onLoopThread(_ change: @escaping (LoopCore) -> Void) -> Bool {
+  func onLoopThread(_ change: RegistrationChange) -> Bool {
     if isOnLoopThread {
       core.applyControls()  // changes sent before from other threads come first
-      change(core)
+      core.apply(change)
       return true
     }
     guard let wake = send(change) else { return false }
@@ -120,9 +120,13 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
     return true
   }
 
+  /// `onLoopThread` for a change of no frequent kind (`RegistrationChange.custom`).
+  @discardableResult
+  func onLoopThread(_ change: @escaping (LoopCore) -> Void) -> Bool { onLoopThread(.custom(change)) }
+
   /// Queues a change for the loop thread (the caller wakes it with the result, after releasing
   /// any lock it holds). nil once terminated. Any thread.
-  func send(_ change: @escaping (LoopCore) -> Void) -> LoopInbox.WakeAction? {
+  func send(_ change: RegistrationChange) -> LoopInbox.WakeAction? {
     inboxLock.withLock {
       inbox.control(change)
     }
@@ -132,14 +136,14 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   /// already: then only the member's closures are left to release, here.
   /// `record` is the member's record here (nil when it was removed: the removal detaches it).
   func detachInvalidated(_ member: some LoopMember, _ record: MemberRecord?) {
-    if !onLoopThread({ core in core.applyInvalidate(member, record) }) {
+    if !onLoopThread(.invalidate(member, record)) {
       member.releaseAfterInvalidation(onThreadOf: nil)
     }
   }
 
   /// Loop side of `LoopTimer.setFireDate`: the timer's record here follows its new date. Any thread.
   func rescheduleTimer(_ record: MemberRecord) {
-    onLoopThread { core in core.applyReschedule(record) }
+    onLoopThread(.reschedule(record))
   }
 
   /// A loop that does not own its thread and is not the main loop (`RunLoopThread.current`): its

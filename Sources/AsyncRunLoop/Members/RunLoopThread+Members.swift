@@ -135,13 +135,7 @@ extension RunLoopThread {
       let lastLoop = binding.lastLoop  // what a refused add restores
       switch binding.bind(to: shared, mode: mode) {
       case .accepted(let record):
-        let change = { (core: LoopCore) in
-          // Applied after the record left this loop (the member was invalidated, or removed and
-          // added again, meanwhile): a stale add (see `MemberRecord.hasLeft`).
-          guard !record.hasLeft else { return }
-          _ = member.applyAdd(on: core, record: record, mode: mode, callerWaits: false)
-        }
-        guard let wake = shared.send(change) else {
+        guard let wake = shared.send(.add(member, record, mode)) else {
           binding.forget(shared, restoringLastLoop: lastLoop)
           return .refusedTerminated
         }
@@ -174,7 +168,7 @@ extension RunLoopThread {
     let wake: LoopInbox.WakeAction? = member.withBinding { binding in
       guard let record = binding.unbind(from: shared, mode: mode) else { return nil }
       // Refused: the loop has terminated and detached every member already.
-      return shared.send { core in core.applyRemove(record, from: mode) }
+      return shared.send(.remove(record, mode))
     }
     if let wake { perform(wake) }
   }
