@@ -102,6 +102,31 @@ struct ModeTests {
       ])
   }
 
+  /// Records keep 32 bits of the count of adds to `.common`: when it would wrap, the loop
+  /// renumbers the common members instead of trapping or losing their order, which a mode joining
+  /// the common set later still receives them in (timers due at the same time fire in that order).
+  @Test func theCommonOrderSurvivesTheCountWrapping() {
+    let log = EngineTestThread.run { () -> [String] in
+      let loop = RunLoopThread.current
+      let note = EngineEventLog()
+      loop.core.modeTable.setCommonOrderCountForTesting(UInt32.max - 2)
+      let due = LoopClock.Instant.now
+      let timers = (0..<6).map { index in LoopTimer(fireAt: due) { _ in note("timer \(index)") } }
+      for (index, timer) in timers.enumerated() {
+        loop.add(timer, to: .common)
+        if index == 3 { loop.remove(timers[1], from: .common) }  // one leaves before the wrap
+      }
+      let custom: RunLoopMode = "custom"
+      loop.addModeToCommonModes(custom)
+      // Only the custom mode runs them: the order comes from the common set, not from .default.
+      for timer in timers { loop.remove(timer, from: .default) }
+      _ = loop.run(mode: custom, until: .now.advanced(by: .milliseconds(50)))
+      for timer in timers { timer.invalidate() }
+      return note.entries
+    }
+    #expect(log == ["timer 0", "timer 2", "timer 3", "timer 4", "timer 5"])
+  }
+
   @Test func addingDefaultOrCommonToTheCommonSetChangesNothing() {
     let modes = EngineTestThread.run { () -> Set<RunLoopMode> in
       let loop = RunLoopThread.current

@@ -44,7 +44,7 @@ extension LoopCore {
       let token = nextToken
       nextToken += 1
       try poller.register(descriptor: source.descriptor, events: source.epollEvents, token: token)
-      modeTable.attach(record, .descriptor(source))
+      modeTable.attach(record, .descriptor(DescriptorRegistration(source)))
       record.token = token
       record.isArmed = true
       descriptorsByToken[token] = record
@@ -118,17 +118,18 @@ extension LoopCore {
       let leave = source.left(loop)
       leave.close?(source)
       leave.cancel?(source, loop)
-    case .descriptor(let source):
-      if record.token != 0 {
-        descriptorsByToken[record.token] = nil
+    case .descriptor(let registration):  // (the record, detached now, no longer reaches it)
+      let source = registration.source
+      if registration.token != 0 {
+        descriptorsByToken[registration.token] = nil
         // Unless the number now belongs to a newer registration (the old descriptor was closed
         // and the number reused).
-        if tokenByDescriptor[source.descriptor] == record.token {
+        if tokenByDescriptor[source.descriptor] == registration.token {
           tokenByDescriptor[source.descriptor] = nil
           poller.deregister(descriptor: source.descriptor)
         }
-        record.token = 0
-        record.isArmed = false
+        registration.token = 0
+        registration.isArmed = false
       }
     case .timer, .observer:
       break  // `removeEverywhere` took a timer's entries out of the heaps

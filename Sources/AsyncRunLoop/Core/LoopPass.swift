@@ -315,7 +315,7 @@ extension LoopCore {
 
   /// Delivers one readiness event; silences a registration that is not in the running mode.
   private func handleReadiness(token: UInt64, events: UInt32, contents: ModeContents) -> Bool {
-    guard let record = descriptorsByToken[token], case .descriptor(let source)? = record.kind else {
+    guard let record = descriptorsByToken[token], let source = record.registration?.source else {
       // Removed already (by a handler earlier in this wait), or kept by epoll for a closed number.
       if unknownTokensLastWait.contains(token) { needsEpollPurge = true }
       unknownTokensThisWait.insert(token)
@@ -447,7 +447,7 @@ extension LoopCore {
     unknownTokensThisWait.removeAll()
     var keep: [(descriptor: Int32, events: UInt32, token: UInt64)] = []
     for (token, record) in descriptorsByToken where record.isArmed {
-      guard case .descriptor(let source)? = record.kind, tokenByDescriptor[source.descriptor] == token else {
+      guard let source = record.registration?.source, tokenByDescriptor[source.descriptor] == token else {
         record.markRegistrationLost()
         continue
       }
@@ -464,7 +464,7 @@ extension LoopCore {
   /// kernel always adds them), so in a mode that ignores it a hung-up descriptor would end every
   /// wait at once.
   func setArmed(_ record: MemberRecord, _ armed: Bool) {
-    guard record.token != 0, record.isArmed != armed, case .descriptor(let source)? = record.kind else { return }
+    guard record.token != 0, record.isArmed != armed, let source = record.registration?.source else { return }
     guard armed else {
       // Only while the number is still this registration's: if the descriptor was closed and
       // the number reused, epoll dropped this one already, and the number's set entry belongs

@@ -19,15 +19,16 @@
 final class MemberRecord: TimerEntry {
   enum Kind {
     case source(InputSource)
-    case descriptor(DescriptorSource)
+    /// With its registration's state, which only descriptors need (kept out of every record).
+    case descriptor(DescriptorRegistration)
     case timer(LoopTimer)
     case observer(LoopObserver)
   }
 
-  // Field order and widths keep the object at 88 bytes (a 96-byte heap block, down from 160):
+  // Field order and widths keep the object at 72 bytes (an 80-byte heap block, down from 160):
   // one is allocated per member, and filling a loop with 100k members touches that much fresh
   // memory, whose page faults were most of what an add cost at 100k. The flags fill the gap after
-  // the inherited 32-bit heap slot; descriptor-only state sits in a side object.
+  // the inherited 32-bit heap slot, the two 32-bit numbers the next eight bytes.
 
   /// Timer: a callout of it is running (so a nested run never fires it inside its own callout).
   @exclusivity(unchecked) var isFiring = false
@@ -41,15 +42,14 @@ final class MemberRecord: TimerEntry {
   @exclusivity(unchecked) private(set) var hasLeft = false
   /// The record's slot in `ModeTable`'s registry while attached; -1 when not attached.
   @exclusivity(unchecked) private var storedRegistrySlot: Int32 = -1
+  /// Nonzero while the member is in `.common`: the order it was added there in (a mode joining
+  /// the common set later receives the common members in that order). `ModeTable` renumbers the
+  /// common members before the count wraps.
+  @exclusivity(unchecked) var commonOrder: UInt32 = 0
   /// The member, while the record is attached to its loop; nil before and after.
   @exclusivity(unchecked) private(set) var kind: Kind?
-  /// Nonzero while the member is in `.common`: the order it was added there in (a mode joining
-  /// the common set later receives the common members in that order).
-  @exclusivity(unchecked) var commonOrder: UInt64 = 0
   /// The modes holding the member on this loop.
   @exclusivity(unchecked) var modes = MembershipList()
-  /// Descriptor: its registration's state (nil for the other kinds, and before it registers).
-  @exclusivity(unchecked) private var registration: DescriptorRegistration?
 
   /// The record's slot in `ModeTable`'s registry while attached; -1 when not attached.
   @inline(__always)
@@ -58,30 +58,30 @@ final class MemberRecord: TimerEntry {
     set { storedRegistrySlot = Int32(newValue) }  // traps past 2^31 members, which no memory holds
   }
 
-  /// Descriptor: the epoll token of its registration (0 when not registered).
+  /// Descriptor: its registration (nil for the other kinds, and once detached).
+  @inline(__always)
+  var registration: DescriptorRegistration? {
+    if case .descriptor(let registration)? = kind { return registration }
+    return nil
+  }
+
+  // The registration's state, through the record (defaults for the other kinds and once detached;
+  // setting them on those is a no-op). See `DescriptorRegistration`.
   var token: UInt64 {
     get { registration?.token ?? 0 }
-    set { descriptorRegistration.token = newValue }
+    set { registration?.token = newValue }
   }
-  /// Descriptor: whether epoll reports its events now (false while the loop runs a mode that does
-  /// not hold it, or a sequence consumer asked for a pause).
   var isArmed: Bool {
     get { registration?.isArmed ?? false }
-    set { descriptorRegistration.isArmed = newValue }
+    set { registration?.isArmed = newValue }
   }
-  /// Descriptor, while silenced: the file its descriptor referred to when it was taken out of the
-  /// epoll set (nil: the registration was gone already, its descriptor closed). Out of the set,
-  /// only this tells, when it is re-armed or another source claims the same number, whether the
-  /// number still names that file.
   var file: FileIdentity? {
     get { registration?.file }
-    set { descriptorRegistration.file = newValue }
+    set { registration?.file = newValue }
   }
-  /// Descriptor: a sequence consumer paused it (its buffer is full); the loop does not re-arm it
-  /// on a mode switch until the consumer resumes it.
   var isPaused: Bool {
     get { registration?.isPaused ?? false }
-    set { descriptorRegistration.isPaused = newValue }
+    set { registration?.isPaused = newValue }
   }
   /// Descriptor: the registration can never report its own file again (the descriptor was
   /// closed, its number reused): never armed again.
@@ -89,14 +89,6 @@ final class MemberRecord: TimerEntry {
   func markRegistrationLost() {
     isArmed = false
     file = nil
-  }
-
-  /// The descriptor state, made on first use.
-  private var descriptorRegistration: DescriptorRegistration {
-    if let registration { return registration }
-    let made = DescriptorRegistration()
-    registration = made
-    return made
   }
 
   /// An empty record, not attached. Any thread (the binding makes it, under the member's lock).
@@ -143,7 +135,7 @@ final class MemberRecord: TimerEntry {
   var member: (any LoopMember)? {
     switch kind {
     case .source(let member): return member
-    case .descriptor(let member): return member
+    case .descriptor(let registration): return registration.source
     case .timer(let member): return member
     case .observer(let member): return member
     case nil: return nil
@@ -161,20 +153,33 @@ final class MemberRecord: TimerEntry {
   var order: Int {
     switch kind {
     case .source(let member): return member.order
-    case .descriptor(let member): return member.order
+    case .descriptor(let registration): return registration.source.order
     case .observer(let member): return member.order
     case .timer, nil: return 0
     }
   }
 }
 
-/// A descriptor record's registration state (see `MemberRecord`'s descriptor fields), apart from
-/// the record so that the other kinds' records stay small. Loop thread only.
+/// An attached readiness source and the state of its epoll registration on the loop (the
+/// payload of its record's kind, so that the other kinds' records do not carry these fields).
+/// Loop thread only.
 final class DescriptorRegistration {
+  let source: DescriptorSource
+  /// The epoll token of the registration (0 once deregistered).
   @exclusivity(unchecked) var token: UInt64 = 0
+  /// Whether epoll reports its events now (false while the loop runs a mode that does not hold
+  /// it, or a sequence consumer asked for a pause).
   @exclusivity(unchecked) var isArmed = false
+  /// A sequence consumer paused it (its buffer is full); the loop does not re-arm it on a mode
+  /// switch until the consumer resumes it.
   @exclusivity(unchecked) var isPaused = false
+  /// While silenced: the file its descriptor referred to when it was taken out of the epoll set
+  /// (nil: the registration was gone already, its descriptor closed). Out of the set, only this
+  /// tells, when it is re-armed or another source claims the same number, whether the number
+  /// still names that file.
   @exclusivity(unchecked) var file: FileIdentity?
+
+  init(_ source: DescriptorSource) { self.source = source }
 }
 
 /// A member's identity as a dictionary key, hashed with one multiply instead of SipHash: the keys

@@ -105,7 +105,7 @@ final class ModeTable {
   @exclusivity(unchecked) private var registry: [MemberRecord?] = []
   @exclusivity(unchecked) private var freeSlots: [Int] = []
   /// Counts members added to `.common` (each record keeps its own `commonOrder`).
-  @exclusivity(unchecked) private var commonOrder: UInt64 = 0
+  @exclusivity(unchecked) private var commonOrder: UInt32 = 0
   @exclusivity(unchecked) private var commonCount = 0
 
   /// The mode last looked up: adds and runs nearly always name the same mode, and hashing a mode's
@@ -149,7 +149,8 @@ final class ModeTable {
   func add(_ record: MemberRecord, to mode: RunLoopMode) -> Bool {
     guard mode == .common else { return insert(record, into: contents(for: mode), viaCommon: false) }
     if record.commonOrder == 0 {
-      commonOrder &+= 1
+      if commonOrder == UInt32.max { renumberCommonOrders() }
+      commonOrder += 1
       record.commonOrder = commonOrder
       commonCount += 1
     }
@@ -212,6 +213,24 @@ final class ModeTable {
     record.markDetached()
   }
 
+  /// Numbers the members in `.common` 1, 2, … in their order (the count of adds to `.common`
+  /// reached 2^32 - 1; records keep 32 bits of it). O(members), once per 2^32 adds.
+  private func renumberCommonOrders() {
+    commonOrder = 0
+    for record in commonRecordsInOrder() {
+      commonOrder += 1
+      record.commonOrder = commonOrder
+    }
+  }
+
+  /// Tests: starts the count of adds to `.common` at `count` (to reach its wrap quickly).
+  func setCommonOrderCountForTesting(_ count: UInt32) { commonOrder = count }
+
+  /// The records in `.common`, in the order they were added there.
+  private func commonRecordsInOrder() -> [MemberRecord] {
+    registry.compactMap { $0 }.filter { $0.commonOrder != 0 }.sorted { $0.commonOrder < $1.commonOrder }
+  }
+
   private func leaveCommonSet(_ record: MemberRecord) {
     guard record.commonOrder != 0 else { return }
     record.commonOrder = 0
@@ -226,8 +245,7 @@ final class ModeTable {
     guard mode != .common, commonModes.insert(mode).inserted else { return [] }
     let contents = contents(for: mode)
     guard commonCount > 0 else { return [] }
-    let ordered = registry.compactMap { $0 }.filter { $0.commonOrder != 0 }.sorted { $0.commonOrder < $1.commonOrder }
-    return ordered.filter { insert($0, into: contents, viaCommon: true) }
+    return commonRecordsInOrder().filter { insert($0, into: contents, viaCommon: true) }
   }
 
   /// Every record on the loop.
