@@ -142,6 +142,11 @@ final class ChurnTimeBudget {
 /// `n`. Each measurement is the median of up to `rounds` rounds, as many as fit in the budget's
 /// measurement time, after a discarded warm-up round for counts up to 1k. A count whose round
 /// the budget predicts to be too long is not measured (NaN, reason on stderr).
+///
+/// Also per add: the minor page faults of the adds (`add_faults_per_1k`: fresh memory they
+/// touched first) and what that many first touches of fresh pages cost the kernel on the same
+/// thread right after (`add_first_touch_ns`, the page-fault floor of the same round); the rest,
+/// `add_minus_first_touch_ns`, is what the loop's own code costs per add.
 final class ChurnSession: FigureSession {
   private let kind: ChurnKind
   private let side: ChurnSide
@@ -160,6 +165,15 @@ final class ChurnSession: FigureSession {
     self.budget = budget
   }
 
+  /// One round's costs, ns per member (faults per 1,000 adds).
+  private struct Round {
+    var create = 0.0
+    var add = 0.0
+    var remove = 0.0
+    var addFaultsPer1k = 0.0
+    var addFirstTouch = 0.0
+  }
+
   func measure() -> Figure {
     if let predicted = budget.predictedRound(key, count: count), predicted > budget.limitNanoseconds {
       progress(
@@ -168,58 +182,61 @@ final class ChurnSession: FigureSession {
       return Figure(value: .nan)
     }
     if count <= 1_000 { _ = measureRound() }  // warm-up
-    var adds: [Double] = []
-    var removes: [Double] = []
-    var creates: [Double] = []
-    var addFaults: [Double] = []
+    var measured: [Round] = []
     let start = monotonicNanoseconds()
-    while adds.count < rounds && (adds.isEmpty || monotonicNanoseconds() - start < budget.measurementNanoseconds) {
+    while measured.count < rounds
+      && (measured.isEmpty || monotonicNanoseconds() - start < budget.measurementNanoseconds)
+    {
       let roundStart = monotonicNanoseconds()
-      let (create, add, remove, faults) = measureRound()
+      measured.append(measureRound())
       budget.record(key, count: count, nanoseconds: monotonicNanoseconds() - roundStart)
-      addFaults.append(faults)
-      creates.append(create)
-      adds.append(add)
-      removes.append(remove)
     }
+    func medianOf(_ value: (Round) -> Double) -> Double { median(measured.map(value)) }
     return Figure(
-      value: median(adds),
+      value: medianOf(\.add),
       extras: [
-        ("remove_ns", median(removes)), ("create_ns", median(creates)),
-        ("add_faults_per_1k", median(addFaults)), ("n", Double(count)), ("rounds", Double(adds.count)),
+        ("remove_ns", medianOf(\.remove)), ("create_ns", medianOf(\.create)),
+        ("add_faults_per_1k", medianOf(\.addFaultsPer1k)), ("add_first_touch_ns", medianOf(\.addFirstTouch)),
+        ("add_minus_first_touch_ns", medianOf { $0.add - $0.addFirstTouch }),
+        ("n", Double(count)), ("rounds", Double(measured.count)),
       ])
   }
 
-  /// One round on a fresh loop: ns per create, add and remove, and the loop thread's minor page
-  /// faults per 1,000 adds (loop-thread side only: fresh memory the adds touched first; NaN
-  /// cross-thread, where both threads allocate).
-  private func measureRound() -> (Double, Double, Double, Double) {
+  /// One round on a fresh loop. Faults are the loop thread's on the loop-thread side, the whole
+  /// process's cross-thread (both threads allocate there); the first touches are measured on the
+  /// thread that timed the adds.
+  private func measureRound() -> Round {
     let loop = try! RunLoopThread(name: "churn", cpu: cpu)
     defer { loop.shutdownAndWait() }
     let start = monotonicNanoseconds()
     let members = IdleMembers(kind, count: count)
     let create = monotonicNanoseconds() - start
     defer { members.close() }
-    let add: Int64
-    let remove: Int64
-    var faults = Double.nan
+    let perMember = Double(count)
+    var round = Round(create: Double(create) / perMember)
     switch side {
     case .loopThread:
-      let (addNanoseconds, addFaults) = try! loop.performAndWait { () -> (Int64, Int) in
+      let (add, faults, firstTouch) = try! loop.performAndWait { () -> (Int64, Int, Double) in
         let faultsBefore = threadMinorFaults()
         let start = monotonicNanoseconds()
         members.add(to: loop)
-        return (monotonicNanoseconds() - start, threadMinorFaults() - faultsBefore)
+        let add = monotonicNanoseconds() - start
+        let faults = threadMinorFaults() - faultsBefore
+        return (add, faults, firstTouchNanosecondsPerPage(pages: faults) * Double(faults))
       }
-      add = addNanoseconds
-      faults = Double(addFaults) * 1_000 / Double(count)
-      remove = timedOnLoop(loop) { members.remove(from: loop) }
+      round.add = Double(add) / perMember
+      round.addFaultsPer1k = Double(faults) * 1_000 / perMember
+      round.addFirstTouch = firstTouch / perMember
+      round.remove = Double(timedOnLoop(loop) { members.remove(from: loop) }) / perMember
     case .crossThread:
-      add = timedAcross(loop) { members.add(to: loop) }
-      remove = timedAcross(loop) { members.remove(from: loop) }
+      let faultsBefore = processMinorFaults()
+      round.add = Double(timedAcross(loop) { members.add(to: loop) }) / perMember
+      let faults = processMinorFaults() - faultsBefore
+      round.addFaultsPer1k = Double(faults) * 1_000 / perMember
+      round.addFirstTouch = firstTouchNanosecondsPerPage(pages: faults) * Double(faults) / perMember
+      round.remove = Double(timedAcross(loop) { members.remove(from: loop) }) / perMember
     }
-    let perMember = Double(count)
-    return (Double(create) / perMember, Double(add) / perMember, Double(remove) / perMember, faults)
+    return round
   }
 
   func close() {}

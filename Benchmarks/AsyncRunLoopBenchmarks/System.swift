@@ -182,6 +182,31 @@ func threadCPUNanoseconds(_ clock: clockid_t) -> Int64? {
 }
 
 /// The calling thread's minor page faults so far (first touches of fresh memory, among others).
+/// The process's minor page faults so far (every thread's).
+func processMinorFaults() -> Int {
+  var usage = rusage()
+  guard getrusage(__rusage_who_t(0), &usage) == 0 else { return 0 }  // RUSAGE_SELF
+  return Int(usage.ru_minflt)
+}
+
+/// Nanoseconds per first touch of a fresh anonymous page, on the calling thread, over `pages`
+/// pages: what the kernel charges for each minor fault of memory never touched before (a fresh
+/// mapping, written once per page, unmapped after). 0 for no pages.
+func firstTouchNanosecondsPerPage(pages: Int) -> Double {
+  guard pages > 0 else { return 0 }
+  let pageSize = Int(sysconf(Int32(_SC_PAGESIZE)))
+  let size = pages * pageSize
+  guard let mapping = mmap(nil, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0),
+    mapping != MAP_FAILED
+  else { return .nan }
+  defer { munmap(mapping, size) }
+  let start = monotonicNanoseconds()
+  for offset in stride(from: 0, to: size, by: pageSize) {
+    mapping.storeBytes(of: 1, toByteOffset: offset, as: UInt8.self)
+  }
+  return Double(monotonicNanoseconds() - start) / Double(pages)
+}
+
 func threadMinorFaults() -> Int {
   var usage = rusage()
   let rusageThread = __rusage_who_t(1)  // RUSAGE_THREAD (Glibc's module does not export it)
