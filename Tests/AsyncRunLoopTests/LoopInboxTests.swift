@@ -86,4 +86,24 @@ struct LoopInboxTests {
     #expect(signalAfterTermination == .none)
     #expect(inbox.signalled.isEmpty)
   }
+
+  /// A burst of changes fills fixed chunks (no array that grows, and is copied, under the lock);
+  /// taken together they keep the order the changes arrived in.
+  @Test func aBurstOfChangesFillsChunksInArrivalOrder() {
+    var inbox = LoopInbox()
+    let capacity = LoopInbox.controlChunkCapacity
+    let count = 2 * capacity + capacity / 2
+    for _ in 0..<count { _ = inbox.control(.applied) }
+    let chunkSizes = inbox.fullControlChunks.map(\.count)
+    let sequences = (inbox.fullControlChunks + [inbox.controls]).flatMap { $0.map(\.sequence) }
+    let waiting = inbox.hasWork()
+    #expect(chunkSizes == [capacity, capacity])
+    #expect(inbox.controls.count == capacity / 2)
+    #expect(sequences == Array(1...UInt64(count)))
+    #expect(waiting)
+    guard case .keepDraining = inbox.terminate(force: false) else {
+      Issue.record("waiting changes must keep a shut-down loop draining")
+      return
+    }
+  }
 }

@@ -124,6 +124,10 @@ final class LoopCore {
       shared.inbox.didWake()
       shared.inbox.wakeRequested = false
     }
+    if !shared.inbox.fullControlChunks.isEmpty {  // (never empty ones: applying indexes into each)
+      controlBatches.append(contentsOf: shared.inbox.fullControlChunks)
+      shared.inbox.fullControlChunks.removeAll(keepingCapacity: true)
+    }
     if !shared.inbox.controls.isEmpty {
       var batch: [SequencedChange] = []
       swap(&batch, &spareControlBatch)
