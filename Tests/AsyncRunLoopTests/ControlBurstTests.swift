@@ -65,4 +65,44 @@ struct ControlBurstTests {
     }
     for own in sources { for counted in own { counted.source.invalidate() } }
   }
+
+  /// Three threads perform 3,000 blocks each into a blocked loop (about nine chunks), every other
+  /// one for a mode the loop is not running: the default-mode blocks run once each in their
+  /// thread's order, and the others wait, in order, for a run of their mode.
+  @Test func aBurstOfBlocksAcrossChunksRunsEachOnceInOrder() async throws {
+    let other: RunLoopMode = "burst-other"
+    let perThread = 3_000
+    let outcome = await execOnNewThread { () -> (default: [[Int]], other: [[Int]]) in
+      let loop = try! RunLoopThread(name: "burst-blocks")
+      defer { loop.shutdownAndWait() }
+      let ran = Guarded<[[Int]]>(Array(repeating: [], count: 3))
+      let release = blockLoop(loop)
+      race(
+        (0..<3).map { thread in
+          {
+            for index in 0..<perThread {
+              let mode: RunLoopMode = index % 2 == 0 ? .default : other
+              loop.perform(inModes: [mode]) { ran.withLock { $0[thread].append(index) } }
+            }
+          }
+        })
+      release.open()
+      let inDefault = try! loop.performAndWait { ran.withLock { $0 } }
+      let inOther = try! loop.performAndWait { () -> [[Int]] in
+        ran.withLock { $0 = Array(repeating: [], count: 3) }
+        _ = loop.run(mode: other, until: .now.advanced(by: .milliseconds(200)))
+        return ran.withLock { $0 }
+      }
+      return (inDefault, inOther)
+    }
+    let evens = Array(stride(from: 0, to: perThread, by: 2))
+    let odds = Array(stride(from: 1, to: perThread, by: 2))
+    for thread in 0..<3 {
+      // Compared as Bools: a failure prints counts, not 3,000 numbers.
+      let defaultInOrder = outcome.default[thread] == evens
+      let otherInOrder = outcome.other[thread] == odds
+      #expect(defaultInOrder, "thread \(thread): \(outcome.default[thread].count) default-mode blocks, not in order")
+      #expect(otherInOrder, "thread \(thread): \(outcome.other[thread].count) other-mode blocks, not in order")
+    }
+  }
 }

@@ -91,19 +91,33 @@ struct LoopInboxTests {
   /// taken together they keep the order the changes arrived in.
   @Test func aBurstOfChangesFillsChunksInArrivalOrder() {
     var inbox = LoopInbox()
-    let capacity = LoopInbox.controlChunkCapacity
+    let capacity = ChunkedQueue<SequencedChange>.chunkCapacity
     let count = 2 * capacity + capacity / 2
     for _ in 0..<count { _ = inbox.control(.applied) }
-    let chunkSizes = inbox.fullControlChunks.map(\.count)
-    let sequences = (inbox.fullControlChunks + [inbox.controls]).flatMap { $0.map(\.sequence) }
+    let chunkSizes = inbox.controls.fullChunks.map(\.count)
+    let tailSize = inbox.controls.tail.count
     let waiting = inbox.hasWork()
+    var taken: [[SequencedChange]] = []
+    var spare: [SequencedChange] = []
+    inbox.controls.takeAll(appendingTo: &taken, spare: &spare)
+    let sequences = taken.flatMap { $0.map(\.sequence) }
     #expect(chunkSizes == [capacity, capacity])
-    #expect(inbox.controls.count == capacity / 2)
-    #expect(sequences == Array(1...UInt64(count)))
+    #expect(tailSize == capacity / 2)
     #expect(waiting)
-    guard case .keepDraining = inbox.terminate(force: false) else {
-      Issue.record("waiting changes must keep a shut-down loop draining")
-      return
-    }
+    #expect(taken.map(\.count) == [capacity, capacity, capacity / 2])
+    #expect(sequences == Array(1...UInt64(count)))
+    #expect(inbox.controls.isEmpty && !inbox.hasWork())
+  }
+
+  /// The same for blocks: the loop takes them in the order they arrived.
+  @Test func aBurstOfBlocksKeepsItsOrder() {
+    var inbox = LoopInbox()
+    let count = 3 * ChunkedQueue<PerformRequest>.chunkCapacity + 7
+    for _ in 0..<count { _ = inbox.perform(Self.request()) }
+    let sequences = inbox.performs.elements.map(\.sequence)
+    let matches = inbox.performs.contains { $0.sequence == UInt64(count) }
+    #expect(inbox.performs.count == count)
+    #expect(sequences == Array(1...UInt64(count)))
+    #expect(matches)
   }
 }

@@ -65,7 +65,7 @@ extension LoopCore {
         shared.inbox.performs.removeAll()
         shared.inbox.signalled.removeAll()
       }
-      return shared.inbox.performs
+      return shared.inbox.performs.elements
     }
     let blocks = performs.compactMap { $0 } + arrived
     performs.removeAll()

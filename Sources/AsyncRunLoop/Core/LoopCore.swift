@@ -60,6 +60,10 @@ final class LoopCore {
   /// Blocks taken from the inbox, oldest first; nil slots ran already. Blocks that may not run in
   /// the mode being run stay. A nested run scans the same list, so blocks keep their order.
   @exclusivity(unchecked) var performs: [PerformRequest?] = []
+  /// Chunks taken from the inbox, appended to `performs` once the lock is released.
+  @exclusivity(unchecked) var arrivedPerforms: [[PerformRequest]] = []
+  /// A taken chunk kept (emptied) to hand the inbox its next chunk with capacity.
+  @exclusivity(unchecked) var sparePerformChunk: [PerformRequest] = []
   @exclusivity(unchecked) var livePerformCount = 0
   @exclusivity(unchecked) var performScanDepth = 0
 
@@ -124,27 +128,32 @@ final class LoopCore {
       shared.inbox.didWake()
       shared.inbox.wakeRequested = false
     }
-    if !shared.inbox.fullControlChunks.isEmpty {  // (never empty ones: applying indexes into each)
-      controlBatches.append(contentsOf: shared.inbox.fullControlChunks)
-      shared.inbox.fullControlChunks.removeAll(keepingCapacity: true)
+    if !shared.inbox.controls.isEmpty {  // (its chunks are never empty: applying indexes into each)
+      shared.inbox.controls.takeAll(appendingTo: &controlBatches, spare: &spareControlBatch)
     }
-    if !shared.inbox.controls.isEmpty {
-      var batch: [SequencedChange] = []
-      swap(&batch, &spareControlBatch)
-      swap(&batch, &shared.inbox.controls)
-      controlBatches.append(batch)
-    }
-    if !shared.inbox.performs.isEmpty {
-      for request in shared.inbox.performs { performs.append(request) }
-      livePerformCount += shared.inbox.performs.count
-      shared.inbox.performs.removeAll(keepingCapacity: true)
-    }
+    let takesPerforms = !shared.inbox.performs.isEmpty
+    if takesPerforms { shared.inbox.performs.takeAll(appendingTo: &arrivedPerforms, spare: &sparePerformChunk) }
     if needJobs && !shared.inbox.jobs.isEmpty { swap(&shared.inbox.jobs, &localJobs) }
     if !shared.inbox.signalled.isEmpty {
       spareSignalled.append(contentsOf: shared.inbox.signalled)
       shared.inbox.signalled.removeAll(keepingCapacity: true)
     }
     shared.inboxLock.unlock()
+    if takesPerforms { adoptArrivedPerforms() }
+  }
+
+  /// Appends the blocks taken from the inbox to `performs`, after the lock is released.
+  private func adoptArrivedPerforms() {
+    for chunk in arrivedPerforms {
+      for request in chunk { performs.append(request) }
+      livePerformCount += chunk.count
+    }
+    let last = arrivedPerforms.count - 1
+    if last >= 0 && arrivedPerforms[last].capacity <= 2 * ChunkedQueue<PerformRequest>.chunkCapacity {
+      swap(&sparePerformChunk, &arrivedPerforms[last])  // the inbox's next chunk, with capacity
+      sparePerformChunk.removeAll(keepingCapacity: true)
+    }
+    arrivedPerforms.removeAll(keepingCapacity: true)
   }
 
   /// Collects the inbox and applies the registration changes other threads sent, in the order

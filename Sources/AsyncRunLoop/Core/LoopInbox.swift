@@ -54,20 +54,11 @@ struct LoopInbox {
   /// Executor jobs, oldest first, with the role they were enqueued in.
   var jobs: [LoopJob] = []
   /// Blocks from `perform`, oldest first.
-  var performs: [PerformRequest] = []
+  var performs = ChunkedQueue<PerformRequest>()
   /// Sources signalled since the loop last looked.
   var signalled: [SignalledRecord] = []
-  /// Registration changes requested from other threads, applied on the loop thread in order:
-  /// the filled chunks (`fullControlChunks`, oldest first), then this one, being filled.
-  var controls: [SequencedChange] = []
-  /// Chunks of `controlChunkCapacity` changes each, filled before `controls`. A burst of changes
-  /// goes into fixed chunks instead of one growing array: each doubling of that array copied
-  /// every change so far under the inbox lock (for 100k changes, milliseconds during which
-  /// producers and the loop waited), and faulted in twice the memory.
-  var fullControlChunks: [[SequencedChange]] = []
-  static let controlChunkCapacity = 1_024
-  /// Whether any change waits here.
-  var hasControls: Bool { !controls.isEmpty || !fullControlChunks.isEmpty }
+  /// Registration changes requested from other threads, applied on the loop thread in order.
+  var controls = ChunkedQueue<SequencedChange>()
   /// Numbers changes, blocks and jobs in the order they arrive (under the inbox lock), so the loop
   /// can run a block or job as soon as the changes that arrived before it are applied, while
   /// later changes still wait (a pass applies a bounded number of them).
@@ -147,11 +138,6 @@ struct LoopInbox {
   mutating func control(_ change: RegistrationChange) -> WakeAction? {
     switch lifecycle {
     case .active, .shuttingDown:
-      if controls.count >= Self.controlChunkCapacity {
-        fullControlChunks.append(controls)
-        controls = []
-        controls.reserveCapacity(Self.controlChunkCapacity)
-      }
       controls.append(SequencedChange(sequence: nextSequence(), change: change))
       return requestWake()
     case .terminated:
@@ -217,7 +203,7 @@ struct LoopInbox {
   /// The draining loop finished a round: terminate when nothing is left, or (`force`) after the
   /// last round even if producers keep sending jobs.
   mutating func terminate(force: Bool) -> TerminateAction {
-    let idle = jobs.isEmpty && performs.isEmpty && !hasControls
+    let idle = jobs.isEmpty && performs.isEmpty && controls.isEmpty
     guard idle || force else { return .keepDraining }  // more to run: another round
     lifecycle = .terminated  // from now on jobs go to the fallback, blocks are refused
     signalled.removeAll()  // every source is invalidated already
@@ -228,7 +214,7 @@ struct LoopInbox {
   /// Whether anything is waiting for the loop (it must not sleep). `ignoringJobs`: the loop is
   /// inside one of its own jobs and cannot run jobs now.
   func hasWork(ignoringJobs: Bool = false) -> Bool {
-    (!ignoringJobs && !jobs.isEmpty) || !performs.isEmpty || !signalled.isEmpty || hasControls
+    (!ignoringJobs && !jobs.isEmpty) || !performs.isEmpty || !signalled.isEmpty || !controls.isEmpty
       || stopRequested || wakeRequested
   }
 

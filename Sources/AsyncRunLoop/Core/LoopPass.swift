@@ -146,7 +146,7 @@ extension LoopCore {
     let inCommon = modeTable.commonModes.contains(mode)
     let countsJobs = mayRunJobs
     return shared.inboxLock.withLock {
-      (!countsJobs || shared.inbox.jobs.isEmpty) && !shared.inbox.hasControls
+      (!countsJobs || shared.inbox.jobs.isEmpty) && shared.inbox.controls.isEmpty
         && !shared.inbox.performs.contains { $0.canRun(in: mode, inCommon: inCommon) }
     }
   }

@@ -1,0 +1,59 @@
+/// A first-in, first-out list that other threads fill under a loop's inbox lock, in chunks of
+/// fixed capacity, and that the loop thread takes whole.
+///
+/// One growing array would copy everything queued so far at each doubling, inside the lock: a
+/// burst of 100k changes or blocks held every producer, and the loop, for milliseconds. Here an
+/// append never moves what is queued (a full chunk is set aside, a new one begun), and taking the
+/// queue moves chunks, not elements, so the loop holds the lock for O(chunks) and copies
+/// elements, if at all, after releasing it.
+///
+/// A pure value; not thread-safe (the inbox lock guards it).
+struct ChunkedQueue<Element> {
+  /// Elements per chunk.
+  static var chunkCapacity: Int { 1_024 }
+
+  /// The full chunks, oldest first; each holds exactly `chunkCapacity` elements.
+  private(set) var fullChunks: [[Element]] = []
+  /// The chunk being filled (the newest elements).
+  private(set) var tail: [Element] = []
+
+  var isEmpty: Bool { tail.isEmpty && fullChunks.isEmpty }
+  var count: Int { fullChunks.count * Self.chunkCapacity + tail.count }
+
+  mutating func append(_ element: Element) {
+    if tail.count >= Self.chunkCapacity {
+      fullChunks.append(tail)
+      tail = []
+      tail.reserveCapacity(Self.chunkCapacity)
+    }
+    tail.append(element)
+  }
+
+  /// Takes every element, oldest first, as non-empty chunks appended to `chunks`; the queue is
+  /// left empty, its new tail the emptied `spare` (so the next appends reuse that capacity).
+  mutating func takeAll(appendingTo chunks: inout [[Element]], spare: inout [Element]) {
+    if !fullChunks.isEmpty {
+      chunks.append(contentsOf: fullChunks)
+      fullChunks.removeAll(keepingCapacity: true)
+    }
+    guard !tail.isEmpty else { return }
+    spare.removeAll(keepingCapacity: true)
+    swap(&spare, &tail)
+    chunks.append(spare)
+    spare = []
+  }
+
+  /// Whether any element satisfies `predicate`, oldest first.
+  func contains(where predicate: (Element) throws -> Bool) rethrows -> Bool {
+    for chunk in fullChunks where try chunk.contains(where: predicate) { return true }
+    return try tail.contains(where: predicate)
+  }
+
+  /// Every element, oldest first (a copy: for a drain, and tests).
+  var elements: [Element] { fullChunks.flatMap { $0 } + tail }
+
+  mutating func removeAll() {
+    fullChunks.removeAll()
+    tail.removeAll()
+  }
+}
