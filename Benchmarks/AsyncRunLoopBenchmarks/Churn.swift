@@ -22,6 +22,11 @@ enum ChurnSide: String, CaseIterable, Sendable {
   /// From the measuring thread: each change is sent to the loop; a `performAndWait` barrier
   /// afterwards makes sure all of them were applied.
   case crossThread = "cross-thread"
+  /// From the measuring thread while the loop is held in a block, so that every change waits in
+  /// the inbox and the loop applies them as one batch once released: the sender's and the
+  /// loop's costs apart, without the two threads' scheduling on a shared CPU (which decides how
+  /// often the loop wakes for a few changes in `crossThread`).
+  case crossThreadBatched = "cross-thread-batched"
 }
 
 /// `count` idle members of one kind: never signalled, never readable, due in an hour or more,
@@ -105,6 +110,30 @@ func timedAcross(_ loop: RunLoopThread, _ body: () -> Void) -> Int64 {
   return monotonicNanoseconds() - start
 }
 
+/// The sender's and the loop's nanoseconds for the changes `body` sends from this thread while
+/// the loop is held in a block (`ChurnSide.crossThreadBatched`): `body` is timed on this thread,
+/// then the loop is released and timed until a `performAndWait` barrier returns (it applies the
+/// changes in the order sent, before that block).
+func timedBatchAcross(_ loop: RunLoopThread, _ body: () -> Void) -> (send: Int64, apply: Int64) {
+  let held = EventDoorbell()
+  let release = EventDoorbell()
+  defer {
+    held.close()
+    release.close()
+  }
+  loop.perform {
+    held.ring()
+    release.wait()
+  }
+  held.wait()
+  let start = monotonicNanoseconds()
+  body()
+  let sent = monotonicNanoseconds()
+  release.ring()
+  try! loop.performAndWait {}
+  return (sent - start, monotonicNanoseconds() - sent)
+}
+
 /// How long churn's rounds took per kind and side, so that a count whose round would take too long
 /// is skipped: on a core whose add or remove scans, the cost per member grows with the count, and
 /// 100k input sources would take minutes. Used by the measuring thread only.
@@ -172,6 +201,11 @@ final class ChurnSession: FigureSession {
     var remove = 0.0
     var addFaultsPer1k = 0.0
     var addFirstTouch = 0.0
+    /// Batched cross-thread: the sender's and the loop's parts of `add` and `remove`.
+    var addSend = Double.nan
+    var addApply = Double.nan
+    var removeSend = Double.nan
+    var removeApply = Double.nan
   }
 
   func measure() -> Figure {
@@ -198,8 +232,13 @@ final class ChurnSession: FigureSession {
         ("remove_ns", medianOf(\.remove)), ("create_ns", medianOf(\.create)),
         ("add_faults_per_1k", medianOf(\.addFaultsPer1k)), ("add_first_touch_ns", medianOf(\.addFirstTouch)),
         ("add_minus_first_touch_ns", medianOf { $0.add - $0.addFirstTouch }),
-        ("n", Double(count)), ("rounds", Double(measured.count)),
-      ])
+      ]
+        + (side == .crossThreadBatched
+          ? [
+            ("add_send_ns", medianOf(\.addSend)), ("add_apply_ns", medianOf(\.addApply)),
+            ("remove_send_ns", medianOf(\.removeSend)), ("remove_apply_ns", medianOf(\.removeApply)),
+          ] : [])
+        + [("n", Double(count)), ("rounds", Double(measured.count))])
   }
 
   /// One round on a fresh loop. Faults are the loop thread's on the loop-thread side, the whole
@@ -235,6 +274,17 @@ final class ChurnSession: FigureSession {
       round.addFaultsPer1k = Double(faults) * 1_000 / perMember
       round.addFirstTouch = firstTouchNanosecondsPerPage(pages: faults) * Double(faults) / perMember
       round.remove = Double(timedAcross(loop) { members.remove(from: loop) }) / perMember
+    case .crossThreadBatched:
+      let faultsBefore = processMinorFaults()
+      let add = timedBatchAcross(loop) { members.add(to: loop) }
+      let faults = processMinorFaults() - faultsBefore
+      round.addFaultsPer1k = Double(faults) * 1_000 / perMember
+      round.addFirstTouch = firstTouchNanosecondsPerPage(pages: faults) * Double(faults) / perMember
+      let remove = timedBatchAcross(loop) { members.remove(from: loop) }
+      (round.addSend, round.addApply) = (Double(add.send) / perMember, Double(add.apply) / perMember)
+      (round.removeSend, round.removeApply) = (Double(remove.send) / perMember, Double(remove.apply) / perMember)
+      round.add = round.addSend + round.addApply
+      round.remove = round.removeSend + round.removeApply
     }
     return round
   }
@@ -335,6 +385,13 @@ final class MassRemovalPass: FigureSession {
       timers.remove(from: loop)
       try! loop.performAndWait {}
       removed = sent
+    case .crossThreadBatched:
+      let sent = try! loop.performAndWait {
+        recorder.events.removeAll(keepingCapacity: true)
+        return loopThreadCPUNanoseconds()
+      }
+      _ = timedBatchAcross(loop) { timers.remove(from: loop) }  // (the held block costs no CPU time)
+      removed = sent
     }
     wakeRepeatedly(loop)
     let (longest, rest) = try! loop.performAndWait {
@@ -434,7 +491,9 @@ enum ChurnScenarios {
       "per kind and size, on a fresh loop: create n idle members, add them all, remove them all;"
         + " value = ns per add, remove_ns = ns per remove",
       "loop-thread: in a performAndWait block (timed inside); cross-thread: from the measuring thread,"
-        + " then a performAndWait barrier (timed around)",
+        + " then a performAndWait barrier (timed around); cross-thread-batched: from the measuring thread while"
+        + " the loop is held in a block, then the loop released until a barrier; value = both parts"
+        + " (add_send_ns + add_apply_ns)",
       "sizes: timers \(sizes(.timer, mode).map(label).joined(separator: "/")), other kinds "
         + "\(sizes(.inputSource, mode).map(label).joined(separator: "/")); median of up to 9 rounds at 1k,"
         + " 5 at 10k, 1 at 100k, as many as fit in \(timeBudget.measurementNanoseconds / 1_000_000) ms",

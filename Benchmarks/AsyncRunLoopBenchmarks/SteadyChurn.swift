@@ -78,6 +78,12 @@ final class SteadyChurnSession: FigureSession {
       let moved = kind == .timer ? Double(timedAcross(loop, reschedule)) / perMember : .nan
       let remove = timedAcross(loop) { members.remove(from: loop) }
       return (Double(add) / perMember, moved, Double(remove) / perMember)
+    case .crossThreadBatched:
+      func total(_ parts: (send: Int64, apply: Int64)) -> Double { Double(parts.send + parts.apply) / perMember }
+      let add = total(timedBatchAcross(loop) { members.add(to: loop) })
+      let moved = kind == .timer ? total(timedBatchAcross(loop, reschedule)) : .nan
+      let remove = total(timedBatchAcross(loop) { members.remove(from: loop) })
+      return (add, moved, remove)
     }
   }
 
