@@ -109,7 +109,11 @@ struct ReviewRound10TimerTests {
           $0.current += 1
           $0.max = max($0.max, $0.current)
         }
-        if first.withLock({ let was = $0; $0 = false; return was }) {
+        let isFirst = first.withLock { isFirst in
+          defer { isFirst = false }
+          return isFirst
+        }
+        if isFirst {
           let current = RunLoopThread.current
           // A keep-alive in C and default, so each nested run sleeps its whole time.
           let keep = LoopTimer(after: .seconds(3600)) { _ in }
@@ -416,7 +420,9 @@ struct ReviewRound10DescriptorTests {
       }
       if fires.current != 0 { problems.append("a paused source fired \(fires.current) times") }
       loop.core.setPaused(source, false)
-      if loop.run(mode: modeA, until: .now.advanced(by: .seconds(5))) != .stopped { problems.append("no fire on resume") }
+      if loop.run(mode: modeA, until: .now.advanced(by: .seconds(5))) != .stopped {
+        problems.append("no fire on resume")
+      }
       if fires.current != 1 { problems.append("fired \(fires.current) times after resume") }
       // Silenced in C (a mode switch), then paused there, then resumed in C: still silent in C.
       _ = loop.run(mode: modeC, until: .now.advanced(by: .milliseconds(20)))
@@ -424,7 +430,9 @@ struct ReviewRound10DescriptorTests {
       loop.core.setPaused(source, false)  // re-armed although C does not hold it
       let before = counter.passes.current
       _ = loop.run(mode: modeC, until: .now.advanced(by: .milliseconds(40)))
-      if counter.passes.current - before > 200 { problems.append("C spun after resume: \(counter.passes.current - before)") }
+      if counter.passes.current - before > 200 {
+        problems.append("C spun after resume: \(counter.passes.current - before)")
+      }
       if fires.current != 1 { problems.append("fired in C") }
       loop.core.setPaused(source, true)
       let invalidator = startThread { source.invalidate() }
@@ -540,7 +548,9 @@ struct ReviewRound10DescriptorTests {
       writeByte(fresh.write)
       let before = counter.passes.current
       _ = loop.run(mode: modeC, until: .now.advanced(by: .milliseconds(30)))
-      if loop.run(mode: modeA, until: .now.advanced(by: .seconds(5))) != .stopped { problems.append("new: no 2nd fire") }
+      if loop.run(mode: modeA, until: .now.advanced(by: .seconds(5))) != .stopped {
+        problems.append("new: no 2nd fire")
+      }
       if counter.passes.current - before > 200 { problems.append("spun: \(counter.passes.current - before)") }
       if oldFires.current != 0 { problems.append("the old source fired \(oldFires.current) times") }
       if newFires.current != 2 { problems.append("the new source fired \(newFires.current) times") }
@@ -637,7 +647,8 @@ struct ReviewRound10CommonOrderTests {
       var problems: [String] = []
       let pairs = PairLog()
       let sources = (0..<50).map { _ in
-        InputSource(schedule: { _, loop, _ in pairs.schedule(loop) }, cancel: { _, loop in pairs.cancel(loop) }) { _ in }
+        InputSource(schedule: { _, loop, _ in pairs.schedule(loop) }, cancel: { _, loop in pairs.cancel(loop) }) { _ in
+        }
       }
       let timers = (0..<50).map { _ in makeParkedTimer { _ in } }
       loop.core.modeTable.setCommonOrderCountForTesting(UInt32.max - 60)
@@ -659,7 +670,9 @@ struct ReviewRound10CommonOrderTests {
         loop.remove(sources[index], from: .common)
         loop.remove(timers[index], from: .common)
       }
-      if loop.core.modeTable.allRecords.count != 0 { problems.append("records left: \(loop.core.modeTable.allRecords.count)") }
+      if loop.core.modeTable.allRecords.count != 0 {
+        problems.append("records left: \(loop.core.modeTable.allRecords.count)")
+      }
       problems += pairs.unpaired
       for source in sources { source.invalidate() }
       for timer in timers { timer.invalidate() }
@@ -962,5 +975,109 @@ struct ReviewRound10CrossThreadTests {
     }
     #expect(outcome?.problems == [])
     #expect(outcome?.alive == 0, "members still held after the loop shut down")
+  }
+}
+
+@Suite("ReviewRound10: members released once they leave", .serialized, .timeLimit(.minutes(2)))
+struct ReviewRound10ReleaseTests {
+  /// Members of every kind in several modes and `.common`, removed by name and by `.common` in
+  /// every order: once out of their last mode name, the loop holds none of them (nor their
+  /// closures), and they are in no mode.
+  @Test func membersInSeveralModesAreReleasedOnceRemovedFromTheirLastModeName() async throws {
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "release") { () throws -> [String] in
+      let loop = RunLoopThread.current
+      defer { loop.shutdown() }
+      var problems: [String] = []
+      let pipe = makePipe()
+      defer {
+        close(pipe.read)
+        close(pipe.write)
+      }
+      let names: [[RunLoopMode]] = [
+        [modeA, modeB, .common], [.common, modeA, modeB], [modeB, .common, modeA], [.common, .default, modeA, modeB],
+      ]
+      loop.addModeToCommonModes(modeC)
+      for (round, order) in names.enumerated() {
+        weak var weakTimer: LoopTimer?
+        weak var weakObserver: LoopObserver?
+        weak var weakSource: DescriptorSource?
+        weak var weakInput: InputSource?
+        weak var weakCapture: R10Token?
+        do {
+          let capture = R10Token()
+          weakCapture = capture
+          let timer = makeParkedTimer { _ in withExtendedLifetime(capture) {} }
+          let observer = LoopObserver(activities: .all) { _, _ in withExtendedLifetime(capture) {} }
+          let source = DescriptorSource(descriptor: pipe.read) { _, _ in withExtendedLifetime(capture) {} }
+          let input = InputSource { _ in withExtendedLifetime(capture) {} }
+          (weakTimer, weakObserver, weakSource, weakInput) = (timer, observer, source, input)
+          for mode in names[0] {
+            loop.add(timer, to: mode)
+            loop.add(observer, to: mode)
+            try loop.add(source, to: mode)
+            loop.add(input, to: mode)
+          }
+          timer.setFireDate(.now)
+          writeByte(pipe.write)
+          input.signal()
+          for mode in [modeA, modeB, modeC, RunLoopMode.default] {
+            _ = loop.run(mode: mode, until: .now.advanced(by: .milliseconds(5)))
+          }
+          _ = drainDescriptor(pipe.read)
+          for mode in order {
+            loop.remove(timer, from: mode)
+            loop.remove(observer, from: mode)
+            loop.remove(source, from: mode)
+            loop.remove(input, from: mode)
+          }
+          if !loop.core.modes(of: timer).isEmpty || !loop.core.modes(of: observer).isEmpty
+            || !loop.core.modes(of: source).isEmpty || !loop.core.modes(of: input).isEmpty
+          {
+            problems.append("round \(round): still in modes")
+          }
+          if loop.core.modeTable.allRecords.count != 0 { problems.append("round \(round): records left") }
+        }
+        let alive = [weakTimer != nil, weakObserver != nil, weakSource != nil, weakInput != nil]
+        if alive.contains(true) { problems.append("round \(round): members still held \(alive)") }
+        if weakCapture != nil { problems.append("round \(round): a closure is still held") }
+      }
+      return problems
+    }
+    #expect(outcome == [])
+  }
+
+  /// The loop shuts down from a timer's callout while a run nested in it has parked the timer's
+  /// extra entries (the first mode removed): the drain detaches it without a crash and releases
+  /// it.
+  @Test func shutdownFromACalloutWithParkedExtraEntriesReleasesTheTimer() async throws {
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "shutdown in callout") {
+      () throws -> (fires: Int, released: Bool) in
+      let fires = AtomicCounter()
+      weak var weakTimer: LoopTimer?
+      do {
+        let loop = try RunLoopThread(name: "r10-shutdown-callout")
+        let calloutDone = TestGate()
+        let timer = makeParkedTimer { _ in
+          fires.increment()
+          let current = RunLoopThread.current
+          _ = current.run(mode: modeC, until: .now.advanced(by: .milliseconds(10)))
+          current.shutdown()
+          _ = current.run(mode: modeB, until: .now.advanced(by: .milliseconds(10)))
+          calloutDone.open()
+        }
+        weakTimer = timer
+        for mode in [modeA, modeB, modeC, RunLoopMode.default] { loop.add(timer, to: mode) }
+        loop.remove(timer, from: modeA)
+        let keep = LoopTimer(after: .seconds(3600)) { _ in }
+        loop.add(keep, to: modeC)
+        timer.setFireDate(.now)
+        _ = calloutDone.wait(timeout: .seconds(10))
+        loop.shutdownAndWait()
+        keep.invalidate()
+      }
+      return (fires.current, weakTimer == nil)
+    }
+    #expect(outcome?.fires == 1)
+    #expect(outcome?.released == true)
   }
 }
