@@ -161,8 +161,7 @@ struct ReviewRound10TimerTests {
   /// record on the same loop, with no callout running as far as that record knows), then runs
   /// the loop nested in that mode, where the re-added timer is due at the date that just fired.
   /// Promised: "a timer never fires inside its own callout".
-  @Test(.disabled("bug: a timer re-added (new record) in its own callout fires inside it from a nested run"))
-  func aTimerReAddedInItsOwnCalloutDoesNotFireInsideIt() async throws {
+  @Test func aTimerReAddedInItsOwnCalloutDoesNotFireInsideIt() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "re-added in callout") {
       () -> (maxDepth: Int, fires: Int) in
       let loop = RunLoopThread.current
@@ -194,6 +193,49 @@ struct ReviewRound10TimerTests {
     }
     #expect(outcome?.maxDepth == 1, "the timer's handler ran inside its own callout")
     #expect(outcome?.fires == 1)
+  }
+
+  /// The same across loops: the callout moves the timer to another loop and makes it due there,
+  /// then waits while that loop makes passes. The other loop must not run the handler while the
+  /// callout runs (callouts never overlap, and `invalidateAndWait` waits for one callout); once
+  /// it returns, the other loop fires it.
+  @Test func aTimerMovedToAnotherLoopInItsCalloutFiresThereOnlyAfterTheCalloutReturns() async throws {
+    let other = try RunLoopThread(name: "r10-other")
+    defer { other.shutdown() }
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "moved in callout") {
+      () -> (overlapped: Bool, firesDuringCallout: Int, secondFireOnOther: Bool) in
+      let loop = RunLoopThread.current
+      defer { loop.shutdown() }
+      let fires = AtomicCounter()
+      let running = Locked((inside: 0, overlapped: false, duringCallout: -1, secondOnOther: false))
+      let timer = makeParkedTimer { timer in
+        let fire = fires.increment()
+        running.withLock {
+          $0.inside += 1
+          if $0.inside > 1 { $0.overlapped = true }
+          if fire == 2 { $0.secondOnOther = RunLoopThread.current === other }
+        }
+        defer { running.withLock { $0.inside -= 1 } }
+        guard fire == 1 else { return }
+        RunLoopThread.current.remove(timer, from: modeA)  // its last mode here: unbound
+        other.add(timer)
+        timer.setFireDate(.now)  // due there at once (and kept after this callout)
+        for _ in 0..<3 {  // the other loop applies the add and makes passes meanwhile
+          _ = try? other.performAndWait {}
+          usleep(2_000)
+        }
+        running.withLock { $0.duringCallout = fires.current - 1 }
+      }
+      loop.add(timer, to: modeA)
+      timer.setFireDate(.now)
+      _ = loop.run(mode: modeA, until: .now.advanced(by: .milliseconds(100)))
+      _ = waitUntil("the second fire, on the other loop") { fires.current >= 2 }
+      timer.invalidate()
+      return running.withLock { ($0.overlapped, $0.duringCallout, $0.secondOnOther) }
+    }
+    #expect(outcome?.overlapped == false, "two callouts of the timer ran at once")
+    #expect(outcome?.firesDuringCallout == 0, "the other loop fired it during its callout")
+    #expect(outcome?.secondFireOnOther == true)
   }
 
   /// The callout invalidates the timer while a nested run in its other modes has parked their

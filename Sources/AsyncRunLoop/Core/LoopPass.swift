@@ -355,8 +355,8 @@ extension LoopCore {
       if record.isFiring {
         // Its callout is running further out: the entry stays out of the heap (a due entry left
         // in would arm the timerfd in the past and make this nested run spin) until the callout
-        // returns and `fire` puts the timer's entries back.
-        record.hasParkedEntries = true
+        // returns and `fire` puts the timer's entries back. (A new record of the timer, or one on
+        // another loop, is told by `LoopTimer.fire`: `.busy`.)
         continue
       }
       if first.sequence > newest {
@@ -384,12 +384,21 @@ extension LoopCore {
   /// when the callout removed the timer and added it here again. A timer whose handler did not run
   /// (moved to another loop, invalidated, or moved later by a `setFireDate` not applied yet) is
   /// left to the change on its way here.
+  ///
+  /// A timer whose callout is running already (`LoopTimer.FireOutcome.busy`: this record is new,
+  /// made by a callout further out that removed the timer and added it again, or the timer was
+  /// moved here from a callout on another loop) is not run: its entry stays out of the heap until
+  /// that callout returns and re-times it.
   private func fire(_ record: MemberRecord, _ timer: LoopTimer, firedAt fireDate: Int64) {
     record.isFiring = true
-    let ran = timer.fire(on: shared, dueAt: fireDate)
+    let outcome = timer.fire(on: shared, dueAt: fireDate)
     record.isFiring = false
-    record.hasParkedEntries = false
-    guard ran else {
+    switch outcome {
+    case .ran:
+      break
+    case .busy:
+      return
+    case .skipped:
       if record.isAttached && timer.isBound(to: shared) { pushTimerEntries(record) }  // back at its date
       return
     }

@@ -32,9 +32,6 @@ final class MemberRecord: TimerEntry {
 
   /// Timer: a callout of it is running (so a nested run never fires it inside its own callout).
   @exclusivity(unchecked) var isFiring = false
-  /// Timer: a run nested in its callout found it due in another mode and took that entry out of
-  /// the heap until the callout returns.
-  @exclusivity(unchecked) var hasParkedEntries = false
   /// Left its loop (detached) once: final. A record stands for one stay of its member on its
   /// loop (the binding makes a new one each time the member joins a loop), so an add still on its
   /// way with this record (made before the member was invalidated, or removed and re-added) is

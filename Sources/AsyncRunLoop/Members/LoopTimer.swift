@@ -35,8 +35,8 @@ public enum LoopTimerError: Error, Equatable, CustomStringConvertible {
 ///   `invalidateAndWait()`, which refuses (throws) instead of deadlocking.
 public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proof below
   // Safety: `intervalNanoseconds`, `toleranceNanoseconds` are immutable. `state` (binding,
-  // handler), `fireDateNs`, the fire-date versions, `firingLoop` and `firingWaiters` are only touched with `lock`
-  // held. The loop-thread side (heap entries) lives in the loop's `MemberRecord`.
+  // handler), `fireDateNs`, the fire-date versions, `firingLoop`, `deferredLoops` and
+  // `firingWaiters` are only touched with `lock` held. The loop-thread side (heap entries) lives in the loop's `MemberRecord`.
 
   static var kindName: String { "LoopTimer" }
 
@@ -51,7 +51,11 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   @exclusivity(unchecked) private var state: CalloutMemberState<@Sendable (LoopTimer) -> Void>
   @exclusivity(unchecked) private var fireDateNs: Int64
   /// The loop whose thread runs a callout of this timer now (set and cleared by that thread).
+  /// Callouts never overlap, so one is enough (see `fire`).
   @exclusivity(unchecked) private var firingLoop: LoopShared?
+  /// Loops that found the timer due while its callout ran elsewhere (another loop it was moved
+  /// to from the callout): told to re-time it when the callout returns.
+  @exclusivity(unchecked) private var deferredLoops: [LoopShared] = []
   /// Bumped by every `setFireDate`; `versionAtFire` is its value when the running callout began.
   @exclusivity(unchecked) private var fireDateVersion: UInt64 = 0
   @exclusivity(unchecked) private var versionAtFire: UInt64 = 0
@@ -210,17 +214,35 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   /// The current fire date in nanoseconds. Loop thread (any thread is safe).
   var fireDateNanoseconds: Int64 { lock.withLock { fireDateNs } }
 
-  /// Runs the handler if the timer is still valid and on `loop`, and its fire date is not later
-  /// than `dueAt`, the date of the heap entry the loop popped (a `setFireDate` from another thread
-  /// that the loop has not applied yet moved it: it fires at the new date, never early). Loop
+  /// What `fire` did.
+  enum FireOutcome {
+    /// The handler ran.
+    case ran
+    /// Not run: invalidated, no longer on the loop, or moved later (by a `setFireDate` the loop
+    /// has not applied yet: it fires at the new date, never early).
+    case skipped
+    /// Not run: a callout of the timer is running now, further out on this thread (the callout
+    /// removed the timer and added it again, so a nested run found a new record due) or on
+    /// another loop (the callout moved it there). Callouts never overlap: the loop keeps the
+    /// timer's entries out of its heaps, and the running callout re-times it there when it
+    /// returns (this loop's own `fire` does, or a reschedule sent to the other loop).
+    case busy
+  }
+
+  /// Runs the handler if the timer is still valid and on `loop`, its fire date is not later than
+  /// `dueAt` (the date of the heap entry the loop popped), and no callout of it is running. Loop
   /// thread of `loop`. While it runs, `invalidateAndWait()` from another thread waits for it to
-  /// end. The loop never fires a timer inside its own callout, so one `firingLoop` is enough.
-  /// - Returns: whether the handler ran.
-  func fire(on loop: LoopShared, dueAt deadline: Int64) -> Bool {
+  /// end.
+  func fire(on loop: LoopShared, dueAt deadline: Int64) -> FireOutcome {
     lock.lock()
     guard let current = state.callout(on: loop), fireDateNs <= deadline else {
       lock.unlock()
-      return false
+      return .skipped
+    }
+    if let running = firingLoop {
+      if running !== loop && !deferredLoops.contains(where: { $0 === loop }) { deferredLoops.append(loop) }
+      lock.unlock()
+      return .busy
     }
     firingLoop = loop
     versionAtFire = fireDateVersion
@@ -228,15 +250,19 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     current(self)
     lock.lock()
     firingLoop = nil
-    guard !firingWaiters.isEmpty else {
+    guard !firingWaiters.isEmpty || !deferredLoops.isEmpty else {
       lock.unlock()
-      return true
+      return .ran
     }
     let waiters = firingWaiters
     firingWaiters.removeAll()
+    // The loops that deferred it and still hold it, with its record there.
+    let deferred = deferredLoops.compactMap { other in state.binding.record(on: other).map { (other, $0) } }
+    deferredLoops.removeAll()
     lock.unlock()
     for gate in waiters { gate.open() }
-    return true
+    for (other, record) in deferred { other.rescheduleTimer(record) }
+    return .ran
   }
 
   /// What a fire left the timer with.
