@@ -127,7 +127,11 @@ final class ModeTable {
     return contents
   }
 
-  func existingContents(for mode: RunLoopMode) -> ModeContents? { contentsByMode[mode] }
+  /// The contents of `mode` if it was ever used (the last one looked up without hashing its name).
+  func existingContents(for mode: RunLoopMode) -> ModeContents? {
+    if let last = lastContents, last.mode == mode { return last }
+    return contentsByMode[mode]
+  }
 
   /// Attaches a record that is not on the loop yet (in no mode yet), holding `kind`'s member.
   func attach(_ record: MemberRecord, _ kind: MemberRecord.Kind) {
@@ -189,7 +193,7 @@ final class ModeTable {
           extract(record, from: membership.contents)
         }
       }
-    } else if let contents = contentsByMode[mode] {
+    } else if let contents = existingContents(for: mode) {
       extract(record, from: contents)
     }
     return record.modes.isEmpty && record.commonOrder == 0
