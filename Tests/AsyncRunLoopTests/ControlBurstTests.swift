@@ -105,4 +105,37 @@ struct ControlBurstTests {
       #expect(otherInOrder, "thread \(thread): \(outcome.other[thread].count) other-mode blocks, not in order")
     }
   }
+
+  /// A call on the loop thread comes after every change another thread sent before it, even when
+  /// nothing else woke the loop in between: here the removal is sent while the loop runs a
+  /// block, and the same block (told once the removal was sent) adds the source again.
+  @Test func aLoopThreadAddComesAfterARemovalSentBeforeIt() async throws {
+    let log = await execOnNewThread { () -> [String] in
+      let loop = try! RunLoopThread(name: "burst-order")
+      defer { loop.shutdownAndWait() }
+      let events = EventLog()
+      let source = InputSource(
+        schedule: { _, _, _ in events.add("schedule") }, cancel: { _, _ in events.add("cancel") }, perform: { _ in })
+      loop.add(source)
+      try! loop.performAndWait {}  // scheduled
+      let blockStarted = TestGate()
+      let removalSent = TestGate()
+      let added = TestGate()
+      loop.perform {
+        blockStarted.open()
+        _ = removalSent.wait(timeout: .seconds(20))
+        loop.add(source)  // on the loop thread: the removal sent before must come first
+        added.open()
+      }
+      _ = blockStarted.wait(timeout: .seconds(20))  // the removal reaches a loop busy in the block
+      loop.remove(source)
+      removalSent.open()
+      _ = added.wait(timeout: .seconds(20))
+      try! loop.performAndWait {}
+      source.invalidate()
+      try! loop.performAndWait {}
+      return events.entries.withLock { $0 }
+    }
+    #expect(log == ["schedule", "cancel", "schedule", "cancel"])
+  }
 }

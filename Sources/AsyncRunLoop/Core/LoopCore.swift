@@ -130,6 +130,7 @@ final class LoopCore {
     }
     if !shared.inbox.controls.isEmpty {  // (its chunks are never empty: applying indexes into each)
       shared.inbox.controls.takeAll(appendingTo: &controlBatches, spare: &spareControlBatch)
+      shared.changesWaiting.store(false, ordering: .relaxed)  // (under the lock, as every store)
     }
     let takesPerforms = !shared.inbox.performs.isEmpty
     if takesPerforms { shared.inbox.performs.takeAll(appendingTo: &arrivedPerforms, spare: &sparePerformChunk) }
@@ -191,6 +192,14 @@ final class LoopCore {
     }
     controlDepth -= 1
     if controlDepth == 0 { dropAppliedControlBatches() }
+  }
+
+  /// `applyControls()` when a change from another thread may wait (collected or still in the
+  /// inbox); otherwise nothing, without taking the inbox lock. For calls on the loop thread that
+  /// must come after every change sent before them (adds, removals).
+  @inline(__always)
+  func applyControlsIfAny() {
+    if hasWaitingControls || shared.changesWaiting.load(ordering: .acquiring) { applyControls() }
   }
 
   /// Frees the batches applied so far (no run is applying changes further out), keeping a small

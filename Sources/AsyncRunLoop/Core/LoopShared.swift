@@ -1,5 +1,6 @@
 import CAsyncRunLoop
 import Glibc
+import Synchronization
 
 /// The cross-thread half of a loop: its name, poller (wake-up), inbox and thread bookkeeping.
 /// Members bind to this object, never to the `RunLoopThread` handle, so a member scheduled on a
@@ -34,6 +35,11 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   // is only touched under `inboxLock`, and no access spans a call out.
   let inboxLock = PthreadLock.make()
   @exclusivity(unchecked) var inbox = LoopInbox()
+  /// True from a change's arrival in the inbox until the loop takes it (both under `inboxLock`):
+  /// lets a call on the loop thread skip the lock when no change from another thread waits. A
+  /// change whose send happened before that call set it before (release), so the call sees it
+  /// (acquire); one sent concurrently has no order to keep.
+  let changesWaiting = Atomic<Bool>(false)
   /// The user's handle was released (`RunLoopThread.deinit`): `handle` is now a stand-in.
   var handleDropped = false
 
@@ -111,7 +117,7 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   @discardableResult
   func onLoopThread(_ change: RegistrationChange) -> Bool {
     if isOnLoopThread {
-      core.applyControls()  // changes sent before from other threads come first
+      core.applyControlsIfAny()  // changes sent before from other threads come first
       core.apply(change)
       return true
     }
@@ -128,7 +134,9 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   /// any lock it holds). nil once terminated. Any thread.
   func send(_ change: RegistrationChange) -> LoopInbox.WakeAction? {
     inboxLock.withLock {
-      inbox.control(change)
+      let wake = inbox.control(change)
+      if wake != nil { changesWaiting.store(true, ordering: .releasing) }
+      return wake
     }
   }
 

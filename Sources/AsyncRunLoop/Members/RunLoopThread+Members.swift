@@ -122,7 +122,7 @@ extension RunLoopThread {
     if shared.isOnLoopThread {
       switch member.withBinding({ $0.bind(to: shared, mode: mode) }) {
       case .accepted(let record):
-        core.applyControls()
+        core.applyControlsIfAny()
         // A record that left this loop already (see `MemberRecord.hasLeft`): a stale add.
         return record.hasLeft ? nil : member.applyAdd(on: core, record: record, mode: mode, callerWaits: true)
       case .refused:
@@ -161,7 +161,7 @@ extension RunLoopThread {
     let shared = self.shared
     if shared.isOnLoopThread {
       guard let record = member.withBinding({ $0.unbind(from: shared, mode: mode) }) else { return }
-      core.applyControls()
+      core.applyControlsIfAny()
       core.applyRemove(record, from: mode)
       return
     }
