@@ -458,7 +458,7 @@ enum ChurnScenarios {
   /// Rounds per measurement (their median is the figure).
   static func rounds(_ count: Int, _ mode: RunMode) -> Int {
     if mode == .smoke { return 1 }
-    return count <= 1_000 ? 9 : (count <= 10_000 ? 5 : 1)
+    return count <= 1_000 ? 9 : (count <= 10_000 ? 5 : 3)
   }
 
   /// "1k", "100k", or the plain count (0, 100) when it is not a multiple of 1000.
@@ -496,7 +496,7 @@ enum ChurnScenarios {
         + " (add_send_ns + add_apply_ns)",
       "sizes: timers \(sizes(.timer, mode).map(label).joined(separator: "/")), other kinds "
         + "\(sizes(.inputSource, mode).map(label).joined(separator: "/")); median of up to 9 rounds at 1k,"
-        + " 5 at 10k, 1 at 100k, as many as fit in \(timeBudget.measurementNanoseconds / 1_000_000) ms",
+        + " 5 at 10k, 3 at 100k, as many as fit in \(timeBudget.measurementNanoseconds / 1_000_000) ms",
       "a size whose round would take over \(timeBudget.limitNanoseconds / 1_000_000_000) s (extrapolated"
         + " quadratically from the size below) is skipped: the reason is on stderr",
       "steady: a loop holding n idle members of a kind (the fill, not timed); rounds of \(SteadyChurnSession.batch)"
