@@ -45,9 +45,9 @@ final class LoopCore {
 
   /// Registration changes taken from the inbox, applied in order (a nested `applyControls`
   /// continues the same queue, so later changes never overtake earlier ones): a list of batches,
-  /// each the inbox's array as the loop took it (moved whole, so taking 100k changes is O(1), not
-  /// a copy in one pass), applied from `controlIndex` of batch `controlBatchIndex`. No batch in
-  /// the list is empty.
+  /// each a chunk of the inbox's queue as the loop took it (moved whole, so taking 100k changes
+  /// costs O(chunks), not a copy in one pass), applied from `controlIndex` of batch
+  /// `controlBatchIndex`. No batch in the list is empty.
   @exclusivity(unchecked) var controlBatches: [[SequencedChange]] = []
   @exclusivity(unchecked) var controlBatchIndex = 0
   @exclusivity(unchecked) var controlIndex = 0
