@@ -81,3 +81,158 @@ struct ReviewRound11TimerTests {
     return outcome?.doubled
   }
 }
+
+extension ReviewRound11TimerTests {
+  /// The callout moves the timer to B (where it is due: B defers it as busy) and then waits while
+  /// a third thread calls `invalidateAndWait()`. That call returns only after the callout
+  /// returned, and from then on no callout runs anywhere: not on A, not on B's deferred entry.
+  @Test func invalidateAndWaitFromAThirdThreadWhileTheCalloutRunsEndsEveryFire() async throws {
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "invalidateAndWait, moved") {
+      () throws -> (rounds: Int, wrong: [String]) in
+      var wrong: [String] = []
+      let rounds = try repeatRounds(20, budget: .milliseconds(800)) { round in
+        let loopA = try RunLoopThread(name: "r11-iaw-a")
+        let loopB = try RunLoopThread(name: "r11-iaw-b")
+        defer {
+          loopA.shutdownAndWait()
+          loopB.shutdownAndWait()
+        }
+        let fires = AtomicCounter()
+        let inCallout = Locked(false)
+        let moved = TestGate()
+        let timer = LoopTimer(fireAt: .now, repeatingEvery: .milliseconds(1)) { timer in
+          inCallout.withLock { $0 = true }
+          defer { inCallout.withLock { $0 = false } }
+          guard fires.increment() == 1 else { return }
+          loopA.remove(timer)
+          loopB.add(timer)
+          timer.setFireDate(.now)
+          _ = try? loopB.performAndWait {}
+          moved.open()
+          // invalidateAndWait invalidates and starts waiting in one critical section.
+          let deadline = ContinuousClock.now.advanced(by: .seconds(10))
+          while timer.isValid && ContinuousClock.now < deadline { usleep(200) }
+          usleep(2_000)  // still inside when the waiter is released would be the bug
+        }
+        loopA.add(timer)
+        _ = moved.wait(timeout: .seconds(10))
+        let early = Locked(false)
+        let waiter = startThread {
+          try? timer.invalidateAndWait()
+          if inCallout.withLock({ $0 }) { early.withLock { $0 = true } }
+        }
+        joinThread(waiter)
+        if early.withLock({ $0 }) { wrong.append("round \(round): returned while the callout ran") }
+        let firesAtReturn = fires.current
+        for _ in 0..<3 {
+          _ = try? loopA.performAndWait {}
+          _ = try? loopB.performAndWait {}
+          usleep(2_000)
+        }
+        if fires.current != firesAtReturn || firesAtReturn != 1 {
+          wrong.append("round \(round): \(firesAtReturn) fires at return, \(fires.current) later")
+        }
+      }
+      return (rounds, wrong)
+    }
+    #expect(outcome?.wrong == [])
+  }
+
+  /// A repeating 2 ms timer moves between two loops in every callout (A to B, B to A), with
+  /// nested runs on the way; an observer counts passes. Promised: callouts never overlap, none
+  /// runs after `invalidateAndWait()` returns, the timer keeps firing (no fire lost forever:
+  /// each due date fires once its callout returns) and no loop spins while the timer waits.
+  @Test func aTimerBouncingBetweenLoopsKeepsFiringWithoutOverlapOrSpin() async throws {
+    let loopA = try RunLoopThread(name: "r11-bounce-a")
+    let loopB = try RunLoopThread(name: "r11-bounce-b")
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "bouncing timer") {
+      () -> (fires: Int, overlapped: Bool, passes: Int, after: Int) in
+      defer {
+        loopA.shutdownAndWait()
+        loopB.shutdownAndWait()
+      }
+      let passes = AtomicCounter()
+      for loop in [loopA, loopB] {
+        loop.add(LoopObserver(activities: [.beforeTimers]) { _, _ in passes.increment() }, to: .common)
+      }
+      let fires = AtomicCounter()
+      let inside = Locked(0)
+      let overlapped = Locked(false)
+      let timer = LoopTimer(after: .milliseconds(2), repeatingEvery: .milliseconds(2)) { timer in
+        let depth = inside.withLock {
+          $0 += 1
+          return $0
+        }
+        if depth > 1 { overlapped.withLock { $0 = true } }
+        defer { inside.withLock { $0 -= 1 } }
+        let fire = fires.increment()
+        let here = RunLoopThread.current
+        let there = here === loopA ? loopB : loopA
+        here.remove(timer, from: .common)
+        here.remove(timer, from: modeA)  // (a no-op unless it was there)
+        if fire % 3 == 0 { there.add(timer, to: modeA) }  // several modes there
+        there.add(timer, to: .common)
+        if fire % 4 == 0 { _ = here.run(mode: modeB, until: .now.advanced(by: .milliseconds(1))) }
+        if fire % 5 == 0 { timer.setFireDate(.now) }
+      }
+      loopA.add(timer, to: .common)
+      let deadline = ContinuousClock.now.advanced(by: .milliseconds(400))
+      while ContinuousClock.now < deadline && fires.current < 60 { usleep(2_000) }
+      let passesBefore = passes.current
+      try? timer.invalidateAndWait()
+      let after = fires.current
+      usleep(20_000)
+      return (after, overlapped.withLock { $0 }, passesBefore, fires.current - after)
+    }
+    guard let outcome else { return }
+    #expect(outcome.fires >= 20, "the bouncing timer stopped firing: \(outcome.fires) fires")
+    #expect(!outcome.overlapped, "two callouts of the timer ran at once")
+    #expect(outcome.after == 0, "a callout ran after invalidateAndWait returned")
+    // No spin: a loop that waits for a 2 ms timer makes a few passes per fire, not thousands.
+    #expect(outcome.passes < 200 * max(outcome.fires, 1), "\(outcome.passes) passes for \(outcome.fires) fires")
+    print("bouncing timer: \(outcome.fires) fires, \(outcome.passes) passes")
+  }
+
+  /// The callout moves the timer to B, B defers it as busy, and B shuts down while the callout
+  /// still runs. The callout returns without a crash or hang; the timer is invalid (B's shutdown
+  /// invalidated it) and it and its handler are released.
+  @Test func theOtherLoopShutsDownWhileItHoldsTheTimerDeferred() async throws {
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "deferred, then shutdown") {
+      () throws -> (fires: Int, valid: Bool, timerGone: Bool, captureGone: Bool) in
+      let loopA = try RunLoopThread(name: "r11-sd-a")
+      let loopB = try RunLoopThread(name: "r11-sd-b")
+      defer { loopA.shutdownAndWait() }
+      let fires = AtomicCounter()
+      let calloutDone = TestGate()
+      weak var weakTimer: LoopTimer?
+      weak var weakCapture: R11Token?
+      var valid = true
+      do {
+        let capture = R11Token()
+        weakCapture = capture
+        let timer = LoopTimer(fireAt: .now, repeatingEvery: .milliseconds(5)) { timer in
+          withExtendedLifetime(capture) {}
+          guard fires.increment() == 1 else { return }
+          loopA.remove(timer)
+          loopB.add(timer)
+          _ = try? loopB.performAndWait {}
+          _ = try? loopB.performAndWait {}
+          loopB.shutdownAndWait()
+          calloutDone.open()
+        }
+        weakTimer = timer
+        loopA.add(timer)
+        _ = calloutDone.wait(timeout: .seconds(10))
+        _ = try? loopA.performAndWait {}
+        usleep(20_000)
+        valid = timer.isValid
+      }
+      _ = try? loopA.performAndWait {}
+      return (fires.current, valid, weakTimer == nil, weakCapture == nil)
+    }
+    #expect(outcome?.fires == 1)
+    #expect(outcome?.valid == false)
+    #expect(outcome?.timerGone == true, "the timer is still held")
+    #expect(outcome?.captureGone == true, "the timer's handler is still held")
+  }
+}
