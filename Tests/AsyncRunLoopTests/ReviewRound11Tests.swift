@@ -600,7 +600,8 @@ struct ReviewRound11CommandTests {
           if value % 500 == 499 {
             let keep = LoopTimer(after: .seconds(3600)) { _ in }
             RunLoopThread.current.add(keep, to: modeA)
-            _ = RunLoopThread.current.run(mode: round % 2 == 0 ? .default : modeA, until: .now.advanced(by: .microseconds(200)))
+            _ = RunLoopThread.current.run(
+              mode: round % 2 == 0 ? .default : modeA, until: .now.advanced(by: .microseconds(200)))
             keep.invalidate()
           }
         }
@@ -615,13 +616,19 @@ struct ReviewRound11CommandTests {
           }
         }
         let delay = UInt32(200 + round * 300)
-        race(producers + [{ usleep(delay); command.source.invalidate() }])
+        race(
+          producers + [
+            {
+              usleep(delay); command.source.invalidate()
+            }
+          ])
         _ = waitUntil("cancel") { cancels.current >= 1 }
         loop.shutdownAndWait()
         let got = delivered.withLock { $0 }
         let sent = accepted.withLock { $0 }
         for producer in 0..<3 where got[producer] != sent[producer] {
-          wrong.append("round \(round) producer \(producer): accepted \(sent[producer].count), delivered \(got[producer].count)")
+          wrong.append(
+            "round \(round) producer \(producer): accepted \(sent[producer].count), delivered \(got[producer].count)")
         }
         if cancels.current != 1 || afterCancel.current != 0 {
           wrong.append("round \(round): \(cancels.current) cancels, \(afterCancel.current) after cancel")
