@@ -639,3 +639,131 @@ struct ReviewRound11CommandTests {
     #expect(outcome == [])
   }
 }
+
+@Suite("ReviewRound11: sequences and what they leave behind", .serialized, .timeLimit(.minutes(2)))
+struct ReviewRound11SequenceTests {
+  /// Three producer threads post 2,000 elements each into a source sequence while the loop shuts
+  /// down partway. Promised: every accepted element is delivered exactly once and in order per
+  /// producer, then the sequence ends; `onCancel` runs once; afterwards the sequence and what its
+  /// `onCancel` captured are released.
+  @Test func producersRacingShutdownDeliverEachAcceptedElementOnceAndLeaveNothingBehind() async throws {
+    var wrong: [String] = []
+    for round in 0..<4 {
+      let loop = try RunLoopThread(name: "r11-seq")
+      let cancels = AtomicCounter()
+      weak var weakSequence: SourceSequence<Int>?
+      weak var weakCapture: R11Token?
+      var got: [[Int]] = []
+      var sent: [[Int]] = []
+      do {
+        let capture = R11Token()
+        weakCapture = capture
+        let sequence = loop.sourceSequence(
+          of: Int.self,
+          onCancel: { _ in
+            withExtendedLifetime(capture) {}
+            cancels.increment()
+          })
+        weakSequence = sequence
+        let consumer = Task { () -> [[Int]] in
+          var got: [[Int]] = [[], [], []]
+          for await element in sequence { got[element / 10_000].append(element % 10_000) }
+          return got
+        }
+        sent = await execOnNewThread { () -> [[Int]] in
+          let accepted = Locked<[[Int]]>([[], [], []])
+          let producers: [@Sendable () -> Void] = (0..<3).map { producer in
+            {
+              for value in 0..<2_000 {
+                switch sequence.post(producer * 10_000 + value) {
+                case .enqueued, .enqueuedDroppingOldest: accepted.withLock { $0[producer].append(value) }
+                default: break
+                }
+              }
+            }
+          }
+          let delay = UInt32(100 + round * 400)
+          race(
+            producers + [
+              {
+                usleep(delay); loop.shutdown()
+              }
+            ])
+          loop.shutdownAndWait()
+          return accepted.withLock { $0 }
+        }
+        got = await consumer.value
+      }
+      if got != sent {
+        wrong.append("round \(round): sent \(sent.map(\.count)), got \(got.map(\.count))")
+      }
+      if cancels.current != 1 { wrong.append("round \(round): onCancel ran \(cancels.current) times") }
+      // The finished consumer task lets go of its closure shortly after handing its value over.
+      for _ in 0..<2_000 where weakSequence != nil || weakCapture != nil { try await Task.sleep(for: .milliseconds(1)) }
+      if weakSequence != nil || weakCapture != nil {
+        wrong.append("round \(round): sequence held \(weakSequence != nil), capture held \(weakCapture != nil)")
+      }
+    }
+    #expect(wrong == [])
+  }
+
+  /// Members removed or invalidated from another thread while the loop is blocked (more than a
+  /// chunk and a pass of changes), and members left on a loop that shuts down: once the loop has
+  /// applied the changes (or finished), every member and every closure it held is released.
+  @Test func membersAndTheirClosuresAreReleasedAfterBurstsOfRemovalsAndShutdown() async throws {
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "released members") {
+      () throws -> (members: Int, captures: Int, cancels: Int, schedules: Int) in
+      let loop = try RunLoopThread(name: "r11-leak")
+      let cancels = AtomicCounter()
+      let schedules = AtomicCounter()
+      let weakMembers = Locked<[() -> Bool]>([])
+      let weakCaptures = Locked<[() -> Bool]>([])
+      do {
+        var keep: [InputSource] = []
+        var timers: [LoopTimer] = []
+        let release = blockLoop(loop)
+        for index in 0..<1_200 {
+          let capture = R11Token()
+          weak let weakCapture = capture
+          let source = InputSource(
+            schedule: { _, _, _ in schedules.increment() },
+            cancel: { _, _ in
+              withExtendedLifetime(capture) {}
+              cancels.increment()
+            }
+          ) { _ in }
+          weak let weakSource = source
+          weakMembers.withLock { $0.append { weakSource == nil } }
+          weakCaptures.withLock { $0.append { weakCapture == nil } }
+          loop.add(source, to: index % 2 == 0 ? .default : modeA)
+          switch index % 3 {
+          case 0: loop.remove(source, from: index % 2 == 0 ? .default : modeA)
+          case 1: source.invalidate()
+          default: keep.append(source)  // left for the shutdown
+          }
+          if index % 4 == 0 {
+            let timerCapture = R11Token()
+            weak let weakTimerCapture = timerCapture
+            let timer = LoopTimer(after: .seconds(3600)) { _ in withExtendedLifetime(timerCapture) {} }
+            weak let weakTimer = timer
+            weakMembers.withLock { $0.append { weakTimer == nil } }
+            weakCaptures.withLock { $0.append { weakTimerCapture == nil } }
+            loop.add(timer, to: .common)
+            if index % 8 == 0 { timer.invalidate() } else { timers.append(timer) }
+          }
+        }
+        release.open()
+        _ = try? loop.performAndWait {}
+        loop.shutdownAndWait()
+        withExtendedLifetime((keep, timers)) {}
+      }
+      let members = weakMembers.withLock { $0 }.filter { !$0() }.count
+      let captures = weakCaptures.withLock { $0 }.filter { !$0() }.count
+      return (members, captures, cancels.current, schedules.current)
+    }
+    #expect(outcome?.members == 0, "members still held")
+    #expect(outcome?.captures == 0, "closures' captures still held")
+    #expect(outcome?.schedules == 1_200)
+    #expect(outcome?.cancels == 1_200)
+  }
+}
