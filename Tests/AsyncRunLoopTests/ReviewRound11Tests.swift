@@ -21,7 +21,7 @@ struct ReviewRound11TimerTests {
   /// moves to the next point of its grid, an hour later, and does not fire again for this one.
   /// Between the callout's return (which clears "a callout is running" and re-times B's deferred
   /// entry) and `afterFire` (which advances the date) B can find the old date still due.
-  @Test(.disabled("bug: a timer moved to another loop in its callout fires there again for the date just fired"))
+  @Test
   func aRepeatingTimerMovedToAnotherLoopInItsCalloutFiresOnceForItsDate() async throws {
     let doubled = try await Self.moveInCallout(repeating: true)
     #expect(doubled == [], "the timer fired again for the date it had just fired for")
@@ -29,10 +29,46 @@ struct ReviewRound11TimerTests {
 
   /// The same with a one-shot timer: "a one-shot timer is done" after its fire (invalidated), yet
   /// B runs its handler a second time.
-  @Test(.disabled("bug: a one-shot timer moved to another loop in its callout fires twice"))
+  @Test
   func aOneShotTimerMovedToAnotherLoopInItsCalloutFiresOnce() async throws {
     let doubled = try await Self.moveInCallout(repeating: false)
     #expect(doubled == [], "the one-shot timer fired twice")
+  }
+
+  /// A one-shot timer whose callout removes it from its only mode and adds it to the same loop
+  /// again (a new record there): after its fire it is invalidated and that new record is detached
+  /// too (nothing of it stays in a mode, it never fires again, its handler is released).
+  @Test func aOneShotTimerReAddedToItsLoopInItsCalloutIsDoneAfterItsFire() async throws {
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "one-shot re-added") {
+      () -> (fires: Int, valid: Bool, modes: Int, released: Bool) in
+      let loop = RunLoopThread.current
+      defer { loop.shutdown() }
+      let fires = AtomicCounter()
+      weak var weakToken: R11Token?
+      let timer: LoopTimer
+      do {
+        let token = R11Token()
+        weakToken = token
+        timer = LoopTimer(fireAt: .now) { timer in
+          withExtendedLifetime(token) {}
+          fires.increment()
+          RunLoopThread.current.remove(timer, from: modeA)  // its only mode: unbound
+          RunLoopThread.current.add(timer, to: modeA)  // a new record on the same loop
+        }
+      }
+      let keep = LoopTimer(after: .seconds(3600)) { _ in }
+      loop.add(keep, to: modeA)
+      loop.add(timer, to: modeA)
+      _ = loop.run(mode: modeA, until: .now.advanced(by: .milliseconds(50)))
+      // Records still on the loop besides `keep` (the binding of an invalidated timer names none).
+      let outcome = (fires.current, timer.isValid, loop.core.modeTable.allRecords.count - 1, weakToken == nil)
+      keep.invalidate()
+      return outcome
+    }
+    #expect(outcome?.fires == 1)
+    #expect(outcome?.valid == false)
+    #expect(outcome?.modes == 0, "the new record stayed in the mode")
+    #expect(outcome?.released == true)
   }
 
   /// Rounds of: a timer due now fires on A, its callout moves it to B (and, every other round,

@@ -393,17 +393,19 @@ extension LoopCore {
     record.isFiring = true
     let outcome = timer.fire(on: shared, dueAt: fireDate)
     record.isFiring = false
+    let after: LoopTimer.AfterFire
+    let recordHere: MemberRecord?
     switch outcome {
-    case .ran:
-      break
+    case .ran(let left, let record):
+      (after, recordHere) = (left, record)
     case .busy:
       return
     case .skipped:
       if record.isAttached && timer.isBound(to: shared) { pushTimerEntries(record) }  // back at its date
       return
     }
-    let current: MemberRecord? = record.isAttached ? record : timer.withBinding { $0.record(on: shared) }
-    switch timer.afterFire(now: LoopClock.monotonicNanoseconds()) {
+    let current: MemberRecord? = record.isAttached ? record : recordHere
+    switch after {
     case .rescheduled, .advanced:
       if let current, current.isAttached { pushTimerEntries(current) }
     case .finished:

@@ -216,8 +216,10 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
 
   /// What `fire` did.
   enum FireOutcome {
-    /// The handler ran.
-    case ran
+    /// The handler ran, and left the timer so; with its record on the loop as the callout left it
+    /// (taken before a one-shot timer's invalidation: the loop detaches it, also a new record
+    /// made by a callout that removed the timer and added it here again).
+    case ran(AfterFire, recordHere: MemberRecord?)
     /// Not run: invalidated, no longer on the loop, or moved later (by a `setFireDate` the loop
     /// has not applied yet: it fires at the new date, never early).
     case skipped
@@ -233,6 +235,10 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   /// `dueAt` (the date of the heap entry the loop popped), and no callout of it is running. Loop
   /// thread of `loop`. While it runs, `invalidateAndWait()` from another thread waits for it to
   /// end.
+  ///
+  /// The callout's end and what it leaves the timer with (`afterFire`: the next date, or a
+  /// one-shot timer invalidated) are one critical section: a loop that deferred the timer
+  /// meanwhile, and is told only after it, never sees the date that just fired.
   func fire(on loop: LoopShared, dueAt deadline: Int64) -> FireOutcome {
     lock.lock()
     guard let current = state.callout(on: loop), fireDateNs <= deadline else {
@@ -248,21 +254,27 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     versionAtFire = fireDateVersion
     lock.unlock()
     current(self)
+    let now = LoopClock.monotonicNanoseconds()
     lock.lock()
     firingLoop = nil
+    let recordHere = state.binding.record(on: loop)
+    let (after, invalidation) = afterFireLocked(now: now)
     guard !firingWaiters.isEmpty || !deferredLoops.isEmpty else {
       lock.unlock()
-      return .ran
+      invalidation?.finish(self, detaching: false)
+      return .ran(after, recordHere: recordHere)
     }
     let waiters = firingWaiters
     firingWaiters.removeAll()
-    // The loops that deferred it and still hold it, with its record there.
+    // The loops that deferred it and still hold it (a one-shot timer is invalid by now), with its
+    // record there.
     let deferred = deferredLoops.compactMap { other in state.binding.record(on: other).map { (other, $0) } }
     deferredLoops.removeAll()
     lock.unlock()
+    invalidation?.finish(self, detaching: false)
     for gate in waiters { gate.open() }
     for (other, record) in deferred { other.rescheduleTimer(record) }
-    return .ran
+    return .ran(after, recordHere: recordHere)
   }
 
   /// What a fire left the timer with.
@@ -276,25 +288,15 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     case finished
   }
 
-  /// After a fire whose handler ran: moves a repeating timer to its next date on its grid (from
-  /// the date it fired for), unless the callout set a fire date; invalidates a one-shot timer
-  /// (without a round trip through the inbox: the loop detaches its records). One critical
-  /// section. Loop thread.
-  func afterFire(now: Int64) -> AfterFire {
-    lock.lock()
-    if fireDateVersion != versionAtFire {
-      lock.unlock()
-      return .rescheduled
-    }
-    guard let interval = intervalNanoseconds else {
-      let invalidation = state.invalidate()
-      lock.unlock()
-      invalidation.finish(self, detaching: false)
-      return .finished
-    }
+  /// After a fire whose handler ran, with `lock` held: moves a repeating timer to its next date
+  /// on its grid (from the date it fired for), unless the callout set a fire date; invalidates a
+  /// one-shot timer (without a round trip through the inbox: the loop detaches its records). The
+  /// caller finishes the returned invalidation after releasing the lock.
+  private func afterFireLocked(now: Int64) -> (AfterFire, MemberInvalidation<@Sendable (LoopTimer) -> Void>?) {
+    if fireDateVersion != versionAtFire { return (.rescheduled, nil) }
+    guard let interval = intervalNanoseconds else { return (.finished, state.invalidate()) }
     fireDateNs = Self.nextFireDate(after: fireDateNs, interval: interval, now: now)
-    lock.unlock()
-    return .advanced
+    return (.advanced, nil)
   }
 
   /// The first point of the grid `fireDate + k·interval` (k ≥ 1) that lies after `now`: missed
