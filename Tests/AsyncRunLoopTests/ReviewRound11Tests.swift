@@ -512,9 +512,9 @@ struct ReviewRound11CommandTests {
   /// commands posted meanwhile reach B, which leaves them pending while A finishes, then the
   /// source is invalidated from another thread. Promised: every accepted command is delivered
   /// exactly once, in posting order, before the `cancel` that follows the invalidation. B's closing
-  /// drain delivers the later commands at once, while A still has most of its batch to deliver
-  /// (and delivers it after that cancel).
-  @Test(.disabled("bug: invalidating a command source moved away mid-batch delivers out of order, some after cancel"))
+  /// drain used to deliver the later commands at once, while A still had most of its batch to
+  /// deliver (A delivered it after that cancel); it now waits for A's batch to end.
+  @Test
   func aCommandSourceMovedAwayMidBatchThenInvalidatedDeliversInOrderBeforeCancel() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "moved mid-batch, invalidated") {
       () throws -> (delivered: [Int], cancelsBeforeLast: Int, accepted: Int) in
@@ -536,8 +536,9 @@ struct ReviewRound11CommandTests {
         RunLoopThread.current.remove(source)  // its last mode on A: A's cancel runs now
         loopB.add(source)
         moved.open()
-        // Until the invalidation's cancel on B (bounded: the test fails, it does not hang).
-        let deadline = ContinuousClock.now.advanced(by: .seconds(2))
+        // Until the invalidation's cancel on B, which (fixed) waits for this batch to end: bounded,
+        // long enough for a cancel that does not wait to come first.
+        let deadline = ContinuousClock.now.advanced(by: .milliseconds(300))
         while cancels.current < 2 && ContinuousClock.now < deadline { usleep(500) }
       }
       box.withLock { $0 = command.source }
@@ -561,6 +562,62 @@ struct ReviewRound11CommandTests {
     let inOrder = outcome.delivered == Array(0..<200)
     #expect(inOrder, "delivered \(outcome.delivered.count) commands; in order: \(inOrder)")
     #expect(outcome.cancelsBeforeLast == 0, "\(outcome.cancelsBeforeLast) commands delivered after the last cancel")
+  }
+
+  /// The same, but A's handler, while B's closing drain waits for A's batch, waits for B in turn
+  /// (`performAndWait`): that wait would close a cycle, so it throws `wouldDeadlock` instead of
+  /// hanging both loops, and every command still comes once, in order, before the last cancel.
+  @Test func aHandlerWaitingForTheLoopThatWaitsForItsBatchIsRefusedNotHung() async throws {
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "closing drain cycle") {
+      () throws -> (delivered: [Int], afterLastCancel: Int, refused: Bool) in
+      let loopA = try RunLoopThread(name: "r11-cyc-a")
+      let loopB = try RunLoopThread(name: "r11-cyc-b")
+      defer {
+        loopA.shutdownAndWait()
+        loopB.shutdownAndWait()
+      }
+      let delivered = Locked<[Int]>([])
+      let cancels = AtomicCounter()
+      let cancelsAtDelivery = Locked<[Int]>([])
+      let refused = Locked(false)
+      let box = Locked<CommandSource<Int>?>(nil)
+      let moved = TestGate()
+      let command = CommandSource<Int>(cancel: { _, _ in cancels.increment() }) { value in
+        delivered.withLock { $0.append(value) }
+        cancelsAtDelivery.withLock { $0.append(cancels.current) }
+        guard value == 0, let command = box.withLock({ $0 }) else { return }
+        RunLoopThread.current.remove(command.source)  // its last mode on A
+        loopB.add(command.source)
+        moved.open()
+        let buffer = command.buffer
+        _ = waitUntil("B's closing drain waiting for this batch") {
+          buffer.lock.withLock { !buffer.closingWaiters.isEmpty }
+        }
+        do {
+          try loopB.performAndWait {}
+        } catch RunLoopError.wouldDeadlock {
+          refused.withLock { $0 = true }
+        } catch {}
+      }
+      box.withLock { $0 = command }
+      let release = blockLoop(loopA)
+      loopA.add(command.source)
+      for value in 0..<100 { command.post(value) }  // one batch on A
+      release.open()
+      _ = moved.wait(timeout: .seconds(10))
+      for value in 100..<200 { command.post(value) }
+      _ = try? loopB.performAndWait {}  // B joined it
+      command.source.invalidate()  // B's closing drain waits for A's batch
+      _ = waitUntil("the last cancel") { cancels.current >= 2 }
+      box.withLock { $0 = nil }
+      let afterLast = cancelsAtDelivery.withLock { $0 }.filter { $0 >= 2 }.count
+      return (delivered.withLock { $0 }, afterLast, refused.withLock { $0 })
+    }
+    guard let outcome else { return }
+    let inOrder = outcome.delivered == Array(0..<200)
+    #expect(inOrder, "delivered \(outcome.delivered.count) commands; in order: \(inOrder)")
+    #expect(outcome.afterLastCancel == 0)
+    #expect(outcome.refused, "the handler's wait for B was not refused")
   }
 
   /// The same move without the invalidation: A finishes its batch, then B delivers what was posted

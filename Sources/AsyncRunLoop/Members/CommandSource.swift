@@ -16,6 +16,12 @@ import Glibc
 /// it is invalidated instead, the loop it was last on delivers them. Only a source that has no
 /// loop to deliver on — invalidated before it was ever added, or after the loop it was last on
 /// terminated — drops what it holds (`pendingCount` tells how many commands wait).
+///
+/// A handler that moves the source to another loop keeps the order too: the first loop finishes
+/// the batch it was delivering, and the new loop delivers later commands only after it. If the
+/// source is invalidated on the new loop meanwhile, that loop's thread waits for the batch to end
+/// before its closing delivery and `cancel`; a handler of that batch that waits for the new loop
+/// (`performAndWait`) is then refused with `RunLoopError.wouldDeadlock` rather than hanging both.
 public final class CommandSource<Command: Sendable>: Sendable {
   /// The underlying input source: add it to a loop's modes, or invalidate it. Keep the
   /// `CommandSource` itself alive while you post to it: dropping it invalidates the source.
@@ -78,8 +84,8 @@ public final class CommandSource<Command: Sendable>: Sendable {
 /// The command buffer of a `CommandSource`: filled from any thread, drained on the loop thread.
 @usableFromInline
 final class CommandBuffer<Command: Sendable>: @unchecked Sendable {  // Safety: proof below
-  // Safety: `pending`, `isOpen`, `drainingThread` and `deferredDrain` are only touched with
-  // `lock` held. `draining` and `drainIndex` are only touched by `drain` on the thread that
+  // Safety: `pending`, `isOpen`, `drainingThread`, `drainingLoop`, `deferredDrain` and
+  // `closingWaiters` are only touched with `lock` held. `draining` and `drainIndex` are only touched by `drain` on the thread that
   // `drainingThread` names (set under the lock by its outermost drain, cleared under the lock
   // after its last access): the source's perform and close routines, on a loop thread; a nested
   // run or a handler that invalidates the source may drain again from inside a handler on that
@@ -94,6 +100,11 @@ final class CommandBuffer<Command: Sendable>: @unchecked Sendable {  // Safety: 
   @exclusivity(unchecked) @usableFromInline var drainIndex = 0
   /// The thread whose drain is on its stack (it owns `draining`), nil when none.
   @exclusivity(unchecked) @usableFromInline var drainingThread: pthread_t?
+  /// That thread's loop (its `LoopShared`, unretained: alive while its thread drains), for a
+  /// closing drain on another loop that waits for the batch to end.
+  @exclusivity(unchecked) @usableFromInline var drainingLoop: UnsafeMutableRawPointer?
+  /// Closing drains on other loops' threads waiting for the batch to end: opened when it does.
+  @exclusivity(unchecked) @usableFromInline var closingWaiters: [BlockingGate] = []
   /// A drain on another thread found `drainingThread` busy and left its commands pending: the
   /// busy drain asks for another fire when it ends.
   @exclusivity(unchecked) @usableFromInline var deferredDrain = false
@@ -138,8 +149,10 @@ final class CommandBuffer<Command: Sendable>: @unchecked Sendable {  // Safety: 
   /// thread delivers a batch may at once be added to, and fired on, another loop: that thread's
   /// drain leaves the commands pending (the handler is never called on two threads at once) and
   /// the busy drain returns true when it is done: signal the source again, so that its loop now
-  /// delivers them. (A closing drain there cannot wait: it delivers what is pending at once,
-  /// before `cancel`, while the other thread finishes its batch.)
+  /// delivers them. A closing drain there (the source invalidated on its new loop) waits for the
+  /// batch to end, then delivers what is pending, so that every command still comes in posting
+  /// order and before `cancel`. Only when the busy loop is itself waiting for this one (directly
+  /// or through other loops: waiting would deadlock) does it deliver what is pending at once.
   /// - Returns: true when the source must be signalled again (commands were left for this drain).
   @inlinable
   func drain(into handler: (Command) -> Void, closing: Bool) -> Bool {
@@ -153,13 +166,16 @@ final class CommandBuffer<Command: Sendable>: @unchecked Sendable {  // Safety: 
         lock.unlock()
         return false
       }
-      var rest: [Command] = []
-      swap(&rest, &pending)
-      lock.unlock()
-      for command in rest { handler(command) }
-      return false
+      if !waitForOtherDrainLocked() {
+        var rest: [Command] = []
+        swap(&rest, &pending)
+        lock.unlock()
+        for command in rest { handler(command) }
+        return false
+      }
     }
     let outermost = drainingThread == nil
+    if outermost { drainingLoop = currentLoopIdentity() }
     drainingThread = thread
     if drainIndex == draining.count {
       // Nothing left from an outer drain: the posted commands become the batch.
@@ -185,9 +201,47 @@ final class CommandBuffer<Command: Sendable>: @unchecked Sendable {  // Safety: 
     guard outermost else { return false }
     lock.lock()
     drainingThread = nil
+    drainingLoop = nil
     let again = deferredDrain && !pending.isEmpty
     deferredDrain = false
+    if !closingWaiters.isEmpty { openClosingWaitersLocked() }
     lock.unlock()
     return again
   }
+
+  /// A closing drain, with `lock` held, while another loop's thread delivers a batch: waits until
+  /// no other thread drains (the lock is released while waiting, held again on return), with this
+  /// loop recorded as waiting for that one. False, without waiting, when that loop is itself
+  /// waiting for this one, directly or through other loops (waiting would deadlock), or the
+  /// caller is on no loop thread.
+  @usableFromInline
+  func waitForOtherDrainLocked() -> Bool {
+    let thread = pthread_self()
+    while let owner = drainingThread, pthread_equal(owner, thread) == 0 {
+      guard let identity = drainingLoop, let waiter = RunLoopThread.currentIfExists?.shared else { return false }
+      // Alive: its thread is inside its drain, which cannot end without this lock.
+      let busy = Unmanaged<LoopShared>.fromOpaque(identity).takeUnretainedValue()
+      guard busy !== waiter, CalloutWaits.begin(waiter: waiter, target: busy) else { return false }
+      let gate = BlockingGate()
+      closingWaiters.append(gate)
+      lock.unlock()
+      gate.wait()
+      CalloutWaits.end(waiter: waiter)
+      lock.lock()
+    }
+    return true
+  }
+
+  /// The outermost drain ended (`lock` held): releases the closing drains waiting for it.
+  @usableFromInline
+  func openClosingWaitersLocked() {
+    for gate in closingWaiters { gate.open() }
+    closingWaiters.removeAll()
+  }
+}
+
+/// The calling thread's loop (its `LoopShared`, unretained), if it is a loop thread. Any thread.
+@usableFromInline
+func currentLoopIdentity() -> UnsafeMutableRawPointer? {
+  RunLoopThread.currentIfExists.map { Unmanaged.passUnretained($0.shared).toOpaque() }
 }

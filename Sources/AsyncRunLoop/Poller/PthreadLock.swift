@@ -86,6 +86,7 @@ final class LockedValue<Value>: @unchecked Sendable {  // Safety: proof below
 /// A one-shot gate that threads can block on until it is opened. Callable from any thread.
 ///
 /// Used by the blocking "wait until done" calls. Opening it twice is harmless.
+@usableFromInline
 final class BlockingGate: @unchecked Sendable {  // Safety: proof below
   // Safety: `isOpen` is only touched with `lock` held; `condition` only through pthread_cond_*.
   private let lock = PthreadLock.make()
