@@ -222,6 +222,8 @@ struct ReviewRound12CommandTests {
     _ outcome: MovedOutcome, sourceLocation: SourceLocation = #_sourceLocation
   ) {
     let exact = outcome.delivered == outcome.accepted
+    print(
+      "moved batch: accepted \(outcome.accepted.count), delivered \(outcome.delivered.count), notes \(outcome.notes)")
     #expect(
       exact, "accepted \(outcome.accepted.count), delivered \(outcome.delivered.count); same order: \(exact)",
       sourceLocation: sourceLocation)
@@ -342,5 +344,258 @@ struct ReviewRound12CommandTests {
     guard let outcome else { return }
     #expect(outcome.notes == [])
     Self.expectExactDelivery(outcome)
+  }
+}
+
+extension ReviewRound12TimerTests {
+  /// A repeating timer (one hour) due now fires on A; its callout moves it to B (B defers it as
+  /// busy), then a third thread calls `setFireDate(now + 20 ms)` while the callout still runs.
+  /// Promised: a date set during the callout wins over the grid; B fires it once at (not before)
+  /// that date, and never again for an hour. Callouts never overlap; no spin on B meanwhile.
+  @Test func aDateSetFromAThirdThreadDuringADeferredCalloutFiresOnceThere() async throws {
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "deferred, set date") {
+      () throws -> (fires: [String], early: Bool, overlapped: Bool, passesB: Int) in
+      let loopA = try RunLoopThread(name: "r12-sfd-a")
+      let loopB = try RunLoopThread(name: "r12-sfd-b")
+      defer {
+        loopA.shutdownAndWait()
+        loopB.shutdownAndWait()
+      }
+      let passesB = AtomicCounter()
+      loopB.add(LoopObserver(activities: [.beforeTimers]) { _, _ in passesB.increment() }, to: .common)
+      let fires = Locked<[String]>([])
+      let inside = Locked(0)
+      let overlapped = Locked(false)
+      let early = Locked(false)
+      let target = Locked<LoopClock.Instant?>(nil)
+      let timer = LoopTimer(fireAt: .now, repeatingEvery: .seconds(3600)) { timer in
+        let depth = inside.withLock {
+          $0 += 1
+          return $0
+        }
+        if depth > 1 { overlapped.withLock { $0 = true } }
+        defer { inside.withLock { $0 -= 1 } }
+        if let date = target.withLock({ $0 }), LoopClock.Instant.now < date { early.withLock { $0 = true } }
+        let count = fires.withLock {
+          $0.append(RunLoopThread.current.name)
+          return $0.count
+        }
+        guard count == 1 else { return }
+        loopA.remove(timer)
+        loopB.add(timer)
+        _ = try? loopB.performAndWait {}  // B found it due: busy
+        let setter = startThread {
+          let date = LoopClock.Instant.now.advanced(by: .milliseconds(20))
+          target.withLock { $0 = date }
+          timer.setFireDate(date)
+        }
+        joinThread(setter)
+        usleep(5_000)
+      }
+      loopA.add(timer)
+      _ = waitUntil("the second fire") { fires.withLock { $0.count } >= 2 }
+      let passes = passesB.current
+      usleep(50_000)
+      for _ in 0..<2 {
+        _ = try? loopA.performAndWait {}
+        _ = try? loopB.performAndWait {}
+      }
+      timer.invalidate()
+      return (fires.withLock { $0 }, early.withLock { $0 }, overlapped.withLock { $0 }, passes)
+    }
+    guard let outcome else { return }
+    #expect(outcome.fires == ["r12-sfd-a", "r12-sfd-b"])
+    #expect(!outcome.early, "fired before the date set during the callout")
+    #expect(!outcome.overlapped)
+    #expect(outcome.passesB < 200, "B made \(outcome.passesB) passes while the timer was deferred")
+    print("deferred timer with a date set: \(outcome.fires), B passes \(outcome.passesB)")
+  }
+
+  /// A one-shot timer's callout moves it to B and sets a new date: it keeps that date (it fires
+  /// again then, as in CF) on B, once; after that fire it is done on B (B holds nothing of it).
+  @Test func aOneShotTimerMovedWithANewDateFiresOnceMoreThereAndIsDone() async throws {
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "one-shot moved with a date") {
+      () throws -> (fires: [String], valid: Bool, onB: Int?) in
+      let loopA = try RunLoopThread(name: "r12-osd-a")
+      let loopB = try RunLoopThread(name: "r12-osd-b")
+      defer {
+        loopA.shutdownAndWait()
+        loopB.shutdownAndWait()
+      }
+      let fires = Locked<[String]>([])
+      let timer = LoopTimer(fireAt: .now) { timer in
+        let count = fires.withLock {
+          $0.append(RunLoopThread.current.name)
+          return $0.count
+        }
+        guard count == 1 else { return }
+        loopA.remove(timer)
+        loopB.add(timer)
+        _ = try? loopB.performAndWait {}
+        timer.setFireDate(.now.advanced(by: .milliseconds(5)))
+      }
+      loopA.add(timer)
+      _ = waitUntil("the second fire") { fires.withLock { $0.count } >= 2 }
+      usleep(20_000)
+      for _ in 0..<2 {
+        _ = try? loopA.performAndWait {}
+        _ = try? loopB.performAndWait {}
+      }
+      return (fires.withLock { $0 }, timer.isValid, recordCount(loopB))
+    }
+    guard let outcome else { return }
+    #expect(outcome.fires == ["r12-osd-a", "r12-osd-b"])
+    #expect(!outcome.valid)
+    #expect(outcome.onB == 0, "B still holds the finished one-shot timer")
+  }
+
+  /// A repeating 3 ms timer's first callout moves it to B and shuts down its own loop A from inside
+  /// the callout. The timer is B's now: it keeps firing there (A's shutdown does not invalidate a
+  /// timer that left it), callouts never overlap, and `invalidateAndWait()` ends it.
+  @Test func aCalloutShuttingDownItsOwnLoopAfterMovingTheTimerLeavesItFiringThere() async throws {
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "callout shuts down its loop") {
+      () throws -> (onB: Int, valid: Bool, overlapped: Bool, after: Int) in
+      let loopA = try RunLoopThread(name: "r12-own-a")
+      let loopB = try RunLoopThread(name: "r12-own-b")
+      defer {
+        loopA.shutdownAndWait()
+        loopB.shutdownAndWait()
+      }
+      let onB = AtomicCounter()
+      let first = AtomicCounter()
+      let inside = Locked(0)
+      let overlapped = Locked(false)
+      let timer = LoopTimer(fireAt: .now, repeatingEvery: .milliseconds(3)) { timer in
+        let depth = inside.withLock {
+          $0 += 1
+          return $0
+        }
+        if depth > 1 { overlapped.withLock { $0 = true } }
+        defer { inside.withLock { $0 -= 1 } }
+        if RunLoopThread.current === loopB {
+          onB.increment()
+          return
+        }
+        guard first.increment() == 1 else { return }
+        loopA.remove(timer)
+        loopB.add(timer, to: .common)
+        loopA.shutdown()
+        usleep(10_000)  // B finds it due meanwhile: busy
+      }
+      loopA.add(timer)
+      _ = waitUntil("fires on B") { onB.current >= 5 }
+      loopA.shutdownAndWait()
+      let before = onB.current
+      _ = waitUntil("more fires on B after A finished") { onB.current >= before + 3 }
+      let valid = timer.isValid
+      try? timer.invalidateAndWait()
+      let after = onB.current
+      usleep(20_000)
+      return (onB.current, valid, overlapped.withLock { $0 }, onB.current - after)
+    }
+    guard let outcome else { return }
+    #expect(outcome.valid, "A's shutdown invalidated a timer that had moved to B")
+    #expect(!outcome.overlapped)
+    #expect(outcome.after == 0)
+  }
+
+  /// A one-shot timer's callout removes it from its only mode, adds it back in another mode of the
+  /// same loop and runs that mode nested (the new record is due: busy there, never run inside its
+  /// own callout). After the fire it is done: one fire, nothing left in any mode, released.
+  @Test func aOneShotTimerReAddedInAnotherModeAndRunNestedFiresOnceAndIsDone() async throws {
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "one-shot, other mode, nested") {
+      () -> (fires: Int, nestedPasses: Int, records: Int, released: Bool) in
+      let loop = RunLoopThread.current
+      defer { loop.shutdown() }
+      let fires = AtomicCounter()
+      let nestedPasses = AtomicCounter()
+      loop.add(LoopObserver(activities: [.beforeTimers]) { _, _ in nestedPasses.increment() }, to: modeB)
+      weak var weakTimer: LoopTimer?
+      do {
+        let timer = LoopTimer(fireAt: .now) { timer in
+          fires.increment()
+          RunLoopThread.current.remove(timer, from: modeA)
+          RunLoopThread.current.add(timer, to: modeB)
+          _ = RunLoopThread.current.run(mode: modeB, until: .now.advanced(by: .milliseconds(20)))
+        }
+        weakTimer = timer
+        let keep = LoopTimer(after: .seconds(3600)) { _ in }
+        loop.add(keep, to: modeA)
+        loop.add(timer, to: modeA)
+        _ = loop.run(mode: modeA, until: .now.advanced(by: .milliseconds(40)))
+        _ = loop.run(mode: modeB, until: .now.advanced(by: .milliseconds(10)))
+        keep.invalidate()
+        _ = loop.run(mode: modeA, until: .now.advanced(by: .milliseconds(1)))
+      }
+      // Only the observer is left.
+      return (fires.current, nestedPasses.current, loop.core.modeTable.allRecords.count - 1, weakTimer == nil)
+    }
+    guard let outcome else { return }
+    #expect(outcome.fires == 1)
+    #expect(outcome.records == 0, "records left in the modes")
+    #expect(outcome.released)
+    // No spin: 20 ms of nested run with the busy timer parked makes a few passes, not thousands.
+    #expect(outcome.nestedPasses < 200, "\(outcome.nestedPasses) passes")
+  }
+}
+
+@Suite("ReviewRound12: the loop-thread fast path", .serialized, .timeLimit(.minutes(2)))
+struct ReviewRound12FastPathTests {
+  /// A block on the loop waits while another thread sends a change (add to a mode, or a removal),
+  /// then signals it; the block then makes the opposite change on the loop thread, sometimes from
+  /// a nested run. Promised: the loop-thread call comes after every change sent before it, so the
+  /// routines pair up in order and each source ends as the block left it.
+  @Test func aLoopThreadChangeAfterACrossThreadOneWithHappensBeforeComesAfterIt() async throws {
+    let loop = try RunLoopThread(name: "r12-fast")
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "fast path order") {
+      () -> (wrong: [String], rounds: Int) in
+      defer { loop.shutdownAndWait() }
+      let wrong = Locked<[String]>([])
+      let keep = LoopTimer(after: .seconds(3600)) { _ in }
+      loop.add(keep, to: modeA)
+      let rounds = repeatRounds(300, budget: .milliseconds(600)) { round in
+        let log = EventLog()
+        let source = InputSource(
+          schedule: { _, _, mode in log.add("schedule \(mode)") }, cancel: { _, _ in log.add("cancel") }
+        ) { _ in }
+        let sent = TestGate()
+        let done = TestGate()
+        let addsFirst = round % 2 == 0
+        if !addsFirst { loop.add(source, to: modeA) }
+        loop.perform {
+          _ = sent.wait(timeout: .seconds(10))
+          let change: @Sendable () -> Void = {
+            if addsFirst {
+              loop.remove(source, from: modeA)  // after the add sent from the other thread
+            } else {
+              loop.add(source, to: modeA)  // after the removal sent from the other thread
+            }
+          }
+          if round % 3 == 0 {
+            loop.perform(inModes: [modeA]) { change() }
+            _ = loop.run(mode: modeA, until: .now.advanced(by: .milliseconds(1)))
+          } else {
+            change()
+          }
+          done.open()
+        }
+        if addsFirst { loop.add(source, to: modeA) } else { loop.remove(source, from: modeA) }
+        sent.open()
+        _ = done.wait(timeout: .seconds(10))
+        _ = try? loop.performAndWait {}
+        let expected =
+          addsFirst ? ["schedule \(modeA)", "cancel"] : ["schedule \(modeA)", "cancel", "schedule \(modeA)"]
+        let bound = source.isBound(to: loop.shared)
+        if log.snapshot != expected || bound != !addsFirst {
+          wrong.withLock { $0.append("round \(round): \(log.snapshot), bound \(bound)") }
+        }
+        source.invalidate()
+      }
+      keep.invalidate()
+      return (wrong.withLock { $0 }, rounds)
+    }
+    guard let outcome else { return }
+    #expect(outcome.wrong == [])
+    print("fast path order: \(outcome.rounds) rounds")
   }
 }
