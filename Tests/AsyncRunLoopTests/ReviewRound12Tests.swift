@@ -26,7 +26,7 @@ struct ReviewRound12TimerTests {
   /// every other round, find it due: busy). After the fire it is done: invalidated, and promised
   /// (its doc: "a one-shot timer is done"; `invalidate()`: "the loop drops it from its modes") B
   /// holds nothing of it, and the timer and its handler are released.
-  @Test(.disabled("bug: a one-shot timer moved to another loop in its callout stays in that loop's modes forever"))
+  @Test
   func aOneShotTimerMovedToAnotherLoopInItsCalloutLeavesNothingOnThatLoop() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "one-shot moved, records") {
       () throws -> [String] in
@@ -78,7 +78,7 @@ struct ReviewRound12TimerTests {
 
   /// The same with a `RunLoopThread.current` loop as B, run in its mode after the move: the timer
   /// that is done must not keep B's run alive (promised: a run "has nothing to watch" finishes).
-  @Test(.disabled("bug: B's run never finishes: the done one-shot timer's record keeps its mode non-empty"))
+  @Test
   func aOneShotTimerMovedToAnotherLoopDoesNotKeepThatLoopsRunAlive() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "one-shot moved, run") {
       () throws -> RunLoopRunResult in

@@ -259,9 +259,12 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     firingLoop = nil
     let recordHere = state.binding.record(on: loop)
     let (after, invalidation) = afterFireLocked(now: now)
+    // A one-shot timer is done: this loop detaches its records (`LoopCore.fire`); one the callout
+    // moved it to must be told (the invalidation names it).
+    let othersDetach = invalidation.map { $0.loop != nil && $0.loop !== loop } ?? false
     guard !firingWaiters.isEmpty || !deferredLoops.isEmpty else {
       lock.unlock()
-      invalidation?.finish(self, detaching: false)
+      invalidation?.finish(self, detaching: othersDetach)
       return .ran(after, recordHere: recordHere)
     }
     let waiters = firingWaiters
@@ -271,7 +274,7 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     let deferred = deferredLoops.compactMap { other in state.binding.record(on: other).map { (other, $0) } }
     deferredLoops.removeAll()
     lock.unlock()
-    invalidation?.finish(self, detaching: false)
+    invalidation?.finish(self, detaching: othersDetach)
     for gate in waiters { gate.open() }
     for (other, record) in deferred { other.rescheduleTimer(record) }
     return .ran(after, recordHere: recordHere)
