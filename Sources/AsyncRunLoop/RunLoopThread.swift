@@ -285,6 +285,11 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
       }
     }
     shutdown()
+    // A loop thread waiting here is a wait for this loop (`CalloutWaits`): a closing drain of
+    // this loop that waits for the caller's loop sees the cycle and gives up instead.
+    let waiter = RunLoopThread.currentIfExists?.shared
+    if let waiter { CalloutWaits.beginUnrefusable(waiter: waiter, target: shared) }
+    defer { if let waiter { CalloutWaits.end(waiter: waiter) } }
     if let join {
       pthread_join(join, nil)
       shared.threadLock.withLock { shared.threadState = .reaped }

@@ -12,14 +12,31 @@ enum CalloutWaits {
   /// nothing) when `target` is, directly or through other loops, waiting for `waiter`.
   static func begin(waiter: LoopShared, target: LoopShared) -> Bool {
     edges.withLock { edges in
-      var next: LoopShared? = target
-      while let loop = next {
-        if loop === waiter { return false }  // the chain leads back to the waiter: a cycle
-        next = edges[ObjectIdentifier(loop)]
-      }
+      guard !leadsBack(from: target, to: waiter, in: edges) else { return false }
       edges[ObjectIdentifier(waiter)] = target
       return true
     }
+  }
+
+  /// Records a wait that cannot be refused (`shutdownAndWait`), even when it closes a cycle: a
+  /// wait in the cycle that can give up (a closing drain's) then sees it and does.
+  static func beginUnrefusable(waiter: LoopShared, target: LoopShared) {
+    edges.withLock { $0[ObjectIdentifier(waiter)] = target }
+  }
+
+  /// Whether the chain of waits from `start` reaches `waiter`. Bounded by the number of edges:
+  /// an unrefusable wait may have closed a cycle that does not pass through `waiter`.
+  private static func leadsBack(
+    from start: LoopShared, to waiter: LoopShared, in edges: [ObjectIdentifier: LoopShared]
+  ) -> Bool {
+    var next: LoopShared? = start
+    var steps = edges.count
+    while let loop = next, steps >= 0 {
+      if loop === waiter { return true }  // the chain leads back to the waiter: a cycle
+      next = edges[ObjectIdentifier(loop)]
+      steps -= 1
+    }
+    return false
   }
 
   /// Runs `wait` (which blocks the calling thread until `target` did something) with the caller's

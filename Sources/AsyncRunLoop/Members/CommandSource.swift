@@ -20,8 +20,13 @@ import Glibc
 /// A handler that moves the source to another loop keeps the order too: the first loop finishes
 /// the batch it was delivering, and the new loop delivers later commands only after it. If the
 /// source is invalidated on the new loop meanwhile, that loop's thread waits for the batch to end
-/// before its closing delivery and `cancel`; a handler of that batch that waits for the new loop
-/// (`performAndWait`) is then refused with `RunLoopError.wouldDeadlock` rather than hanging both.
+/// before its closing delivery and `cancel`; a handler of that batch that then waits for the new
+/// loop with `performAndWait` is refused with `RunLoopError.wouldDeadlock` rather than hanging
+/// both. The new loop does not wait, and delivers what it holds at once (the rest of the batch
+/// then comes after its `cancel`, each command still exactly once), when the handler is already
+/// waiting for it (`performAndWait`, `invalidateAndWait`, `shutdownAndWait`), or when the batch
+/// has not ended after a second (the handler may be waiting for it in a way the loops cannot
+/// see, a semaphore say).
 public final class CommandSource<Command: Sendable>: Sendable {
   /// The underlying input source: add it to a loop's modes, or invalidate it. Keep the
   /// `CommandSource` itself alive while you post to it: dropping it invalidates the source.
@@ -151,8 +156,8 @@ final class CommandBuffer<Command: Sendable>: @unchecked Sendable {  // Safety: 
   /// the busy drain returns true when it is done: signal the source again, so that its loop now
   /// delivers them. A closing drain there (the source invalidated on its new loop) waits for the
   /// batch to end, then delivers what is pending, so that every command still comes in posting
-  /// order and before `cancel`. Only when the busy loop is itself waiting for this one (directly
-  /// or through other loops: waiting would deadlock) does it deliver what is pending at once.
+  /// order and before `cancel`. It delivers what is pending at once instead when waiting could
+  /// deadlock (see `waitForOtherDrainLocked`).
   /// - Returns: true when the source must be signalled again (commands were left for this drain).
   @inlinable
   func drain(into handler: (Command) -> Void, closing: Bool) -> Bool {
@@ -211,26 +216,40 @@ final class CommandBuffer<Command: Sendable>: @unchecked Sendable {  // Safety: 
 
   /// A closing drain, with `lock` held, while another loop's thread delivers a batch: waits until
   /// no other thread drains (the lock is released while waiting, held again on return), with this
-  /// loop recorded as waiting for that one. False, without waiting, when that loop is itself
-  /// waiting for this one, directly or through other loops (waiting would deadlock), or the
-  /// caller is on no loop thread.
+  /// loop recorded as waiting for that one. False (give up: deliver at once) when that loop is, or
+  /// comes to be, waiting for this one, directly or through other loops, in `performAndWait`,
+  /// `invalidateAndWait` or `shutdownAndWait` (checked every `closingWaitSliceNanoseconds`),
+  /// when the batch has not ended after `closingWaitLimitNanoseconds` (the handler may be
+  /// waiting for this loop in a way the loops cannot see), or when the caller is on no loop
+  /// thread.
   @usableFromInline
   func waitForOtherDrainLocked() -> Bool {
     let thread = pthread_self()
+    var waited: Int64 = 0
     while let owner = drainingThread, pthread_equal(owner, thread) == 0 {
-      guard let identity = drainingLoop, let waiter = RunLoopThread.currentIfExists?.shared else { return false }
+      guard waited < Self.closingWaitLimitNanoseconds, let identity = drainingLoop,
+        let waiter = RunLoopThread.currentIfExists?.shared
+      else { return false }
       // Alive: its thread is inside its drain, which cannot end without this lock.
       let busy = Unmanaged<LoopShared>.fromOpaque(identity).takeUnretainedValue()
       guard busy !== waiter, CalloutWaits.begin(waiter: waiter, target: busy) else { return false }
       let gate = BlockingGate()
       closingWaiters.append(gate)
       lock.unlock()
-      gate.wait()
+      let opened = gate.wait(nanoseconds: Self.closingWaitSliceNanoseconds)
       CalloutWaits.end(waiter: waiter)
       lock.lock()
+      if !opened {
+        closingWaiters.removeAll { $0 === gate }
+        waited += Self.closingWaitSliceNanoseconds
+      }
     }
     return true
   }
+
+  /// How often a waiting closing drain looks for a wait cycle, and how long it waits at most.
+  @usableFromInline static var closingWaitSliceNanoseconds: Int64 { 10_000_000 }
+  @usableFromInline static var closingWaitLimitNanoseconds: Int64 { 1_000_000_000 }
 
   /// The outermost drain ended (`lock` held): releases the closing drains waiting for it.
   @usableFromInline

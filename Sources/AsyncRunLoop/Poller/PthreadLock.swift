@@ -64,6 +64,15 @@ final class PthreadLock: ManagedBuffer<Void, pthread_mutex_t> {
     let rc = withUnsafeMutablePointerToElements { pthread_cond_wait(condition, $0) }
     precondition(rc == 0, "pthread_cond_wait failed: \(rc)")
   }
+
+  /// Blocks on `condition` until signalled or `deadline` (CLOCK_REALTIME) passes; the lock must
+  /// be held by the caller. Returns false once the deadline passed.
+  func wait(on condition: UnsafeMutablePointer<pthread_cond_t>, until deadline: timespec) -> Bool {
+    var deadline = deadline
+    let rc = withUnsafeMutablePointerToElements { pthread_cond_timedwait(condition, $0, &deadline) }
+    precondition(rc == 0 || rc == ETIMEDOUT, "pthread_cond_timedwait failed: \(rc)")
+    return rc == 0
+  }
 }
 
 /// A value protected by a `PthreadLock`. Callable from any thread.
@@ -114,5 +123,19 @@ final class BlockingGate: @unchecked Sendable {  // Safety: proof below
     lock.lock()
     while !isOpen { lock.wait(on: condition) }
     lock.unlock()
+  }
+
+  /// Blocks the calling thread until the gate is open or `nanoseconds` passed; true when open.
+  func wait(nanoseconds: Int64) -> Bool {
+    var deadline = timespec()
+    clock_gettime(CLOCK_REALTIME, &deadline)
+    let total = Int64(deadline.tv_nsec) + nanoseconds
+    deadline.tv_sec += Int(total / 1_000_000_000)
+    deadline.tv_nsec = Int(total % 1_000_000_000)
+    lock.lock()
+    while !isOpen && lock.wait(on: condition, until: deadline) {}
+    let open = isOpen
+    lock.unlock()
+    return open
   }
 }
