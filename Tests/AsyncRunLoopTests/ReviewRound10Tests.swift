@@ -628,7 +628,8 @@ struct ReviewRound10CommonOrderTests {
       }
       let timerLog = Locked<[String]>([])
       // Due after the two short runs below (which must not fire them): the run in B fires them.
-      let due = LoopClock.Instant.now.advanced(by: .milliseconds(300))
+      // (Scaled: under a sanitizer the setup alone can take longer than 300 ms.)
+      let due = LoopClock.Instant.now.advanced(by: .milliseconds(300) * watchdogScale)
       let timers = (0..<11).map { index in
         LoopTimer(fireAt: due, repeatingEvery: .seconds(3600)) { _ in timerLog.withLock { $0.append("t\(index)") } }
       }

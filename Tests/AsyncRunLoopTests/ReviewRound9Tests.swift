@@ -228,8 +228,9 @@ struct ReviewRound9RecordTests {
       var log: [String] = []
       for round in 0..<10 {
         let fires = Guarded<[String]>([])
-        // Not due before the test is done with it (unless a case moves its date).
-        let timer = LoopTimer(after: .milliseconds(60)) { _ in
+        // Not due before the test is done with it (unless a case moves its date); scaled, as a
+        // sanitizer's slowdown can make the steps below take longer than 60 ms.
+        let timer = LoopTimer(after: .milliseconds(60) * watchdogScale) { _ in
           let name = first.isOnLoopThread ? "a" : (second.isOnLoopThread ? "b" : "?")
           fires.withLock { $0.append(name) }
         }
@@ -266,7 +267,7 @@ struct ReviewRound9RecordTests {
         // Let any due entry fire: a sentinel timer later than the timer's date on each loop.
         for loop in [first, second] {
           let gate = TestGate()
-          let delay = Duration.milliseconds(how == "invalidate" ? 80 : 30)
+          let delay = Duration.milliseconds(how == "invalidate" ? 80 : 30) * watchdogScale
           loop.add(LoopTimer(after: delay) { _ in gate.open() }, to: .default)
           _ = gate.wait(timeout: .seconds(10))
         }
