@@ -27,8 +27,13 @@ final class MemberRecord: TimerEntry {
 
   // Field order and widths keep the object at 72 bytes (an 80-byte heap block, down from 160):
   // one is allocated per member, and filling a loop with 100k members touches that much fresh
-  // memory, whose page faults were most of what an add cost at 100k. The flags fill the gap after
-  // the inherited 32-bit heap slot, the two 32-bit numbers the next eight bytes.
+  // memory, whose page faults were most of what an add cost at 100k. The flags and the kind's tag
+  // fill the gap after the inherited 32-bit heap slot, the two 32-bit numbers the next eight bytes.
+
+  /// Which case `member` is (`Kind` without its payload).
+  private enum KindTag: UInt8 {
+    case source, descriptor, timer, observer
+  }
 
   /// Timer: a callout of it is running (so a nested run never fires it inside its own callout).
   @exclusivity(unchecked) var isFiring = false
@@ -37,14 +42,18 @@ final class MemberRecord: TimerEntry {
   /// way with this record (made before the member was invalidated, or removed and re-added) is
   /// stale and must not attach it again.
   @exclusivity(unchecked) private(set) var hasLeft = false
+  @exclusivity(unchecked) private var kindTag = KindTag.source
   /// The record's slot in `ModeTable`'s registry while attached; -1 when not attached.
   @exclusivity(unchecked) private var storedRegistrySlot: Int32 = -1
   /// Nonzero while the member is in `.common`: the order it was added there in (a mode joining
   /// the common set later receives the common members in that order). `ModeTable` renumbers the
   /// common members before the count wraps.
   @exclusivity(unchecked) var commonOrder: UInt32 = 0
-  /// The member, while the record is attached to its loop; nil before and after.
-  @exclusivity(unchecked) private(set) var kind: Kind?
+  /// The member (a descriptor's `DescriptorRegistration`), while the record is attached to its
+  /// loop; nil before and after. A plain reference and a tag rather than a stored `Kind?`: an enum
+  /// with payloads keeps its case in the pointer's spare bits, which hides the pointer from
+  /// LeakSanitizer (a member the main loop holds until the process exits read as leaked).
+  @exclusivity(unchecked) private var attachedMember: AnyObject?
   /// The modes holding the member on this loop.
   @exclusivity(unchecked) var modes = MembershipList()
 
@@ -104,8 +113,25 @@ final class MemberRecord: TimerEntry {
 
   /// Loop thread (`ModeTable.attach`): the record joins its loop, holding `kind`'s member.
   func attach(_ kind: Kind, slot: Int) {
-    self.kind = kind
+    switch kind {
+    case .source(let member): (attachedMember, kindTag) = (member, .source)
+    case .descriptor(let registration): (attachedMember, kindTag) = (registration, .descriptor)
+    case .timer(let member): (attachedMember, kindTag) = (member, .timer)
+    case .observer(let member): (attachedMember, kindTag) = (member, .observer)
+    }
     registrySlot = slot
+  }
+
+  /// The member, while the record is attached to its loop; nil before and after.
+  @inline(__always)
+  var kind: Kind? {
+    guard let member = attachedMember else { return nil }
+    switch kindTag {
+    case .source: return .source(unsafeDowncast(member, to: InputSource.self))
+    case .descriptor: return .descriptor(unsafeDowncast(member, to: DescriptorRegistration.self))
+    case .timer: return .timer(unsafeDowncast(member, to: LoopTimer.self))
+    case .observer: return .observer(unsafeDowncast(member, to: LoopObserver.self))
+    }
   }
 
   /// The record's identity as a dictionary key (one record per member and loop: it names the
@@ -118,7 +144,7 @@ final class MemberRecord: TimerEntry {
     hasLeft = true
     registrySlot = -1
     commonOrder = 0
-    kind = nil
+    attachedMember = nil
   }
 
   /// Whether `contents` holds the member.
