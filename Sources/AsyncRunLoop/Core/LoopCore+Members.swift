@@ -96,7 +96,7 @@ extension LoopCore {
   /// Adds `mode` to the common set: every member already in `.common` joins it.
   func applyAddToCommonModes(_ mode: RunLoopMode) {
     for record in modeTable.addToCommonModes(mode) {
-      if case .timer? = record.kind { pushTimerEntries(record) }  // an entry in the new mode's heap
+      if record.attachedKind == .timer { pushTimerEntries(record) }  // an entry in the new mode's heap
     }
     armedMode = nil
   }

@@ -418,7 +418,7 @@ extension LoopCore {
   /// Makes a timer's heap entries match its fire date and modes: each mode's entry is moved to
   /// the date (or put back, after a fire popped it), in O(log n).
   func pushTimerEntries(_ record: MemberRecord) {
-    guard !record.modes.isEmpty, case .timer(let timer)? = record.kind else { return }
+    guard !record.modes.isEmpty, let timer = record.attachedTimer else { return }
     let date = timer.fireDateNanoseconds
     for membership in record.modes {
       guard let entry = membership.timerEntry(of: record) else { continue }

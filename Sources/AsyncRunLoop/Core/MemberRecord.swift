@@ -30,8 +30,8 @@ final class MemberRecord: TimerEntry {
   // memory, whose page faults were most of what an add cost at 100k. The flags and the kind's tag
   // fill the gap after the inherited 32-bit heap slot, the two 32-bit numbers the next eight bytes.
 
-  /// Which case `member` is (`Kind` without its payload).
-  private enum KindTag: UInt8 {
+  /// Which case the member is (`Kind` without its payload).
+  enum KindTag: UInt8 {
     case source, descriptor, timer, observer
   }
 
@@ -120,6 +120,18 @@ final class MemberRecord: TimerEntry {
     case .observer(let member): (attachedMember, kindTag) = (member, .observer)
     }
     registrySlot = slot
+  }
+
+  /// The kind of member while attached, without the member (nil before and after): for the
+  /// paths that only branch on it, which need not build a `Kind` (and retain its payload).
+  @inline(__always)
+  var attachedKind: KindTag? { attachedMember == nil ? nil : kindTag }
+
+  /// The timer, while this is an attached timer's record.
+  @inline(__always)
+  var attachedTimer: LoopTimer? {
+    guard kindTag == .timer, let member = attachedMember else { return nil }
+    return unsafeDowncast(member, to: LoopTimer.self)
   }
 
   /// The member, while the record is attached to its loop; nil before and after.
@@ -311,7 +323,7 @@ class TimerEntry: TimerHeapElement {
 
   /// The timer (the entry is in a heap only while its record is attached).
   final var timer: LoopTimer {
-    guard case .timer(let timer)? = record.kind else { preconditionFailure("AsyncRunLoop: not a timer record") }
+    guard let timer = record.attachedTimer else { preconditionFailure("AsyncRunLoop: not a timer record") }
     return timer
   }
 }

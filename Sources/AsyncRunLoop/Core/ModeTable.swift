@@ -263,7 +263,7 @@ final class ModeTable {
       return false
     }
     var membership = Membership(contents: contents, slot: -1, byName: !viaCommon, viaCommon: viaCommon)
-    switch record.kind {
+    switch record.attachedKind {
     case nil: return false
     case .source: contents.sourceCount += 1
     case .descriptor: contents.descriptors[record.key] = record
@@ -287,7 +287,7 @@ final class ModeTable {
     let slot = record.modes[position].slot
     let timerEntry = record.modes[position].timerEntry(of: record)
     record.modes.remove(at: position)
-    switch record.kind {
+    switch record.attachedKind {
     case nil: break
     case .source: contents.sourceCount -= 1
     case .descriptor: contents.descriptors[record.key] = nil
