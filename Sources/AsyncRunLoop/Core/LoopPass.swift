@@ -167,7 +167,7 @@ extension LoopCore {
   func notifyObservers(_ contents: ModeContents, _ activity: LoopActivity) {
     guard contents.observedActivities.contains(activity) else { return }
     for case let record? in contents.observers {
-      guard case .observer(let observer)? = record.kind, observer.activities.contains(activity),
+      guard let observer = record.attachedObserver, observer.activities.contains(activity),
         record.isIn(contents)
       else { continue }
       observer.notify(activity, on: shared)

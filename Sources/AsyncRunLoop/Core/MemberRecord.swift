@@ -66,10 +66,7 @@ final class MemberRecord: TimerEntry {
 
   /// Descriptor: its registration (nil for the other kinds, and once detached).
   @inline(__always)
-  var registration: DescriptorRegistration? {
-    if case .descriptor(let registration)? = kind { return registration }
-    return nil
-  }
+  var registration: DescriptorRegistration? { attached(.descriptor, as: DescriptorRegistration.self) }
 
   // The registration's state, through the record (defaults for the other kinds and once detached;
   // setting them on those is a no-op). See `DescriptorRegistration`.
@@ -129,9 +126,18 @@ final class MemberRecord: TimerEntry {
 
   /// The timer, while this is an attached timer's record.
   @inline(__always)
-  var attachedTimer: LoopTimer? {
-    guard kindTag == .timer, let member = attachedMember else { return nil }
-    return unsafeDowncast(member, to: LoopTimer.self)
+  var attachedTimer: LoopTimer? { attached(.timer, as: LoopTimer.self) }
+
+  /// The observer, while this is an attached observer's record.
+  @inline(__always)
+  var attachedObserver: LoopObserver? { attached(.observer, as: LoopObserver.self) }
+
+  /// The attached member as `type` when it is of kind `tag` (the hot paths' accessors: no `Kind`
+  /// is built).
+  @inline(__always)
+  private func attached<Member: AnyObject>(_ tag: KindTag, as type: Member.Type) -> Member? {
+    guard kindTag == tag, let member = attachedMember else { return nil }
+    return unsafeDowncast(member, to: type)
   }
 
   /// The member, while the record is attached to its loop; nil before and after.
@@ -179,10 +185,7 @@ final class MemberRecord: TimerEntry {
 
   /// The custom source, when this is an attached source's record.
   @inline(__always)
-  var source: InputSource? {
-    if case .source(let source)? = kind { return source }
-    return nil
-  }
+  var source: InputSource? { attached(.source, as: InputSource.self) }
 
   /// The ordering key among members of the same kind (sources and observers: their `order`).
   var order: Int {
@@ -225,8 +228,6 @@ struct MemberKey: Hashable {
 
   @inline(__always)
   init(_ member: AnyObject) { address = UInt(bitPattern: Unmanaged.passUnretained(member).toOpaque()) }
-
-  init(address: UInt) { self.address = address }
 
   @inline(__always)
   static func == (lhs: MemberKey, rhs: MemberKey) -> Bool { lhs.address == rhs.address }

@@ -84,7 +84,7 @@ final class ModeContents {
   }
 
   private static func activities(of record: MemberRecord) -> LoopActivity {
-    if case .observer(let observer)? = record.kind { return observer.activities }
+    if let observer = record.attachedObserver { return observer.activities }
     return []
   }
 }

@@ -1,3 +1,4 @@
+import CAsyncRunLoop
 import Glibc
 
 /// A custom input source with a typed command buffer (the "command buffer" pattern).
@@ -262,5 +263,7 @@ final class CommandBuffer<Command: Sendable>: @unchecked Sendable {  // Safety: 
 /// The calling thread's loop (its `LoopShared`, unretained), if it is a loop thread. Any thread.
 @usableFromInline
 func currentLoopIdentity() -> UnsafeMutableRawPointer? {
-  RunLoopThread.currentIfExists.map { Unmanaged.passUnretained($0.shared).toOpaque() }
+  // A loop thread's slot holds its loop's identity (every outermost drain asks: no handle made);
+  // the main thread binds its slot on first use.
+  carl_current_loop() ?? RunLoopThread.currentIfExists.map { Unmanaged.passUnretained($0.shared).toOpaque() }
 }
