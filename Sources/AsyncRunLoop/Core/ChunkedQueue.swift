@@ -43,6 +43,15 @@ struct ChunkedQueue<Element> {
     spare = []
   }
 
+  /// Keeps a taken chunk's storage, emptied, as the `spare` for the next `takeAll` (when there is
+  /// none yet and the chunk is not oversized), so that the next burst's first chunk allocates
+  /// nothing. Loop thread.
+  static func recycle(_ chunk: inout [Element], asSpare spare: inout [Element]) {
+    guard spare.capacity == 0, chunk.capacity <= 2 * chunkCapacity else { return }
+    swap(&spare, &chunk)
+    spare.removeAll(keepingCapacity: true)
+  }
+
   /// Whether any element satisfies `predicate`, oldest first.
   func contains(where predicate: (Element) throws -> Bool) rethrows -> Bool {
     for chunk in fullChunks where try chunk.contains(where: predicate) { return true }

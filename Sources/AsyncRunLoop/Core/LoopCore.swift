@@ -149,10 +149,8 @@ final class LoopCore {
       for request in chunk { performs.append(request) }
       livePerformCount += chunk.count
     }
-    let last = arrivedPerforms.count - 1
-    if last >= 0 && arrivedPerforms[last].capacity <= 2 * ChunkedQueue<PerformRequest>.chunkCapacity {
-      swap(&sparePerformChunk, &arrivedPerforms[last])  // the inbox's next chunk, with capacity
-      sparePerformChunk.removeAll(keepingCapacity: true)
+    if !arrivedPerforms.isEmpty {
+      ChunkedQueue.recycle(&arrivedPerforms[arrivedPerforms.count - 1], asSpare: &sparePerformChunk)
     }
     arrivedPerforms.removeAll(keepingCapacity: true)
   }
@@ -206,10 +204,7 @@ final class LoopCore {
   /// one for the inbox to fill next.
   private func dropAppliedControlBatches() {
     guard controlBatchIndex > 0 else { return }
-    if spareControlBatch.capacity == 0 && controlBatches[0].capacity <= 4096 {
-      swap(&spareControlBatch, &controlBatches[0])
-      spareControlBatch.removeAll(keepingCapacity: true)
-    }
+    ChunkedQueue.recycle(&controlBatches[0], asSpare: &spareControlBatch)
     controlBatches.removeFirst(controlBatchIndex)
     controlBatchIndex = 0
   }
