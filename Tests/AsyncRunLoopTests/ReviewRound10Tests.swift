@@ -567,13 +567,12 @@ struct ReviewRound10DescriptorTests {
       try loop.add(oldSource, to: modeA)
       writeByte(old.write)
       _ = loop.run(mode: modeC, until: .now.advanced(by: .milliseconds(20)))  // silenced
-      close(old.read)
-      close(old.write)
+      // Closed and reused in one step (dup2 onto the number): between a `close` and a new pipe,
+      // a test running alongside could take the number, and then close it under this one.
       let fresh = makePipe()
-      if fresh.read != number {
-        precondition(dup2(fresh.read, number) == number)
-        close(fresh.read)
-      }
+      precondition(dup2(fresh.read, number) == number)
+      close(fresh.read)
+      close(old.write)
       let newFires = AtomicCounter()
       let newSource = DescriptorSource(descriptor: number) { _, _ in
         newFires.increment()
