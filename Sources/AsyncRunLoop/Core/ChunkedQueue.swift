@@ -12,13 +12,15 @@ struct ChunkedQueue<Element> {
   /// Elements per chunk.
   static var chunkCapacity: Int { 1_024 }
 
-  /// The full chunks, oldest first; each holds exactly `chunkCapacity` elements.
+  /// The set-aside chunks, oldest first; none is empty, and each holds at most `chunkCapacity`
+  /// elements (exactly that many, unless put back with `prepend`).
   private(set) var fullChunks: [[Element]] = []
   /// The chunk being filled (the newest elements).
   private(set) var tail: [Element] = []
 
   var isEmpty: Bool { tail.isEmpty && fullChunks.isEmpty }
-  var count: Int { fullChunks.count * Self.chunkCapacity + tail.count }
+  /// O(chunks).
+  var count: Int { fullChunks.reduce(tail.count) { $0 + $1.count } }
 
   mutating func append(_ element: Element) {
     if tail.count >= Self.chunkCapacity {
@@ -41,6 +43,39 @@ struct ChunkedQueue<Element> {
     swap(&spare, &tail)
     chunks.append(spare)
     spare = []
+  }
+
+  /// Takes every element into `elements`, which must be empty, in O(1) when they all sit in the
+  /// tail (then `elements`' storage becomes the new tail, so a warm pair of arrays allocates
+  /// nothing); false, and nothing changes, when chunks were set aside (take them with `takeAll`).
+  mutating func takeTail(swappingWith elements: inout [Element]) -> Bool {
+    precondition(elements.isEmpty, "AsyncRunLoop: taking a queue into a non-empty array")
+    guard fullChunks.isEmpty else { return false }
+    swap(&tail, &elements)
+    return true
+  }
+
+  /// Puts `chunks` (oldest first, none empty, none over `chunkCapacity`) back in front of what is
+  /// queued, in O(chunks): elements taken and not used go back ahead of those that arrived since.
+  mutating func prepend(_ chunks: [[Element]]) {
+    guard !chunks.isEmpty else { return }
+    if fullChunks.isEmpty && tail.isEmpty && chunks.count == 1 {
+      tail = chunks[0]
+      return
+    }
+    fullChunks.insert(contentsOf: chunks, at: 0)
+  }
+
+  /// `elements` cut into chunks for `prepend`.
+  static func chunks(of elements: some Collection<Element>) -> [[Element]] {
+    var chunks: [[Element]] = []
+    var index = elements.startIndex
+    while index != elements.endIndex {
+      let end = elements.index(index, offsetBy: chunkCapacity, limitedBy: elements.endIndex) ?? elements.endIndex
+      chunks.append(Array(elements[index..<end]))
+      index = end
+    }
+    return chunks
   }
 
   /// Keeps a taken chunk's storage, emptied, as the `spare` for the next `takeAll` (when there is

@@ -36,6 +36,11 @@ final class LoopCore {
   /// `runCollectedJobs` that is iterating it.
   @exclusivity(unchecked) var localJobs: [LoopJob] = []
   @exclusivity(unchecked) var localJobIndex = 0
+  /// Chunks of jobs taken from the inbox (a burst that filled more than one), appended to
+  /// `localJobs` once the lock is released.
+  @exclusivity(unchecked) var arrivedJobs: [[LoopJob]] = []
+  /// A taken chunk kept (emptied) to hand the inbox its next chunk with capacity.
+  @exclusivity(unchecked) var spareJobChunk: [LoopJob] = []
   /// How many executor jobs are on the stack (0 or 1: a run nested in a job runs no jobs).
   @exclusivity(unchecked) var jobDepth = 0
   /// How many runs are on the stack (kept for loops that divert jobs at shutdown only).
@@ -134,13 +139,26 @@ final class LoopCore {
     }
     let takesPerforms = !shared.inbox.performs.isEmpty
     if takesPerforms { shared.inbox.performs.takeAll(appendingTo: &arrivedPerforms, spare: &sparePerformChunk) }
-    if needJobs && !shared.inbox.jobs.isEmpty { swap(&shared.inbox.jobs, &localJobs) }
+    // Jobs: the inbox's one chunk swapped with the empty batch in O(1) (the usual case, which
+    // allocates nothing once both are warm), or a burst's chunks moved out whole.
+    let takesJobChunks =
+      needJobs && !shared.inbox.jobs.isEmpty && !shared.inbox.jobs.takeTail(swappingWith: &localJobs)
+    if takesJobChunks { shared.inbox.jobs.takeAll(appendingTo: &arrivedJobs, spare: &spareJobChunk) }
     if !shared.inbox.signalled.isEmpty {
       spareSignalled.append(contentsOf: shared.inbox.signalled)
       shared.inbox.signalled.removeAll(keepingCapacity: true)
     }
     shared.inboxLock.unlock()
     if takesPerforms { adoptArrivedPerforms() }
+    if takesJobChunks { adoptArrivedJobs() }
+  }
+
+  /// Appends the jobs taken from the inbox in chunks to the (empty) batch, after the lock is
+  /// released.
+  private func adoptArrivedJobs() {
+    for chunk in arrivedJobs { localJobs.append(contentsOf: chunk) }
+    if !arrivedJobs.isEmpty { ChunkedQueue.recycle(&arrivedJobs[arrivedJobs.count - 1], asSpare: &spareJobChunk) }
+    arrivedJobs.removeAll(keepingCapacity: true)
   }
 
   /// Appends the blocks taken from the inbox to `performs`, after the lock is released.

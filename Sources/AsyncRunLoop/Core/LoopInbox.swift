@@ -52,7 +52,7 @@ struct LoopInbox {
   /// job the loop accepted is here in `jobs` (the core puts back what a run left over).
   var threadIsInRun = false
   /// Executor jobs, oldest first, with the role they were enqueued in.
-  var jobs: [LoopJob] = []
+  var jobs = ChunkedQueue<LoopJob>()
   /// Blocks from `perform`, oldest first.
   var performs = ChunkedQueue<PerformRequest>()
   /// Sources signalled since the loop last looked.
@@ -189,7 +189,7 @@ struct LoopInbox {
     guard lifecycle == .shuttingDown, !threadIsInRun, !jobsDiverted else { return nil }
     jobsDiverted = true
     defer { jobs.removeAll() }
-    return jobs
+    return jobs.elements
   }
 
   enum TerminateAction {
@@ -208,7 +208,7 @@ struct LoopInbox {
     lifecycle = .terminated  // from now on jobs go to the fallback, blocks are refused
     signalled.removeAll()  // every source is invalidated already
     defer { jobs.removeAll() }
-    return .terminated(leftoverJobs: jobs)
+    return .terminated(leftoverJobs: jobs.elements)
   }
 
   /// Whether anything is waiting for the loop (it must not sleep). `ignoringJobs`: the loop is

@@ -57,10 +57,9 @@ extension LoopCore {
   /// run), and if the loop is shut down they leave for the fallback executor with the rest.
   private func leaveOutermostRun() {
     assert(jobDepth == 0, "AsyncRunLoop: the outermost run ended inside a job")
+    let leftover = ChunkedQueue<LoopJob>.chunks(of: localJobs[localJobIndex...])  // cut outside the lock
     let diverted: LoopShared.DivertedJobs = shared.inboxLock.withLock {
-      if localJobIndex < localJobs.count {
-        shared.inbox.jobs.insert(contentsOf: localJobs[localJobIndex...], at: 0)
-      }
+      shared.inbox.jobs.prepend(leftover)
       localJobs.removeAll(keepingCapacity: true)
       localJobIndex = 0
       shared.inbox.threadIsInRun = false

@@ -79,9 +79,6 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
     self.ownsThread = ownsThread
     self.isMainLoop = isMainLoop
     self.poller = poller
-    // `collectInbox` swaps the inbox's jobs with the core's, so taking jobs allocates nothing
-    // once both are warm.
-    inbox.jobs.reserveCapacity(256)
   }
 
   /// The value of the calling thread's "current loop" slot while it is this loop's thread.
