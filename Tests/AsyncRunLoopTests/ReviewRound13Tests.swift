@@ -183,7 +183,7 @@ struct ReviewRound13InboxTests {
       () throws -> (short: [String], order: [String], ran: Int) in
       let loop = try RunLoopThread(name: "r13-chunk")
       defer { loop.shutdownAndWait() }
-      let perThread = 3_000
+      let perThread = 2_000
       let short = Guarded<[String]>([])
       let seen = Guarded<[Int: [Int]]>([:])
       let ran = AtomicCounter()
@@ -215,7 +215,7 @@ struct ReviewRound13InboxTests {
     guard let outcome else { return }
     #expect(outcome.short == [])
     #expect(outcome.order == [])
-    #expect(outcome.ran == 6_000)
+    #expect(outcome.ran == 4_000)
   }
 
   /// A burst of adds of custom sources (with schedule and cancel routines) and blocks from two
@@ -266,5 +266,209 @@ struct ReviewRound13InboxTests {
       return wrong
     }
     #expect(outcome == [])
+  }
+}
+
+/// Where a ping-pong command source is and what it delivered.
+private final class R13PingPong: Sendable {
+  let loops: [RunLoopThread]
+  let source = Guarded<InputSource?>(nil)
+  let delivered = Guarded<[Int]>([])
+  let moves = AtomicCounter()
+  init(_ loops: [RunLoopThread]) { self.loops = loops }
+}
+
+@Suite("ReviewRound13: command sources", .serialized, .timeLimit(.minutes(2)))
+struct ReviewRound13CommandTests {
+  /// Three threads post to a command source whose handler moves it to the other loop every 37
+  /// commands; a fourth thread invalidates it (or shuts a loop down) part-way. Promised: every
+  /// command `post` accepted is delivered exactly once, each thread's in the order it posted;
+  /// none after the last `cancel`; `schedule` and `cancel` pair up on each loop.
+  @Test(arguments: ["invalidate", "shutdown"])
+  func aSourceMovedByItsHandlerUnderConcurrentPostsDeliversExactly(_ ending: String) async throws {
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(40), "ping-pong \(ending)") {
+      () throws -> [String] in
+      var wrong: [String] = []
+      repeatRounds(4, budget: .milliseconds(2500)) { round in
+        guard let loopA = try? RunLoopThread(name: "r13-pp-a"), let loopB = try? RunLoopThread(name: "r13-pp-b")
+        else { return }
+        defer {
+          loopA.shutdownAndWait()
+          loopB.shutdownAndWait()
+        }
+        let scenario = R13PingPong([loopA, loopB])
+        let pairs = PairLog()
+        let accepted = Guarded<[Int]>([])
+        let cancelled = AtomicCounter()
+        var command: CommandSource<Int>? = CommandSource<Int>(
+          schedule: { _, loop, _ in pairs.schedule(loop) },
+          cancel: { _, loop in
+            pairs.cancel(loop)
+            cancelled.increment()
+          }
+        ) { value in
+          scenario.delivered.withLock { $0.append(value) }
+          guard value % 37 == 0, let source = scenario.source.withLock({ $0 }) else { return }
+          let here = RunLoopThread.current
+          guard let other = scenario.loops.first(where: { $0 !== here }) else { return }
+          here.remove(source)
+          other.add(source)
+          scenario.moves.increment()
+        }
+        scenario.source.withLock { $0 = command?.source }
+        loopA.add(command!.source)
+        let target = command!
+        let posters: [@Sendable () -> Void] = (0..<3).map { thread in
+          {
+            var mine: [Int] = []
+            for index in 0..<1_500 {
+              let value = thread * 100_000 + index
+              if target.post(value) { mine.append(value) }
+            }
+            accepted.withLock { $0.append(contentsOf: mine) }
+          }
+        }
+        let ender: @Sendable () -> Void = {
+          usleep(UInt32(1_000 + 700 * round))
+          if ending == "invalidate" { target.source.invalidate() } else { loopA.shutdown() }
+        }
+        race(posters + [ender])
+        command = nil
+        target.source.invalidate()  // (shut down: the source may be on B, valid)
+        loopA.shutdownAndWait()
+        loopB.shutdownAndWait()
+        let delivered = scenario.delivered.snapshot
+        let accepts = accepted.snapshot
+        if delivered.sorted() != accepts.sorted() {
+          let extra = Set(delivered).subtracting(accepts).count
+          let lost = Set(accepts).subtracting(delivered).count
+          wrong.append(
+            "round \(round): accepted \(accepts.count), delivered \(delivered.count) (\(lost) lost, \(extra) unaccepted,"
+              + " \(delivered.count - Set(delivered).count) twice)")
+        }
+        for thread in 0..<3 {
+          let mine = delivered.filter { $0 / 100_000 == thread }
+          if mine != mine.sorted() { wrong.append("round \(round): thread \(thread)'s commands out of order") }
+        }
+        if !pairs.unpaired.isEmpty { wrong.append("round \(round): \(pairs.unpaired)") }
+        print("ping-pong \(ending) round \(round): \(scenario.moves.current) moves, \(delivered.count) delivered")
+      }
+      return wrong
+    }
+    #expect(outcome == [])
+  }
+}
+
+/// An actor pinned to a loop that counts its calls and checks its isolation on each.
+private actor R13Counter: LoopActor {
+  nonisolated let loop: RunLoopThread
+  private var calls = 0
+  private(set) var misisolated = 0
+  init(loop: RunLoopThread) { self.loop = loop }
+
+  func call() -> Int {
+    if loop.isIsolatingCurrentContext() != true { misisolated += 1 }
+    calls += 1
+    return calls
+  }
+}
+
+@Suite("ReviewRound13: the executor", .serialized, .timeLimit(.minutes(2)))
+struct ReviewRound13ExecutorTests {
+  /// Three tasks call an actor pinned to a loop 300 times each while another thread shuts the
+  /// loop down. Promised: every job the loop accepted runs exactly once, later ones on the
+  /// fallback queue "still isolated to the loop's executor", so no call hangs, each returns once,
+  /// the actor's count is exact, and every call ran isolated to the loop.
+  @Test func actorCallsRacingShutdownAllCompleteIsolated() async throws {
+    for round in 0..<3 {
+      let loop = try RunLoopThread(name: "r13-actor")
+      let counter = R13Counter(loop: loop)
+      let outcome = try await withWatchdog(timeout: .seconds(30), "actor calls vs shutdown") {
+        () async -> (returned: Int, misisolated: Int, final: Int) in
+        startThread(detached: true) {
+          usleep(UInt32(300 + round * 700))
+          loop.shutdown()
+        }
+        let returned = await withTaskGroup(of: Int.self) { group in
+          for _ in 0..<3 {
+            group.addTask {
+              var count = 0
+              for _ in 0..<300 {
+                _ = await counter.call()
+                count += 1
+              }
+              return count
+            }
+          }
+          return await group.reduce(0, +)
+        }
+        return (returned, await counter.misisolated, await counter.call() - 1)
+      }
+      loop.shutdownAndWait()
+      guard let outcome else { return }
+      #expect(outcome.returned == 900, "round \(round)")
+      #expect(outcome.final == 900, "round \(round)")
+      #expect(outcome.misisolated == 0, "round \(round)")
+    }
+  }
+}
+
+@Suite("ReviewRound13: observers moved by their callouts", .serialized, .timeLimit(.minutes(2)))
+struct ReviewRound13ObserverTests {
+  /// A one-shot observer's callout on loop A moves it to loop B, which makes a pass after pass (a
+  /// zero-interval timer) and so asks for the observer constantly. Promised: "a one-shot observer
+  /// invalidates itself after its first callout" and "is told exactly once". B finds it the
+  /// moment the callout ends: between clearing "its callout is running" and the self-invalidation
+  /// that follows (two critical sections, `LoopObserver.notify`), B's thread tells it a second
+  /// time (about 1 round in 80; every run of 5,000 rounds fails).
+  @Test(
+    .disabled(
+      "bug: a one-shot observer moved by its callout is told again by the other loop before it invalidates itself"))
+  func aOneShotObserverMovedToABusyLoopInItsCalloutIsToldOnce() async throws {
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "one-shot observer moved") {
+      () throws -> (rounds: Int, doubled: Int, secondOn: [String]) in
+      let loopA = try RunLoopThread(name: "r13-obs-a")
+      let loopB = try RunLoopThread(name: "r13-obs-b")
+      defer {
+        loopA.shutdownAndWait()
+        loopB.shutdownAndWait()
+      }
+      // B makes pass after pass without a system call: a block that performs itself again.
+      let spinning = AtomicCounter()
+      @Sendable func spin() {
+        loopB.perform { if spinning.current == 0 { spin() } }
+      }
+      spin()
+      defer { spinning.increment() }
+      var doubled = 0
+      var secondOn: Set<String> = []
+      let rounds = repeatRounds(5_000, budget: .milliseconds(2500)) { _ in
+        let told = AtomicCounter()
+        let second = Guarded<String?>(nil)
+        let done = TestGate()
+        let observer = LoopObserver(activities: .all, repeats: false) { observer, _ in
+          guard told.increment() == 1 else { return second.withLock { $0 = RunLoopThread.current.name } }
+          loopA.remove(observer)
+          loopB.add(observer)
+          _ = try? loopB.performAndWait {}  // B holds it now and asks for it every pass
+          done.open()
+        }
+        loopA.add(observer)
+        loopA.wakeUp()
+        _ = done.wait(timeout: .seconds(10))
+        _ = try? loopA.performAndWait {}
+        _ = try? loopB.performAndWait {}
+        _ = try? loopB.performAndWait {}
+        if told.current != 1 {
+          doubled += 1
+          if let loop = second.snapshot { secondOn.insert(loop) }
+        }
+      }
+      return (rounds, doubled, secondOn.sorted())
+    }
+    guard let outcome else { return }
+    print(
+      "one-shot observer moved: told twice in \(outcome.doubled) of \(outcome.rounds) rounds, on \(outcome.secondOn)")
+    #expect(outcome.doubled == 0, "told twice in \(outcome.doubled) of \(outcome.rounds) rounds")
   }
 }
