@@ -106,7 +106,13 @@ public final class LoopObserver: LoopMember, @unchecked Sendable {  // Safety: p
     }
     guard let current else { return }
     current(self, activity)
-    lock.withLock { isFiring = false }
-    if !repeats { invalidate() }
+    // The callout's end and a one-shot observer's invalidation in one critical section: between
+    // two, another loop the callout moved the observer to would find it valid and not firing, and
+    // tell it a second time.
+    let invalidation = lock.withLock {
+      isFiring = false
+      return repeats ? nil : state.invalidate()
+    }
+    invalidation?.finish(self)
   }
 }
