@@ -218,6 +218,25 @@ final class LoopCore {
     if hasWaitingControls || shared.changesWaiting.load(ordering: .acquiring) { applyControls() }
   }
 
+  /// Loop thread: applies the changes other threads sent before, then runs `body`, a change of a
+  /// member's binding under the member's lock, which gives up (nil) when `hasChangeInFlight`
+  /// finds another change sent meanwhile; then again. So a call on the loop thread comes after
+  /// every change sent before it, and the callouts those changes make (a cancel routine that
+  /// removes this member, say) find the binding as it was before the call: changing it first
+  /// would let them apply their own calls on top of one that is not applied yet.
+  @inline(__always)
+  func afterWaitingChanges<Result>(_ body: () -> Result?) -> Result {
+    while true {
+      applyControlsIfAny()
+      if let result = body() { return result }
+    }
+  }
+
+  /// A change from another thread waits in the inbox. Read under a member's lock, it covers every
+  /// change of that member sent before (their senders hold the member's lock while sending).
+  @inline(__always)
+  var hasChangeInFlight: Bool { shared.changesWaiting.load(ordering: .acquiring) }
+
   /// Frees the batches applied so far (no run is applying changes further out), keeping a small
   /// one for the inbox to fill next.
   private func dropAppliedControlBatches() {

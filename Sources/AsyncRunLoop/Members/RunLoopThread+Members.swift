@@ -120,9 +120,14 @@ extension RunLoopThread {
   func bind<Member: LoopMember>(_ member: Member, to mode: RunLoopMode) -> SystemCallError? {
     let shared = self.shared
     if shared.isOnLoopThread {
-      switch member.withBinding({ $0.bind(to: shared, mode: mode) }) {
+      // The changes other threads sent before this call first, and only then the binding (see
+      // `afterWaitingChanges`).
+      let core = shared.core
+      let action = core.afterWaitingChanges {
+        member.withBinding { core.hasChangeInFlight ? nil : $0.bind(to: shared, mode: mode) }
+      }
+      switch action {
       case .accepted(let record):
-        core.applyControlsIfAny()
         // A record that left this loop already (see `MemberRecord.hasLeft`): a stale add.
         return record.hasLeft ? nil : member.applyAdd(on: core, record: record, mode: mode, callerWaits: true)
       case .refused:
@@ -160,8 +165,11 @@ extension RunLoopThread {
   func unbind<Member: LoopMember>(_ member: Member, from mode: RunLoopMode) {
     let shared = self.shared
     if shared.isOnLoopThread {
-      guard let record = member.withBinding({ $0.unbind(from: shared, mode: mode) }) else { return }
-      core.applyControlsIfAny()
+      let core = shared.core
+      let unbound: MemberRecord? = core.afterWaitingChanges {  // first, as in `bind`
+        member.withBinding { core.hasChangeInFlight ? nil : .some($0.unbind(from: shared, mode: mode)) }
+      }
+      guard let record = unbound else { return }
       core.applyRemove(record, from: mode)
       return
     }
