@@ -114,7 +114,7 @@ extension LoopCore {
     modeTable.removeEverywhere(record)
     switch kind {
     case .source(let source):
-      if !deferredSignalled.isEmpty { deferredSignalled.removeAll { $0 === record } }
+      // (Left in `deferredSignalled`, if there: the next scan skips it, detached.)
       let leave = source.left(loop)
       leave.close?(source)
       leave.cancel?(source, loop)

@@ -76,8 +76,15 @@ final class LoopCore {
 
   /// Sources signalled since the last step 4 (taken from the inbox), by their records here.
   @exclusivity(unchecked) var spareSignalled: [SignalledRecord] = []
-  /// Signalled sources not in the mode being run: they fire when one of their modes runs.
+  /// Signalled sources not in the mode being run: they fire when one of their modes runs. May hold
+  /// records detached since (skipped, and dropped, by the next scan): a removal does not search it.
   @exclusivity(unchecked) var deferredSignalled: [MemberRecord] = []
+  /// The mode whose pass last sorted `deferredSignalled` out, and `ModeTable.sourceJoins` then:
+  /// while both still hold, none of those sources is in that mode, so its passes need not look at
+  /// them again (with many sources signalled in other modes, every pass did, and a removal
+  /// searched them all).
+  @exclusivity(unchecked) var deferredScannedMode: ModeContents?
+  @exclusivity(unchecked) var deferredScannedJoins: UInt64 = 0
   /// The ready sources of the step 4 on the stack that have not fired yet: a run nested in one of
   /// their handlers considers them too (they are still signalled), so it does not wait for them.
   @exclusivity(unchecked) var unfiredReadySources: ArraySlice<MemberRecord> = []

@@ -129,7 +129,15 @@ extension LoopCore {
   /// joined the mode after step 4 of this pass, already signalled. Its signal is kept only here,
   /// not in the inbox, so sleeping would strand it until some other wake-up.
   private func hasDeferredSource(in contents: ModeContents) -> Bool {
-    deferredSignalled.contains { $0.isIn(contents) }
+    guard !deferredSignalled.isEmpty, !deferredAreElsewhere(than: contents) else { return false }
+    return deferredSignalled.contains { $0.isIn(contents) }
+  }
+
+  /// Whether every source in `deferredSignalled` is known to be out of `contents`' mode: a pass in
+  /// that mode sorted them out, and no source joined a mode since.
+  @inline(__always)
+  private func deferredAreElsewhere(than contents: ModeContents) -> Bool {
+    deferredScannedMode === contents && deferredScannedJoins == modeTable.sourceJoins
   }
 
   /// Nothing to watch in the mode, and no jobs (that may run here) or blocks for this mode
@@ -178,9 +186,12 @@ extension LoopCore {
   /// was applied. Sources signalled while in other modes only wait in `deferredSignalled`.
   /// Returns whether any fired. Allocates nothing in the steady state.
   private func fireSignalledSources(_ run: inout RunContext) -> Bool {
-    if spareSignalled.isEmpty && deferredSignalled.isEmpty { return false }
+    // Deferred sources known to be out of this mode stay where they are (O(1) per pass however
+    // many wait for other modes).
+    let scansDeferred = !deferredSignalled.isEmpty && !deferredAreElsewhere(than: run.contents)
+    if spareSignalled.isEmpty && !scansDeferred { return false }
     run.readySources.removeAll(keepingCapacity: true)
-    if !deferredSignalled.isEmpty {
+    if scansDeferred {
       // Signalled before everything collected since: first, so equal orders keep signalling order.
       spareSignalled.insert(
         contentsOf: deferredSignalled.lazy.map { SignalledRecord(record: $0, sequence: 0) }, at: 0)
@@ -212,6 +223,10 @@ extension LoopCore {
       }
     }
     spareSignalled.removeSubrange(waiting...)
+    // Sorted out for this mode (before any handler runs: one that adds a source to a mode ends
+    // this knowledge).
+    deferredScannedMode = run.contents
+    deferredScannedJoins = modeTable.sourceJoins
     if !sameOrder {
       // Stable: equal orders keep signalling order.
       let sorted = run.readySources.enumerated().sorted { lhs, rhs in

@@ -107,6 +107,10 @@ final class ModeTable {
   /// Counts members added to `.common` (each record keeps its own `commonOrder`).
   @exclusivity(unchecked) private var commonOrder: UInt32 = 0
   @exclusivity(unchecked) private var commonCount = 0
+  /// Counts custom sources joining a mode (by any way): a signalled source deferred because its
+  /// modes were not running may be in a mode it was not in before (see
+  /// `LoopCore.deferredScannedMode`).
+  @exclusivity(unchecked) private(set) var sourceJoins: UInt64 = 0
 
   /// The mode last looked up: adds and runs nearly always name the same mode, and hashing a mode's
   /// name was a visible part of every add.
@@ -265,7 +269,9 @@ final class ModeTable {
     var membership = Membership(contents: contents, slot: -1, byName: !viaCommon, viaCommon: viaCommon)
     switch record.attachedKind {
     case nil: return false
-    case .source: contents.sourceCount += 1
+    case .source:
+      contents.sourceCount += 1
+      sourceJoins &+= 1
     case .descriptor: contents.descriptors[record.key] = record
     case .timer:
       contents.timerCount += 1
