@@ -542,6 +542,8 @@ enum ChurnScenarios {
         }
       }
     }
+    notes.append(signalledElsewhereNote)
+    peers += signalledElsewherePeers(mode, cpu: cpu)
     let removalCount = sizes(.timer, mode).last!
     for side in ChurnSide.allCases {
       peers.append(

@@ -147,6 +147,9 @@ enum TargetReport {
             reschedules: kind == .timer)
       }
     }
+    + churnRatioTargets(
+      prefix: "signalled-elsewhere input-source loop-thread ", label: "signalled-elsewhere input-source",
+      side: .loopThread, passes: true)
     + ChurnSide.allCases.map { side in
       Target(
         label: "churn timer mass-removal \(side.rawValue): longest pass ns", bound: .atMost(1_000_000),
@@ -154,17 +157,20 @@ enum TargetReport {
     }
 
   /// The ratio targets of one group of churn peers (named `prefix` and a count): ns per add,
-  /// remove (and reschedule) at the largest count over the smallest.
+  /// remove (and reschedule, or the pass with n sources waiting) at the largest count over the
+  /// smallest.
   ///
   /// `netOfFirstTouches` (a fill) adds the add's ratio without the kernel's part: the adds' first
   /// touches of fresh pages, priced by the page-fault floor of the same round
   /// (`add_minus_first_touch_ns`). Diagnostic: the plain add ratio stays the target.
   private static func churnRatioTargets(
-    prefix: String, label: String, side: ChurnSide, reschedules: Bool = false, netOfFirstTouches: Bool = false
+    prefix: String, label: String, side: ChurnSide, reschedules: Bool = false, netOfFirstTouches: Bool = false,
+    passes: Bool = false
   ) -> [Target] {
     let operations: [(name: String, extra: String?)] =
       [("add", nil)] + (netOfFirstTouches ? [("add net of faults", "add_minus_first_touch_ns")] : [])
       + [("remove", "remove_ns")] + (reschedules ? [("reschedule", "reschedule_ns")] : [])
+      + (passes ? [("pass", "pass_ns")] : [])
     return operations.map { operation in
       Target(
         label: "churn \(label) \(operation.name) \(side.rawValue): ns/op big n / small n",
