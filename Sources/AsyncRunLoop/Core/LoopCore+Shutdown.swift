@@ -34,6 +34,7 @@ extension LoopCore {
       if handedOver { FallbackExecution.warnOnce(for: loop) }
       if finished { break }
     }
+    hasTerminated = true  // a member added here from now on (by a cancel routine below) is refused
     localJobs.removeAll()
     localJobIndex = 0
     // Changes that arrived after the last round's look (the inbox refuses them from now on).

@@ -45,6 +45,9 @@ final class LoopCore {
   @exclusivity(unchecked) var jobDepth = 0
   /// How many runs are on the stack (kept for loops that divert jobs at shutdown only).
   @exclusivity(unchecked) var runDepth = 0
+  /// The shutdown drain has terminated the loop: an add made on its thread now (a cancel routine
+  /// of the last detach) invalidates the member, as an add from another thread does.
+  @exclusivity(unchecked) var hasTerminated = false
 
   // MARK: Registration changes
 
@@ -193,14 +196,11 @@ final class LoopCore {
     guard hasWaitingControls else { return }
     var budget = bounded ? Self.controlsPerPass : Int.max
     controlDepth += 1
-    while budget > 0 {
-      if !hasWaitingControls {
-        // Queue done. Unbounded, at any depth: take what arrived meanwhile and go on (a call on
-        // the loop thread inside a change must still come after every change sent before it).
-        guard !bounded else { break }
-        collectInbox()
-        if !hasWaitingControls { break }
-      }
+    // What was collected, and no more: a change that arrives meanwhile was sent after this call
+    // began, so it need not come before what follows the call (a loop-thread add, say), and
+    // taking it too would let a flood from another thread hold the call forever. (A loop-thread
+    // call inside a change collects again when it begins: what was sent before it comes first.)
+    while budget > 0 && hasWaitingControls {
       let change = controlBatches[controlBatchIndex][controlIndex].change
       // Release what the change holds as it is applied, not all at once when the queue empties
       // (100k removals' closures freed together made one pass take 10 ms).
@@ -224,25 +224,6 @@ final class LoopCore {
   func applyControlsIfAny() {
     if hasWaitingControls || shared.changesWaiting.load(ordering: .acquiring) { applyControls() }
   }
-
-  /// Loop thread: applies the changes other threads sent before, then runs `body`, a change of a
-  /// member's binding under the member's lock, which gives up (nil) when `hasChangeInFlight`
-  /// finds another change sent meanwhile; then again. So a call on the loop thread comes after
-  /// every change sent before it, and the callouts those changes make (a cancel routine that
-  /// removes this member, say) find the binding as it was before the call: changing it first
-  /// would let them apply their own calls on top of one that is not applied yet.
-  @inline(__always)
-  func afterWaitingChanges<Result>(_ body: () -> Result?) -> Result {
-    while true {
-      applyControlsIfAny()
-      if let result = body() { return result }
-    }
-  }
-
-  /// A change from another thread waits in the inbox. Read under a member's lock, it covers every
-  /// change of that member sent before (their senders hold the member's lock while sending).
-  @inline(__always)
-  var hasChangeInFlight: Bool { shared.changesWaiting.load(ordering: .acquiring) }
 
   /// Frees the batches applied so far (no run is applying changes further out), keeping a small
   /// one for the inbox to fill next.

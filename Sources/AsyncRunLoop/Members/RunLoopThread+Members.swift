@@ -109,6 +109,14 @@ extension RunLoopThread {
     case onAnotherLoop(LoopShared)
   }
 
+  // On the loop thread, the changes other threads sent are applied around the binding's change:
+  // before it, so that their callouts (a cancel routine, a command source's closing delivery),
+  // which may add or remove this same member here, find the binding as it was before this call;
+  // and after it, for a change of this member that another thread sent in between (senders hold
+  // the member's lock while they send, so such a change was made before this one and must be
+  // applied first). Each application takes only what is in the inbox when it begins, so a flood
+  // of changes from another thread does not hold the call.
+
   /// Binds `member` to this loop in `mode` and has the loop apply the add
   /// (`LoopMember.applyAdd`): inline on the loop thread (after the changes other threads sent
   /// before, so they keep their order), returning its failure; from other threads sent while the
@@ -120,12 +128,14 @@ extension RunLoopThread {
   func bind<Member: LoopMember>(_ member: Member, to mode: RunLoopMode) -> SystemCallError? {
     let shared = self.shared
     if shared.isOnLoopThread {
-      // The changes other threads sent before this call first, and only then the binding (see
-      // `afterWaitingChanges`).
       let core = shared.core
-      let action = core.afterWaitingChanges {
-        member.withBinding { core.hasChangeInFlight ? nil : $0.bind(to: shared, mode: mode) }
+      guard !core.hasTerminated else {  // (a cancel routine of the drain's last detach adding)
+        member.invalidateMember()
+        return nil
       }
+      core.applyControlsIfAny()  // (before and after the binding: see the comment above `bind`)
+      let action = member.withBinding { $0.bind(to: shared, mode: mode) }
+      core.applyControlsIfAny()
       switch action {
       case .accepted(let record):
         // A record that left this loop already (see `MemberRecord.hasLeft`): a stale add.
@@ -166,9 +176,9 @@ extension RunLoopThread {
     let shared = self.shared
     if shared.isOnLoopThread {
       let core = shared.core
-      let unbound: MemberRecord? = core.afterWaitingChanges {  // first, as in `bind`
-        member.withBinding { core.hasChangeInFlight ? nil : .some($0.unbind(from: shared, mode: mode)) }
-      }
+      core.applyControlsIfAny()  // (before and after the binding: see the comment above `bind`)
+      let unbound = member.withBinding { $0.unbind(from: shared, mode: mode) }
+      core.applyControlsIfAny()
       guard let record = unbound else { return }
       core.applyRemove(record, from: mode)
       return
