@@ -348,3 +348,519 @@ struct ReviewRound14SurfaceKindsTests {
     #expect(!outcome.signal)
   }
 }
+
+extension ReviewRound14SurfaceKindsTests {
+  /// Promised: a consumer that drops its iterator (`break`) ends the sequence and takes the
+  /// member off its loop; once the sequence is dropped too, nothing keeps the sequence, its
+  /// member or what the member's closures captured alive (checked with weak references), for
+  /// every kind of sequence.
+  @Test func breakingOutAndDroppingTheSequenceReleasesEverything() async throws {
+    let outcome = try await withWatchdog(timeout: .seconds(30), "leaks") {
+      () async throws -> (gone: [String: Bool], records: Int?) in
+      let loop = try RunLoopThread(name: "r14s-leak")
+      let pipe = makePipe()
+      defer {
+        close(pipe.read)
+        close(pipe.write)
+      }
+      var weak: [String: R14SWeak] = [:]
+      do {
+        let token = R14SToken()
+        weak["token"] = R14SWeak(token)
+        let source = loop.sourceSequence(of: Int.self, onCancel: { _ in _ = token })
+        weak["source"] = R14SWeak(source)
+        weak["source.member"] = R14SWeak(source.source)
+        _ = source.post(1)
+        for await _ in source { break }
+      }
+      do {
+        let signals = loop.signalSequence()
+        weak["signals"] = R14SWeak(signals)
+        weak["signals.member"] = R14SWeak(signals.source)
+        signals.signal()
+        for await _ in signals { break }
+      }
+      do {
+        let timer = loop.timer(every: .milliseconds(1))
+        weak["timer"] = R14SWeak(timer)
+        weak["timer.member"] = R14SWeak(timer.timer)
+        for await _ in timer { break }
+      }
+      do {
+        let readiness = try loop.readiness(of: pipe.read)
+        weak["readiness"] = R14SWeak(readiness)
+        weak["readiness.member"] = R14SWeak(readiness.source)
+        writeByte(pipe.write)
+        for await _ in readiness { break }
+      }
+      do {
+        let activities = loop.activities(.beforeWaiting)
+        weak["activities"] = R14SWeak(activities)
+        weak["activities.member"] = R14SWeak(activities.observer)
+        loop.wakeUp()
+        for await _ in activities { break }
+      }
+      let all = weak
+      _ = await r14sPoll(timeout: .seconds(5)) {
+        _ = try? loop.performAndWait {}
+        return all.values.allSatisfy(\.isGone)
+      }
+      let records = await execOnNewThread { try? loop.performAndWait { loop.core.modeTable.allRecords.count } }
+      await execShutdown(loop)
+      return (all.mapValues(\.isGone), records)
+    }
+    guard let outcome else { return }
+    for (name, gone) in outcome.gone.sorted(by: { $0.key < $1.key }) {
+      #expect(gone, "\(name) is still alive")
+    }
+    #expect(outcome.records == 0, "the loop still holds \(String(describing: outcome.records)) records")
+  }
+
+  /// Promised: a readiness sequence pauses its registration while an element waits for its
+  /// consumer, so a consumer on another executor that does not read does not make the loop spin
+  /// on a descriptor that stays readable; once it asks again the element comes at once (the
+  /// descriptor is still ready), and after it drained, a new byte brings a new element.
+  @Test func aStalledReadinessConsumerDoesNotMakeTheLoopSpinAndLosesNothing() async throws {
+    let outcome = try await withWatchdog(timeout: .seconds(30), "readiness pause") {
+      () async throws -> (passes: Int, first: Bool, again: Bool, afterDrain: Bool) in
+      let loop = try RunLoopThread(name: "r14s-ready")
+      let pipe = makePipe()
+      defer {
+        close(pipe.read)
+        close(pipe.write)
+      }
+      let passes = AtomicCounter()
+      loop.add(LoopObserver(activities: .afterWaiting) { _, _ in passes.increment() }, to: .common)
+      let readiness = try loop.readiness(of: pipe.read)
+      var iterator = readiness.makeAsyncIterator()
+      writeByte(pipe.write)
+      let first = await iterator.next()?.contains(.readable) == true
+      // Stall without reading: the loop sees the descriptor ready again, keeps one element for
+      // the consumer, and pauses.
+      try await Task.sleep(for: .milliseconds(200))
+      let stalledPasses = passes.current
+      let again = await iterator.next()?.contains(.readable) == true
+      drainDescriptor(pipe.read)
+      // Whatever readiness was recorded before the drain may still come once; then a new byte.
+      let gotNew = Locked(false)
+      writeByte(pipe.write)
+      let next = await iterator.next()
+      gotNew.withLock { $0 = next?.contains(.readable) == true }
+      readiness.invalidate()
+      while await iterator.next() != nil {}
+      await execShutdown(loop)
+      return (stalledPasses, first, again, gotNew.withLock { $0 })
+    }
+    guard let outcome else { return }
+    #expect(outcome.first)
+    #expect(outcome.again)
+    #expect(outcome.afterDrain)
+    #expect(outcome.passes < 50, "the loop woke \(outcome.passes) times in 200 ms for a stalled consumer")
+  }
+}
+
+// MARK: - Timer sequences
+
+@Suite("ReviewRound14Surface: timer sequences", .serialized, .timeLimit(.minutes(2)))
+struct ReviewRound14SurfaceTimerTests {
+  /// Promised (`.burst`): one tick per missed due instant, back to back, then the grid goes on:
+  /// after the loop was held for 40 ms, 25 ticks of a 2 ms timer are consecutive grid points
+  /// (exactly one interval apart), none folded.
+  @Test func burstTicksAreConsecutiveGridPointsAfterTheLoopWasHeld() async throws {
+    let outcome = try await withWatchdog(timeout: .seconds(20), "burst") { () async throws -> [LoopTick] in
+      let loop = try RunLoopThread(name: "r14s-burst")
+      let sequence = loop.timer(every: .milliseconds(2), missedTicks: .burst)
+      await execOnNewThread {
+        let release = blockLoop(loop)
+        usleep(40_000)
+        release.open()
+      }
+      var ticks: [LoopTick] = []
+      for await tick in sequence {
+        ticks.append(tick)
+        if ticks.count == 25 { break }
+      }
+      await execShutdown(loop)
+      return ticks
+    }
+    guard let outcome else { return }
+    #expect(outcome.count == 25)
+    let gaps = zip(outcome.dropFirst(), outcome).map { $0.scheduled.nanoseconds - $1.scheduled.nanoseconds }
+    #expect(gaps.allSatisfy { $0 == 2_000_000 }, "gaps between ticks: \(gaps)")
+    #expect(outcome.allSatisfy { $0.skipped == 0 })
+  }
+
+  /// Promised (`.skip`): one tick stands for the missed due instants (`skipped` counts them) and
+  /// the timer stays on its grid: each tick's successor is due exactly `1 + skipped` intervals
+  /// after it, whatever the loop and the consumer did.
+  @Test func skipTicksAccountForEveryGridPoint() async throws {
+    let outcome = try await withWatchdog(timeout: .seconds(20), "skip") { () async throws -> [LoopTick] in
+      let loop = try RunLoopThread(name: "r14s-skip")
+      let sequence = loop.timer(every: .milliseconds(2), missedTicks: .skip)
+      var ticks: [LoopTick] = []
+      for await tick in sequence {
+        ticks.append(tick)
+        if ticks.count == 3 {
+          await execOnNewThread {
+            let release = blockLoop(loop)
+            usleep(20_000)
+            release.open()
+          }
+        }
+        if ticks.count == 6 { try await Task.sleep(for: .milliseconds(15)) }  // the consumer falls behind
+        if ticks.count == 10 { break }
+      }
+      await execShutdown(loop)
+      return ticks
+    }
+    guard let outcome else { return }
+    for (next, tick) in zip(outcome.dropFirst(), outcome) {
+      #expect(
+        next.scheduled.nanoseconds - tick.scheduled.nanoseconds == Int64(1 + tick.skipped) * 2_000_000,
+        "\(tick) then \(next)")
+    }
+  }
+
+  /// Promised: a one-shot timer at an instant already past ticks once, as soon as possible, then
+  /// the sequence ends; its tick carries the instant asked for.
+  @Test func aOneShotTimerInThePastTicksOnceThenEnds() async throws {
+    let deadline = LoopClock.Instant.now.advanced(by: .milliseconds(-50))
+    let outcome = try await withWatchdog(timeout: .seconds(20), "one-shot") { () async throws -> [LoopTick] in
+      let loop = try RunLoopThread(name: "r14s-once")
+      var ticks: [LoopTick] = []
+      for await tick in loop.timer(at: deadline) { ticks.append(tick) }
+      await execShutdown(loop)
+      return ticks
+    }
+    guard let outcome else { return }
+    #expect(outcome.map(\.scheduled) == [deadline])
+  }
+
+  /// Promised: `invalidate()` delivers the ticks the loop has already fired and the consumer has
+  /// not taken, then the sequence ends: a burst run the loop fired while the consumer slept is
+  /// delivered in full after the invalidation.
+  @Test func invalidateDeliversTheBurstTicksAlreadyFired() async throws {
+    let outcome = try await withWatchdog(timeout: .seconds(20), "burst then invalidate") {
+      () async throws -> (count: Int, gaps: [Int64]) in
+      let loop = try RunLoopThread(name: "r14s-binv")
+      let sequence = loop.timer(every: .milliseconds(1), missedTicks: .burst)
+      var iterator = sequence.makeAsyncIterator()
+      guard let first = await iterator.next() else { return (0, []) }
+      // The loop goes on firing while the consumer sleeps; the ticks pile up as one run.
+      try await Task.sleep(for: .milliseconds(30))
+      sequence.invalidate()
+      var ticks = [first]
+      while let tick = await iterator.next() { ticks.append(tick) }
+      // Ended: the machine ignores fires from now on, so this is the due instant it stopped at.
+      let ready = sequence.lock.withLock { sequence.machine.schedule.nextDue ?? 0 }
+      await execShutdown(loop)
+      let gaps = zip(ticks.dropFirst(), ticks).map { $0.scheduled.nanoseconds - $1.scheduled.nanoseconds }
+      // Every grid point before the next due instant the machine had reached was delivered.
+      let expected = Int((ready - first.scheduled.nanoseconds) / 1_000_000)
+      return (ticks.count - expected, gaps)
+    }
+    guard let outcome else { return }
+    #expect(outcome.count == 0, "\(outcome.count) ticks more (or fewer) than fired")
+    #expect(outcome.gaps.allSatisfy { $0 == 1_000_000 }, "\(outcome.gaps)")
+  }
+}
+
+// MARK: - Executor
+
+/// Counts callers inside an actor method at once (more than one would break the serial contract).
+private final class R14SOverlap: Sendable {
+  let inside = AtomicCounter()
+  let most = Locked(0)
+  func enter() {
+    let now = inside.value.add(1, ordering: .sequentiallyConsistent).newValue
+    most.withLock { $0 = max($0, now) }
+  }
+  func leave() { inside.value.subtract(1, ordering: .sequentiallyConsistent) }
+}
+
+/// An actor pinned to a loop.
+private actor R14SActor: LoopActor {
+  nonisolated let loop: RunLoopThread
+  let overlap = R14SOverlap()
+  var calls = 0
+  init(loop: RunLoopThread) { self.loop = loop }
+
+  /// Where the call runs: (isolated to the loop, on the loop's thread).
+  func whereAmI() -> (isolated: Bool?, onThread: Bool) { (loop.isIsolatingCurrentContext(), loop.isOnLoopThread) }
+
+  /// A call that takes a while; counts overlapping callers.
+  func slowCall() {
+    overlap.enter()
+    usleep(300)
+    calls += 1
+    overlap.leave()
+  }
+
+  /// `performAndWait` on the actor's own loop: inline.
+  func performInline() throws -> Bool { try loop.performAndWait { self.loop.isOnLoopThread } }
+
+  /// Waits (on this loop's thread) for `other` to run a block that waits for this loop.
+  func waitInACycle(through other: RunLoopThread) -> String {
+    do {
+      return try other.performAndWait { () throws -> String in
+        try self.loop.performAndWait { "ran" }
+      }
+    } catch RunLoopError.wouldDeadlock {
+      return "wouldDeadlock"
+    } catch {
+      return "\(error)"
+    }
+  }
+
+  /// A modal run in `mode` that ends when `source` fires (or after 10 s).
+  func modalUntilSignalled() async throws -> RunLoopRunResult {
+    try await loop.runModal(mode: r14sModeA, for: .seconds(10), returnAfterSourceHandled: true)
+  }
+
+  func ping(_ source: InputSource) { source.signal() }
+}
+
+@Suite("ReviewRound14Surface: executor", .serialized, .timeLimit(.minutes(2)))
+struct ReviewRound14SurfaceExecutorTests {
+  /// Promised: an actor pinned to a loop runs on the loop's thread, isolated to it; the loop
+  /// answers false (never nil) off its thread; a task that prefers the loop runs there, also after
+  /// a `Task.sleep`; `performAndWait` from the actor on its own loop runs inline.
+  @Test func actorsAndPreferringTasksRunOnTheLoopIsolated() async throws {
+    let outcome = try await withWatchdog(timeout: .seconds(20), "isolation") {
+      () async throws -> (actor: (Bool?, Bool), off: Bool?, task: [Bool], inline: Bool) in
+      let loop = try RunLoopThread(name: "r14s-iso")
+      let actor = R14SActor(loop: loop)
+      let place = await actor.whereAmI()
+      let inline = try await actor.performInline()
+      let task = await Task(executorPreference: loop) { () -> [Bool] in
+        var seen = [loop.isOnLoopThread]
+        try? await Task.sleep(for: .milliseconds(5))
+        seen.append(loop.isOnLoopThread)
+        await Task.yield()
+        seen.append(loop.isIsolatingCurrentContext() == true)
+        return seen
+      }.value
+      let off = await execOnNewThread { loop.isIsolatingCurrentContext() }
+      await execShutdown(loop)
+      return (place, off, task, inline)
+    }
+    guard let outcome else { return }
+    #expect(outcome.actor.0 == true)
+    #expect(outcome.actor.1)
+    #expect(outcome.off == false)
+    #expect(outcome.task == [true, true, true])
+    #expect(outcome.inline)
+  }
+
+  /// Promised: `performAndWait` refuses a wait that closes a cycle: an actor on loop A waits for
+  /// a block on loop B that waits for loop A; the inner call throws `wouldDeadlock` instead of
+  /// hanging both loops.
+  @Test func performAndWaitInACycleThroughAnActorThrowsInsteadOfHanging() async throws {
+    let outcome = try await withWatchdog(timeout: .seconds(20), "cycle") { () async throws -> String in
+      let loopA = try RunLoopThread(name: "r14s-cyc-a")
+      let loopB = try RunLoopThread(name: "r14s-cyc-b")
+      let actor = R14SActor(loop: loopA)
+      let answer = await actor.waitInACycle(through: loopB)
+      await execShutdown(loopA)
+      await execShutdown(loopB)
+      return answer
+    }
+    #expect(outcome == "wouldDeadlock")
+  }
+
+  /// Promised: after the loop terminated, an actor's calls still run, one at a time, on the
+  /// fallback queue, isolated to the loop (`isIsolatingCurrentContext()` true there, and the
+  /// loop's thread is not used); a task that prefers the terminated loop runs too.
+  @Test func jobsAfterTerminationRunIsolatedOneAtATime() async throws {
+    let outcome = try await withWatchdog(timeout: .seconds(20), "fallback") {
+      () async throws -> (place: (Bool?, Bool), most: Int, calls: Int, task: Bool?) in
+      let loop = try RunLoopThread(name: "r14s-fb")
+      let actor = R14SActor(loop: loop)
+      _ = await actor.whereAmI()
+      await execShutdown(loop)
+      let place = await actor.whereAmI()
+      await withTaskGroup(of: Void.self) { group in
+        for _ in 0..<8 {
+          group.addTask {
+            for _ in 0..<10 { await actor.slowCall() }
+          }
+        }
+      }
+      let calls = await actor.calls
+      let task = await Task(executorPreference: loop) { loop.isIsolatingCurrentContext() }.value
+      return (place, actor.overlap.most.withLock { $0 }, calls, task)
+    }
+    guard let outcome else { return }
+    #expect(outcome.place.0 == true, "on the fallback the actor's call is not isolated to its loop")
+    #expect(!outcome.place.1)
+    #expect(outcome.most == 1, "\(outcome.most) calls of the actor overlapped")
+    #expect(outcome.calls == 80)
+    #expect(outcome.task == true)
+  }
+
+  /// Promised: at shutdown a `loop.clock` sleep throws `CancellationError`, and a `Task.sleep`
+  /// under the loop's preference is not ended early: it completes at its deadline, elsewhere.
+  /// Neither hangs.
+  @Test func shutdownWithPendingSleepsResumesEverySleeper() async throws {
+    let outcome = try await withWatchdog(timeout: .seconds(20), "sleeps at shutdown") {
+      () async throws -> (clock: String, taskSleep: String, elapsed: Duration) in
+      let loop = try RunLoopThread(name: "r14s-sleep")
+      let clockSleep = Task { () -> String in
+        do {
+          try await loop.clock.sleep(until: .now.advanced(by: .seconds(60)))
+          return "returned"
+        } catch is CancellationError {
+          return "cancelled"
+        } catch {
+          return "\(error)"
+        }
+      }
+      let start = ContinuousClock.now
+      let taskSleep = Task(executorPreference: loop) { () -> (String, Duration) in
+        do {
+          try await Task.sleep(for: .milliseconds(300))
+          return ("returned", ContinuousClock.now - start)
+        } catch {
+          return ("\(error)", ContinuousClock.now - start)
+        }
+      }
+      _ = await r14sPoll { loop.scheduledJobCount >= 1 }
+      try await Task.sleep(for: .milliseconds(20))  // the clock sleep's timer reaches the loop
+      await execShutdown(loop)
+      let clock = await clockSleep.value
+      let (slept, elapsed) = await taskSleep.value
+      return (clock, slept, elapsed)
+    }
+    guard let outcome else { return }
+    #expect(outcome.clock == "cancelled")
+    #expect(outcome.taskSleep == "returned")
+    #expect(outcome.elapsed >= .milliseconds(300), "Task.sleep ended early, after \(outcome.elapsed)")
+  }
+
+  /// Promised: `runModal` from an actor on the loop suspends the actor instead of blocking its
+  /// executor, so the actor's other calls run during the modal run: one of them signals a source
+  /// of the modal mode, which ends the run (`.handledSource`), well before its 10 s limit.
+  @Test func anActorsOtherCallsRunDuringItsModalRun() async throws {
+    let outcome = try await withWatchdog(timeout: .seconds(30), "modal from actor") {
+      () async throws -> RunLoopRunResult in
+      let loop = try RunLoopThread(name: "r14s-modal")
+      let entered = TestGate()
+      loop.add(LoopObserver(activities: .entry) { _, _ in entered.open() }, to: r14sModeA)
+      let source = InputSource(perform: { _ in })
+      loop.add(source, to: r14sModeA)
+      let actor = R14SActor(loop: loop)
+      async let result = actor.modalUntilSignalled()
+      _ = await r14sPoll { entered.opened }
+      await actor.ping(source)
+      let value = try await result
+      source.invalidate()
+      await execShutdown(loop)
+      return value
+    }
+    #expect(outcome == .handledSource)
+  }
+
+  /// Promised: cancelling a task in `runModal` ends its run (`.stopped`) — also while another
+  /// task's modal run, which the loop nests inside the first, is still going on: the cancelled
+  /// task must not wait for the other run's 4 s limit.
+  @Test func aCancelledModalRunEndsWhileAnotherModalRunIsNestedInIt() async throws {
+    let outcome = try await withWatchdog(timeout: .seconds(30), "nested modal cancel") {
+      () async throws -> (first: RunLoopRunResult, order: [String]) in
+      let loop = try RunLoopThread(name: "r14s-modal2")
+      let enteredA = TestGate()
+      let enteredB = TestGate()
+      loop.add(LoopObserver(activities: .entry) { _, _ in enteredA.open() }, to: r14sModeA)
+      loop.add(LoopObserver(activities: .entry) { _, _ in enteredB.open() }, to: r14sModeB)
+      let keepA = LoopTimer(after: .seconds(3600)) { _ in }
+      let keepB = LoopTimer(after: .seconds(3600)) { _ in }
+      loop.add(keepA, to: r14sModeA)
+      loop.add(keepB, to: r14sModeB)
+      let order = EventLog()
+      let first = Task { () -> RunLoopRunResult in
+        let result = (try? await loop.runModal(mode: r14sModeA, for: .seconds(20))) ?? .finished
+        order.add("first")
+        return result
+      }
+      _ = await r14sPoll { enteredA.opened }
+      let second = Task { () -> RunLoopRunResult in
+        let result = (try? await loop.runModal(mode: r14sModeB, for: .seconds(4))) ?? .finished
+        order.add("second")
+        return result
+      }
+      _ = await r14sPoll { enteredB.opened }
+      first.cancel()
+      let firstResult = await first.value
+      _ = await second.value
+      keepA.invalidate()
+      keepB.invalidate()
+      await execShutdown(loop)
+      return (firstResult, order.snapshot)
+    }
+    guard let outcome else { return }
+    #expect(outcome.first == .stopped)
+    #expect(outcome.order == ["first", "second"], "the cancelled run ended only after the other: \(outcome.order)")
+  }
+
+  /// Promised: `runModal` on a loop that has shut down throws `RunLoopError.shutDown`.
+  @Test func runModalAfterShutdownThrows() async throws {
+    let loop = try RunLoopThread(name: "r14s-modal3")
+    await execShutdown(loop)
+    await #expect(throws: RunLoopError.self) { try await loop.runModal(mode: r14sModeA, for: .seconds(1)) }
+  }
+
+  /// Promised: `LoopGroup.next()` hands the loops out round-robin in creation order, and
+  /// `shutdownAndWait()` shuts every one down.
+  @Test func loopGroupHandsLoopsOutRoundRobinAndShutsThemAllDown() async throws {
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "group") {
+      () throws -> (names: [String], down: [Bool]) in
+      let group = try LoopGroup(count: 3, name: "r14s-g")
+      let names = (0..<7).map { _ in group.next().name }
+      group.shutdownAndWait()
+      return (names, group.loops.map(\.isShutDown))
+    }
+    guard let outcome else { return }
+    #expect(outcome.names == ["r14s-g-0", "r14s-g-1", "r14s-g-2", "r14s-g-0", "r14s-g-1", "r14s-g-2", "r14s-g-0"])
+    #expect(outcome.down == [true, true, true])
+  }
+}
+
+// MARK: - runOnMain off the main thread
+
+@Suite("ReviewRound14Surface: runOnMain off the main thread", .serialized, .timeLimit(.minutes(2)))
+struct ReviewRound14SurfaceMainTests {
+  /// Promised: `runOnMainAndWait` and `RunLoopThread.main.performAndWait` from a loop thread,
+  /// while the main loop is not running, throw `wouldDeadlock` at once instead of blocking the
+  /// loop thread, and the body does not run.
+  @Test func waitingForTheMainThreadFromALoopThreadThrowsWhenTheMainLoopIsNotRunning() async throws {
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "main from loop") {
+      () throws -> (running: Bool, answers: [String], ran: Bool) in
+      let loop = try RunLoopThread(name: "r14s-main")
+      defer { loop.shutdownAndWait() }
+      let ran = Locked(false)
+      let answers = try loop.performAndWait { () -> [String] in
+        var answers: [String] = []
+        do {
+          try runOnMainAndWait { ran.withLock { $0 = true } }
+          answers.append("ran")
+        } catch RunLoopError.wouldDeadlock {
+          answers.append("wouldDeadlock")
+        } catch {
+          answers.append("\(error)")
+        }
+        do {
+          try RunLoopThread.main.performAndWait { ran.withLock { $0 = true } }
+          answers.append("ran")
+        } catch RunLoopError.wouldDeadlock {
+          answers.append("wouldDeadlock")
+        } catch {
+          answers.append("\(error)")
+        }
+        return answers
+      }
+      return (RunLoopThread.isMainLoopRunning, answers, ran.withLock { $0 })
+    }
+    guard let outcome, !outcome.running else { return }
+    #expect(outcome.answers == ["wouldDeadlock", "wouldDeadlock"])
+    #expect(!outcome.ran)
+  }
+}
