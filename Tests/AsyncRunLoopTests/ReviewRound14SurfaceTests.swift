@@ -1227,3 +1227,198 @@ extension ReviewRound14SurfaceSleepTests {
     #expect(outcome.isolated == true)
   }
 }
+
+extension ReviewRound14SurfaceEdgeTests {
+  /// Promised: dropping a sequence invalidates its source, also when the drop races the add
+  /// that schedules it: `onSchedule` and `onCancel` come in pairs (each at most once), and the
+  /// loop keeps no record. Four threads make and drop 300 sequences each.
+  @Test func sequencesDroppedAsTheyAreMadePairScheduleAndCancel() async throws {
+    let outcome = try await withWatchdog(timeout: .seconds(30), "made and dropped") {
+      () async throws -> (schedules: Int, cancels: Int, records: Int?) in
+      let loop = try RunLoopThread(name: "r14s-drop2")
+      let schedules = AtomicCounter()
+      let cancels = AtomicCounter()
+      await execOnNewThread {
+        race(
+          (0..<4).map { thread in
+            {
+              for index in 0..<300 {
+                if (index + thread) % 2 == 0 {
+                  _ = loop.sourceSequence(
+                    of: Int.self, onSchedule: { _, _ in schedules.increment() }, onCancel: { _ in cancels.increment() })
+                } else {
+                  let signals = loop.signalSequence(
+                    onSchedule: { _, _ in schedules.increment() }, onCancel: { _ in cancels.increment() })
+                  signals.signal()
+                }
+              }
+            }
+          })
+      }
+      _ = await r14sPoll {
+        (try? loop.performAndWait { loop.core.modeTable.allRecords.count }) == 0
+      }
+      let records = await execOnNewThread { try? loop.performAndWait { loop.core.modeTable.allRecords.count } }
+      let counts = (schedules.current, cancels.current)
+      await execShutdown(loop)
+      return (counts.0, counts.1, records)
+    }
+    guard let outcome else { return }
+    #expect(outcome.schedules == outcome.cancels, "\(outcome.schedules) schedules, \(outcome.cancels) cancels")
+    #expect(outcome.schedules <= 1200)
+    #expect(outcome.records == 0)
+  }
+
+  /// Promised: a producer and a consumer that both run on the source's own loop (a `.bounded(1)`
+  /// buffer, the producer suspending in `send`) pass 2,000 elements in order without deadlocking.
+  @Test func aProducerAndAConsumerOnTheSameLoopPassEveryElement() async throws {
+    let outcome = try await withWatchdog(timeout: .seconds(30), "same loop") { () async throws -> (Bool, Int) in
+      let loop = try RunLoopThread(name: "r14s-same")
+      let sequence = loop.sourceSequence(of: Int.self, buffering: .bounded(1))
+      let consumer = Task(executorPreference: loop) { () -> [Int] in
+        var values: [Int] = []
+        for await value in sequence { values.append(value) }
+        return values
+      }
+      let refused = await Task(executorPreference: loop) { () -> Int in
+        var refused = 0
+        for value in 0..<2_000 where await sequence.send(value) != .enqueued { refused += 1 }
+        sequence.invalidate()
+        return refused
+      }.value
+      let values = await consumer.value
+      await execShutdown(loop)
+      return (values == Array(0..<2_000), refused)
+    }
+    guard let outcome else { return }
+    #expect(outcome.0)
+    #expect(outcome.1 == 0)
+  }
+
+  /// Promised: `invalidate()` from another thread while the consumer waits ends a timer, a
+  /// readiness and an activity sequence (their `for await` ends; none hangs).
+  @Test func invalidatingFromAnotherThreadEndsEveryKindWhileItsConsumerWaits() async throws {
+    let outcome = try await withWatchdog(timeout: .seconds(20), "invalidate kinds") {
+      () async throws -> (waited: [Bool], ended: Int) in
+      let loop = try RunLoopThread(name: "r14s-invk")
+      let pipe = makePipe()
+      defer {
+        close(pipe.read)
+        close(pipe.write)
+      }
+      let timer = loop.timer(every: .seconds(3600))
+      let readiness = try loop.readiness(of: pipe.read)
+      let activities = loop.activities(.exit)
+      let ended = AtomicCounter()
+      let tasks = [
+        Task(executorPreference: loop) {
+          for await _ in timer {}
+          ended.increment()
+        },
+        Task {
+          for await _ in readiness {}
+          ended.increment()
+        },
+        Task(executorPreference: loop) {
+          for await _ in activities {}
+          ended.increment()
+        },
+      ]
+      let waited = [
+        await r14sPoll { r14sIsWaiting(timer) }, await r14sPoll { r14sIsWaiting(readiness) },
+        await r14sPoll { r14sIsWaiting(activities) },
+      ]
+      await execOnNewThread {
+        timer.invalidate()
+        readiness.invalidate()
+        activities.invalidate()
+      }
+      for task in tasks { await task.value }
+      let count = ended.current
+      await execShutdown(loop)
+      return (waited, count)
+    }
+    guard let outcome else { return }
+    #expect(outcome.waited == [true, true, true])
+    #expect(outcome.ended == 3)
+  }
+}
+
+extension ReviewRound14SurfaceExecutorTests {
+  /// Promised: a `runModal` whose block the loop accepted is never stranded by the shutdown: the
+  /// block (queued behind a busy loop when `shutdown()` comes) runs in the drain, or the call is
+  /// refused; either way the caller resumes (a run in the drain ends at once: the loop is
+  /// shutting down).
+  @Test func aModalRunQueuedWhenTheLoopShutsDownStillResumesItsCaller() async throws {
+    let outcome = try await withWatchdog(timeout: .seconds(30), "modal at shutdown") { () async throws -> String in
+      let loop = try RunLoopThread(name: "r14s-modal4")
+      loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: r14sModeA)
+      let release = await execOnNewThread { blockLoop(loop) }
+      let modal = Task { () -> String in
+        do {
+          return "\(try await loop.runModal(mode: r14sModeA, for: .seconds(20)))"
+        } catch {
+          return "\(error)"
+        }
+      }
+      // The modal run's block waits in the inbox behind the blocked loop.
+      try await Task.sleep(for: .milliseconds(50))
+      loop.shutdown()
+      release.open()
+      let answer = await modal.value
+      await execShutdown(loop)
+      return answer
+    }
+    guard let outcome else { return }
+    #expect(outcome != "", "\(outcome)")
+  }
+}
+
+extension ReviewRound14SurfaceSleepTests {
+  /// Promised: an actor on a `RunLoopThread.current` loop, whose plain thread runs the loop in
+  /// short slices, keeps its one-at-a-time guarantee across the shutdown: the calls running on
+  /// the thread and those moved to the fallback once the thread is out of a run never overlap,
+  /// every call completes, and the thread is no longer isolated to the loop afterwards.
+  @Test func aCurrentLoopsActorNeverOverlapsAcrossTheMoveToTheFallback() async throws {
+    let outcome = try await withWatchdog(timeout: .seconds(30), "current loop actor") {
+      () async throws -> (most: Int, calls: Int, isolatedAfter: Bool?) in
+      let made = Locked<RunLoopThread?>(nil)
+      let stop = TestGate()
+      let isolatedAfter = Locked<Bool?>(nil)
+      let exited = TestGate()
+      startThread(detached: true) {
+        let loop = RunLoopThread.current
+        loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: .default)  // something to watch
+        made.withLock { $0 = loop }
+        while !stop.opened {
+          _ = loop.run(mode: .default, for: .milliseconds(3))
+        }
+        isolatedAfter.withLock { $0 = loop.isIsolatingCurrentContext() }
+        exited.open()
+      }
+      _ = await r14sPoll { made.withLock { $0 } != nil }
+      guard let loop = made.withLock({ $0 }) else { return (-1, -1, nil) }
+      let actor = R14SActor(loop: loop)
+      await withTaskGroup(of: Void.self) { group in
+        for _ in 0..<8 {
+          group.addTask {
+            for _ in 0..<20 { await actor.slowCall() }
+          }
+        }
+        group.addTask {
+          _ = await r14sPoll { actor.overlap.inside.current > 0 }
+          try? await Task.sleep(for: .milliseconds(5))
+          loop.shutdown()
+        }
+      }
+      let calls = await actor.calls
+      stop.open()
+      _ = await execOnNewThread { exited.wait(timeout: .seconds(10)) }
+      return (actor.overlap.most.withLock { $0 }, calls, isolatedAfter.withLock { $0 })
+    }
+    guard let outcome else { return }
+    #expect(outcome.most == 1, "\(outcome.most) calls of the actor overlapped")
+    #expect(outcome.calls == 160)
+    #expect(outcome.isolatedAfter == false)
+  }
+}
