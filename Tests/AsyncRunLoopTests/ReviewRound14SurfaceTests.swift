@@ -1566,3 +1566,68 @@ extension ReviewRound14SurfaceExecutorTests {
     #expect(outcome.actor < .seconds(2), "an actor's 10 ms Task.sleep took \(outcome.actor)")
   }
 }
+
+extension ReviewRound14SurfaceExecutorTests {
+  /// Promised: `shutdown()` ends every run of the loop at every nesting level: two tasks' modal
+  /// runs (the second nested in the first) both return `.stopped` at the shutdown, long before
+  /// their 20 s limits.
+  @Test func shutdownEndsNestedModalRunsOfTwoTasks() async throws {
+    let outcome = try await withWatchdog(timeout: .seconds(30), "shutdown ends modal runs") {
+      () async throws -> [String] in
+      let loop = try RunLoopThread(name: "r14s-modal7")
+      let enteredA = TestGate()
+      let enteredB = TestGate()
+      loop.add(LoopObserver(activities: .entry) { _, _ in enteredA.open() }, to: r14sModeA)
+      loop.add(LoopObserver(activities: .entry) { _, _ in enteredB.open() }, to: r14sModeB)
+      loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: r14sModeA)
+      loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: r14sModeB)
+      let first = Task { () -> String in
+        do { return "\(try await loop.runModal(mode: r14sModeA, for: .seconds(20)))" } catch { return "\(error)" }
+      }
+      _ = await r14sPoll { enteredA.opened }
+      let second = Task { () -> String in
+        do { return "\(try await loop.runModal(mode: r14sModeB, for: .seconds(20)))" } catch { return "\(error)" }
+      }
+      _ = await r14sPoll { enteredB.opened }
+      await execShutdown(loop)
+      return [await first.value, await second.value]
+    }
+    guard let outcome else { return }
+    #expect(outcome == ["\(RunLoopRunResult.stopped)", "\(RunLoopRunResult.stopped)"])
+  }
+}
+
+extension ReviewRound14SurfaceSleepTests {
+  /// Promised: a `loop.clock` sleep never returns before its deadline, whatever its tolerance;
+  /// on a loop that has shut down it throws `CancellationError` at once; in a task cancelled
+  /// before it sleeps it throws `CancellationError` without waiting.
+  @Test func loopClockSleepsAreNeverEarlyAndEndOnShutdownOrCancellation() async throws {
+    let outcome = try await withWatchdog(timeout: .seconds(20), "clock sleeps") {
+      () async throws -> (early: Int, dead: Bool, precancelled: Bool) in
+      let loop = try RunLoopThread(name: "r14s-clock")
+      var early = 0
+      for index in 0..<20 {
+        let deadline = LoopClock.Instant.now.advanced(by: .microseconds(500 + 100 * index))
+        try await loop.clock.sleep(until: deadline, tolerance: .milliseconds(index % 3 == 0 ? 0 : 20))
+        if LoopClock.Instant.now < deadline { early += 1 }
+      }
+      let precancelled = await Task { () -> Bool in
+        withUnsafeCurrentTask { $0?.cancel() }
+        do {
+          try await loop.clock.sleep(until: .now.advanced(by: .seconds(60)))
+          return false
+        } catch { return error is CancellationError }
+      }.value
+      await execShutdown(loop)
+      var dead = false
+      do { try await loop.clock.sleep(until: .now.advanced(by: .seconds(60))) } catch {
+        dead = error is CancellationError
+      }
+      return (early, dead, precancelled)
+    }
+    guard let outcome else { return }
+    #expect(outcome.early == 0)
+    #expect(outcome.dead)
+    #expect(outcome.precancelled)
+  }
+}
