@@ -1739,3 +1739,46 @@ extension ReviewRound14SurfaceRaceTests {
     #expect(outcome.values == [0, 1, 3, 4])
   }
 }
+
+extension ReviewRound14SurfaceRaceTests {
+  /// Promised: after the last signal at least one element is always delivered: a consumer that
+  /// signals, then waits for the next element, 2,000 times (on the loop, and off it), while a
+  /// thread signals in bursts, is never left waiting; the elements add up to every signal made.
+  @Test(arguments: [true, false])
+  func everySignalIsFollowedByAnElement(consumerOnLoop: Bool) async throws {
+    let outcome = try await withWatchdog(timeout: .seconds(40), "signal then element") {
+      () async throws -> (received: Int, sent: Int) in
+      let loop = try RunLoopThread(name: "r14s-sigel")
+      let signals = loop.signalSequence()
+      let sent = AtomicCounter()
+      let stop = TestGate()
+      let noiseDone = TestGate()
+      startThread(detached: true) {
+        while !stop.opened {
+          for _ in 0..<10 where signals.signal() { sent.increment() }
+          usleep(50)
+        }
+        noiseDone.open()
+      }
+      let received = await Task(executorPreference: consumerOnLoop ? loop : nil) { () -> Int in
+        var received = 0
+        var iterator = signals.makeAsyncIterator()
+        for _ in 0..<2_000 {
+          if signals.signal() { sent.increment() }
+          guard let count = await iterator.next() else { return -1 }
+          received += count
+        }
+        stop.open()
+        _ = await r14sPoll { noiseDone.opened }
+        // The rest, after the invalidation: every signal made is delivered.
+        signals.invalidate()
+        while let count = await iterator.next() { received += count }
+        return received
+      }.value
+      await execShutdown(loop)
+      return (received, sent.current)
+    }
+    guard let outcome else { return }
+    #expect(outcome.received == outcome.sent, "received \(outcome.received) of \(outcome.sent) signals")
+  }
+}
