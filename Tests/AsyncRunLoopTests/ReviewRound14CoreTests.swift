@@ -300,7 +300,8 @@ struct ReviewRound14CoreAddTests {
   /// keeps firing: passes apply a bounded number of changes each). Promised: "at once when called
   /// there": the loop-thread add returns while the flood goes on (it comes after the changes sent
   /// before it, and need not wait for those sent after it, let alone for the sender to stop).
-  @Test func aLoopThreadAddReturnsDuringAFloodOfChangesFromAnotherThread() async throws {
+  @Test(.disabled("bug: a loop-thread add applies changes sent after it until the inbox is empty: a flood from another thread freezes the loop"))
+  func aLoopThreadAddReturnsDuringAFloodOfChangesFromAnotherThread() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "add during a flood") {
       () throws -> (returned: Bool, sent: Int, ticksBefore: Int, modes: [RunLoopMode]) in
       let loop = try RunLoopThread(name: "r14c-t6")
@@ -475,7 +476,8 @@ struct ReviewRound14CoreShutdownTests {
   /// next to the loop (on the loop thread). The loop shuts down. Promised: "cancel exactly once
   /// per schedule" and "adding anything to a loop that has terminated invalidates it at once":
   /// every source the drain scheduled is cancelled, and none is left valid on the dead loop.
-  @Test func aChainOfCancelRoutinesAddingSourcesDuringTheDrainIsFullyDetached() async throws {
+  @Test(.disabled("bug: a member added on the loop thread by a cancel routine of the drain's last detach stays scheduled on the terminated loop"))
+  func aChainOfCancelRoutinesAddingSourcesDuringTheDrainIsFullyDetached() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "cancel chain at shutdown") {
       () throws -> (unpaired: [String], log: [String], valid: [Int], bound: [Int]) in
       let loop = try RunLoopThread(name: "r14c-d1")
@@ -507,5 +509,340 @@ struct ReviewRound14CoreShutdownTests {
     #expect(outcome.unpaired == [], "\(outcome.log)")
     #expect(outcome.valid == [], "\(outcome.log)")
     #expect(outcome.bound == [], "\(outcome.log)")
+  }
+}
+
+/// Two loops and a member moved between them by its own callout.
+private final class R14CPingPong: Sendable {
+  let loops: [RunLoopThread]
+  let fires = Guarded<[String]>([])
+  let overlaps = AtomicCounter()
+  let wrongLoop = AtomicCounter()
+  let inCallout = Guarded(false)
+  init(_ loops: [RunLoopThread]) { self.loops = loops }
+
+  /// The other loop than the calling thread's.
+  var other: RunLoopThread {
+    let here = RunLoopThread.current
+    return loops.first { $0 !== here }!
+  }
+
+  /// Marks a callout's start (counting overlaps) and records where it runs.
+  func begin(_ member: some LoopMember) {
+    let overlapped = inCallout.withLock { busy -> Bool in
+      defer { busy = true }
+      return busy
+    }
+    if overlapped { overlaps.increment() }
+    let here = RunLoopThread.current
+    if !member.isBound(to: here.shared) { wrongLoop.increment() }
+    fires.withLock { $0.append(here.name) }
+  }
+
+  func end() { inCallout.withLock { $0 = false } }
+}
+
+@Suite("ReviewRound14Core: timers and observers moved by their callouts", .serialized, .timeLimit(.minutes(2)))
+struct ReviewRound14CoreMoveTests {
+  /// A one-shot timer whose callout moves it to the other loop and sets its fire date to now,
+  /// 200 times. Promised: a fire date set in the callout wins over the one-shot ending (it fires
+  /// again then), callouts never overlap, each runs on the loop the timer is on; after the last
+  /// hop it is invalidated and neither loop holds a record of it.
+  @Test func aOneShotTimerHoppingBetweenLoopsFiresOncePerHop() async throws {
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "one-shot hops") {
+      () throws -> (fires: Int, overlaps: Int, wrongLoop: Int, valid: Bool, records: [Int?]) in
+      let loopA = try RunLoopThread(name: "r14c-h1a")
+      let loopB = try RunLoopThread(name: "r14c-h1b")
+      defer {
+        loopA.shutdownAndWait()
+        loopB.shutdownAndWait()
+      }
+      let scenario = R14CPingPong([loopA, loopB])
+      let hops = 200
+      let finished = TestGate()
+      let timer = LoopTimer(after: .zero) { timer in
+        scenario.begin(timer)
+        defer { scenario.end() }
+        let count = scenario.fires.withLock { $0.count }
+        guard count < hops else {
+          finished.open()
+          return
+        }
+        let here = RunLoopThread.current
+        here.remove(timer)
+        scenario.other.add(timer)
+        timer.setFireDate(.now)
+      }
+      loopA.add(timer)
+      _ = finished.wait(timeout: .seconds(20))
+      _ = try loopA.performAndWait {}
+      _ = try loopB.performAndWait {}
+      let records = [loopA, loopB].map { loop in try? loop.performAndWait { loop.core.modeTable.allRecords.count } }
+      let valid = timer.isValid
+      timer.invalidate()
+      return (scenario.fires.snapshot.count, scenario.overlaps.current, scenario.wrongLoop.current, valid, records)
+    }
+    guard let outcome else { return }
+    #expect(outcome.fires == 200)
+    #expect(outcome.overlaps == 0)
+    #expect(outcome.wrongLoop == 0)
+    #expect(!outcome.valid)
+    #expect(outcome.records == [0, 0])
+  }
+
+  /// A repeating timer (every 0 s: once per pass) whose callout moves it to the other loop each
+  /// time, while the other loop finds it due in the middle of the callout (`.busy`). Promised:
+  /// callouts never overlap and run only on the loop the timer is on; it keeps firing (the busy
+  /// loop re-times it when the callout returns); after its invalidation neither loop holds it.
+  @Test func aRepeatingTimerMovedByItsCalloutKeepsFiringWithoutOverlap() async throws {
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "repeating hops") {
+      () throws -> (fires: Int, overlaps: Int, wrongLoop: Int, records: [Int?]) in
+      let loopA = try RunLoopThread(name: "r14c-h2a")
+      let loopB = try RunLoopThread(name: "r14c-h2b")
+      defer {
+        loopA.shutdownAndWait()
+        loopB.shutdownAndWait()
+      }
+      let scenario = R14CPingPong([loopA, loopB])
+      let timer = LoopTimer(after: .zero, repeatingEvery: .zero) { timer in
+        scenario.begin(timer)
+        defer { scenario.end() }
+        let here = RunLoopThread.current
+        here.remove(timer)
+        scenario.other.add(timer)
+        usleep(50)  // the other loop finds it due meanwhile
+      }
+      loopA.add(timer)
+      waitUntil("300 fires") { scenario.fires.snapshot.count >= 300 }
+      timer.invalidate()
+      _ = try loopA.performAndWait {}
+      _ = try loopB.performAndWait {}
+      _ = try loopA.performAndWait {}
+      let records = [loopA, loopB].map { loop in try? loop.performAndWait { loop.core.modeTable.allRecords.count } }
+      return (scenario.fires.snapshot.count, scenario.overlaps.current, scenario.wrongLoop.current, records)
+    }
+    guard let outcome else { return }
+    #expect(outcome.fires >= 300)
+    #expect(outcome.overlaps == 0)
+    #expect(outcome.wrongLoop == 0)
+    #expect(outcome.records == [0, 0])
+  }
+
+  /// A repeating observer of every activity whose callout moves it to the other loop each time.
+  /// Promised: it is never told inside its own callout (no overlap), only by the loop it is on,
+  /// and after its invalidation neither loop holds it.
+  @Test func aRepeatingObserverMovedByItsCalloutNeverOverlaps() async throws {
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "observer hops") {
+      () throws -> (told: Int, overlaps: Int, wrongLoop: Int, records: [Int?]) in
+      let loopA = try RunLoopThread(name: "r14c-h3a")
+      let loopB = try RunLoopThread(name: "r14c-h3b")
+      defer {
+        loopA.shutdownAndWait()
+        loopB.shutdownAndWait()
+      }
+      let scenario = R14CPingPong([loopA, loopB])
+      let observer = LoopObserver(activities: .all) { observer, _ in
+        scenario.begin(observer)
+        defer { scenario.end() }
+        let here = RunLoopThread.current
+        here.remove(observer)
+        scenario.other.add(observer)
+        usleep(20)
+      }
+      // Passes on both loops (an activity that comes while the callout runs on the other loop is
+      // skipped, as a nested run skips it).
+      let tickers = [loopA, loopB].map { loop in
+        let ticker = LoopTimer(after: .zero, repeatingEvery: .microseconds(200)) { _ in }
+        loop.add(ticker)
+        return ticker
+      }
+      loopA.add(observer)
+      waitUntil("300 callouts") { scenario.fires.snapshot.count >= 300 }
+      observer.invalidate()
+      for ticker in tickers { ticker.invalidate() }
+      _ = try loopA.performAndWait {}
+      _ = try loopB.performAndWait {}
+      let records = [loopA, loopB].map { loop in try? loop.performAndWait { loop.core.modeTable.allRecords.count } }
+      return (scenario.fires.snapshot.count, scenario.overlaps.current, scenario.wrongLoop.current, records)
+    }
+    guard let outcome else { return }
+    #expect(outcome.told >= 300)
+    #expect(outcome.overlaps == 0)
+    #expect(outcome.wrongLoop == 0)
+    #expect(outcome.records == [0, 0])
+  }
+
+  /// A one-shot observer whose callout removes it and adds it back to another mode of the same
+  /// loop, then runs the loop nested in that mode. Promised: told exactly once (a nested run skips
+  /// it), invalidated after, and the loop holds no record of it.
+  @Test func aOneShotObserverReAddedAndNestedInItsCalloutIsToldOnce() async throws {
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "one-shot re-add") {
+      () throws -> (told: Int, valid: Bool, agreement: R14CAgreement?) in
+      let loop = try RunLoopThread(name: "r14c-h4")
+      defer { loop.shutdownAndWait() }
+      let told = AtomicCounter()
+      let observer = LoopObserver(activities: [.entry, .beforeTimers, .exit], repeats: false) { observer, _ in
+        told.increment()
+        let loop = RunLoopThread.current
+        loop.remove(observer, from: r14cModeA)
+        loop.add(observer, to: r14cModeB)
+        _ = loop.run(mode: r14cModeB, for: .milliseconds(5))
+      }
+      loop.add(observer, to: r14cModeA)
+      let keep = LoopTimer(after: .seconds(3600)) { _ in }
+      loop.add(keep, to: r14cModeA)
+      loop.add(keep, to: r14cModeB)
+      r14cRun(loop, mode: r14cModeA, for: .milliseconds(10))
+      r14cRun(loop, mode: r14cModeB, for: .milliseconds(10))
+      keep.invalidate()
+      return (told.current, observer.isValid, r14cAgreement(observer, on: loop))
+    }
+    guard let outcome else { return }
+    #expect(outcome.told == 1)
+    #expect(!outcome.valid)
+    #expect(outcome.agreement == R14CAgreement(modes: [], bound: false, records: 0, registrations: 0))
+  }
+}
+
+@Suite("ReviewRound14Core: the chunked job queue", .serialized, .timeLimit(.minutes(2)))
+struct ReviewRound14CoreJobTests {
+  /// A current loop (a thread of the test's own) gets 5,000 jobs; its run is stopped by an early
+  /// job (thousands are left and go back to the inbox in chunks), a later job runs the loop nested
+  /// (which runs no jobs); then, while its thread is out of a run, another 3,000 jobs race
+  /// `shutdown()`. Promised: every job runs exactly once, never two at once, in the order
+  /// enqueued: those left by the run and those diverted to the fallback executor alike.
+  @Test func leftoverJobsOfACurrentLoopThenShutdownRacingABurstRunOnceInOrder() async throws {
+    let thread = R7Thread()
+    let loop = await thread.loop()
+    let order = Guarded<[Int]>([])
+    let depth = AtomicCounter()
+    let overlaps = AtomicCounter()
+    let nestedRan = AtomicCounter()
+    let first = 5_000
+    let total = 8_000
+    @Sendable func job(_ index: Int) {
+      if depth.increment() != 1 { overlaps.increment() }
+      order.withLock { $0.append(index) }
+      if index == 3 { RunLoopThread.current.stop() }
+      if index == 4_000, RunLoopThread.currentIfExists === loop {
+        let before = order.snapshot.count
+        _ = loop.run(for: .milliseconds(5))
+        nestedRan.value.store(order.snapshot.count - before, ordering: .sequentiallyConsistent)
+      }
+      depth.value.subtract(1, ordering: .sequentiallyConsistent)
+    }
+    var tasks = (0..<first).map { index in Task(executorPreference: loop) { job(index) } }
+    _ = await execOnNewThread {
+      waitUntil("the jobs waiting") { loop.shared.inboxLock.withLock { loop.shared.inbox.jobs.count } >= first }
+    }
+    let firstRun = await thread.exec { loop -> RunLoopRunResult in
+      let keepAlive = LoopTimer(after: .seconds(3600)) { _ in }
+      loop.add(keepAlive)
+      defer { keepAlive.invalidate() }
+      return loop.run(for: .seconds(20))
+    }
+    let leftAfterFirst = first - order.snapshot.count
+    // A second run that is not stopped: runs the rest, with the nested run at job 4,000.
+    _ = await thread.exec { loop -> RunLoopRunResult in
+      let keepAlive = LoopTimer(after: .milliseconds(200)) { _ in }
+      loop.add(keepAlive)
+      defer { keepAlive.invalidate() }
+      return loop.run(for: .milliseconds(300))
+    }
+    startThread(detached: true) {
+      usleep(300)
+      loop.shutdown()
+    }
+    tasks += (first..<total).map { index in Task(executorPreference: loop) { job(index) } }
+    let allTasks = tasks
+    let done: Void? = try await withWatchdog(timeout: .seconds(20), "every job") {
+      for task in allTasks { await task.value }
+    }
+    thread.quit()
+    #expect(done != nil)
+    #expect(firstRun == .stopped)
+    #expect(leftAfterFirst > 1_024)
+    #expect(nestedRan.current == 0, "a run nested in a job ran \(nestedRan.current) jobs")
+    #expect(overlaps.current == 0)
+    let snapshot = order.snapshot
+    #expect(snapshot.count == total)
+    #expect(snapshot == Array(0..<total), "first out of order at \(zip(snapshot, 0...).first { $0 != $1 }.map { "\($0)" } ?? "-")")
+  }
+}
+
+/// An actor pinned to a loop: counts calls, and runs the loop modally from one of its methods.
+private actor R14CActor: LoopActor {
+  nonisolated let loop: RunLoopThread
+  private(set) var calls = 0
+  private(set) var misisolated = 0
+  init(loop: RunLoopThread) { self.loop = loop }
+
+  func call() -> Int {
+    if loop.isIsolatingCurrentContext() != true { misisolated += 1 }
+    calls += 1
+    return calls
+  }
+
+  /// Runs `mode` modally until `until` opens (checked by a timer in the mode), returning how many
+  /// calls the actor served meanwhile, and the run's result.
+  func modal(mode: RunLoopMode, until: TestGate) async throws -> (served: Int, result: RunLoopRunResult) {
+    let before = calls
+    let watcher = LoopTimer(after: .zero, repeatingEvery: .milliseconds(1)) { _ in
+      if until.opened { RunLoopThread.current.stop() }
+    }
+    loop.add(watcher, to: mode)
+    defer { watcher.invalidate() }
+    let result = try await loop.runModal(mode: mode, for: .seconds(10))
+    return (calls - before, result)
+  }
+
+  /// `performAndWait` on the actor's own loop (inline), nested three deep.
+  func nestedPerformAndWait() throws -> Int {
+    let loop = self.loop
+    return try loop.performAndWait { try loop.performAndWait { try loop.performAndWait { 7 } } }
+  }
+}
+
+@Suite("ReviewRound14Core: modal runs and waits from actors on the loop", .serialized, .timeLimit(.minutes(2)))
+struct ReviewRound14CoreActorTests {
+  /// An actor on a loop runs the loop modally (`runModal`) from one of its methods, and other
+  /// tasks call the actor 2,000 times meanwhile (more than a chunk of jobs). Promised: "the loop
+  /// keeps running executor jobs during it, the caller's actor's other work included": the calls
+  /// are served during the modal run (which ends when they are done), each once, isolated; a
+  /// `performAndWait` from the actor on its own loop runs inline.
+  @Test func aModalRunFromAnActorOnTheLoopServesTheActorsOtherCalls() async throws {
+    let loop = try RunLoopThread(name: "r14c-m1")
+    defer { loop.shutdownAndWait() }
+    let actor = R14CActor(loop: loop)
+    let callsDone = TestGate()
+    let outcome = try await withWatchdog(timeout: .seconds(30), "modal run with calls") {
+      () async throws -> (served: Int, result: RunLoopRunResult, returned: Int, nested: Int, misisolated: Int) in
+      async let modal = actor.modal(mode: r14cModeA, until: callsDone)
+      // Let the modal run start (its first calls are served inside it either way).
+      _ = await actor.call()
+      let returned = await withTaskGroup(of: Int.self) { group in
+        for _ in 0..<4 {
+          group.addTask {
+            var count = 0
+            for _ in 0..<500 {
+              _ = await actor.call()
+              count += 1
+            }
+            return count
+          }
+        }
+        return await group.reduce(0, +)
+      }
+      let nested = try await actor.nestedPerformAndWait()
+      callsDone.open()
+      let (served, result) = try await modal
+      return (served, result, returned, nested, await actor.misisolated)
+    }
+    guard let outcome else { return }
+    #expect(outcome.returned == 2_000)
+    #expect(outcome.served >= 2_000)
+    #expect(outcome.result == .stopped)
+    #expect(outcome.nested == 7)
+    #expect(outcome.misisolated == 0)
   }
 }
