@@ -295,6 +295,77 @@ struct ReviewRound14CoreAddTests {
     #expect(outcome.log == ["schedule other", "cancel other", "schedule member", "cancel member"], "\(outcome.log)")
   }
 
+  /// A readiness source on descriptor N is invalidated from another thread while the loop is
+  /// busy; then, on the loop thread, a second readiness source on N is added. Promised: the
+  /// invalidation was made first, so it is applied first: the second source registers (no
+  /// `EEXIST`), hears the pipe, and the loop holds exactly its registration.
+  @Test func aLoopThreadDescriptorAddAfterAWaitingInvalidationOfTheSameNumber() async throws {
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "descriptor add after invalidation") {
+      () throws -> (added: Bool, inside: R14CAgreement?, heardFirst: Int, heardSecond: Int, after: R14CAgreement?) in
+      let loop = try RunLoopThread(name: "r14c-t8")
+      defer { loop.shutdownAndWait() }
+      let pipe = makePipe()
+      defer {
+        close(pipe.read)
+        close(pipe.write)
+      }
+      let heardFirst = AtomicCounter()
+      let heardSecond = AtomicCounter()
+      let first = DescriptorSource(descriptor: pipe.read) { _, _ in heardFirst.increment() }
+      let second = DescriptorSource(descriptor: pipe.read) { _, _ in
+        heardSecond.increment()
+        _ = drainDescriptor(pipe.read)
+      }
+      try loop.add(first)
+      _ = try loop.performAndWait {}
+      let inside = r14cWithChangeWaiting(on: loop, pending: { first.invalidate() }) { () -> (Bool, R14CAgreement) in
+        let added = (try? loop.add(second)) != nil
+        return (added, r14cAgreementHere(second, on: loop))
+      }
+      writeByte(pipe.write)
+      waitUntil("the second source hears the pipe") { heardSecond.current >= 1 }
+      second.invalidate()
+      let after = r14cAgreement(second, on: loop)
+      return (inside?.0 ?? false, inside?.1, heardFirst.current, heardSecond.current, after)
+    }
+    guard let outcome else { return }
+    #expect(outcome.added)
+    #expect(outcome.inside == R14CAgreement(modes: [.default], bound: true, records: 1, registrations: 1))
+    #expect(outcome.heardFirst == 0)
+    #expect(outcome.heardSecond >= 1)
+    #expect(outcome.after == R14CAgreement(modes: [], bound: false, records: 0, registrations: 0))
+  }
+
+  /// A source in `.common` (the common set is default and B) is removed on the loop thread from
+  /// `.default` by name, then mode C joins the common set by a change from another thread that
+  /// waits while the loop thread removes the source from `.common`. Promised: removing
+  /// `.default` by name takes it out of that mode only; a mode that joins the common set later
+  /// still receives it; removing `.common` then takes it off the loop (cancel once, no record).
+  @Test func commonModeRemovalsByNameAndACommonModeJoiningWhileARemovalWaits() async throws {
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "common removals") {
+      () throws -> (afterDefault: R14CAgreement?, inside: R14CAgreement?, log: [String]) in
+      let loop = try RunLoopThread(name: "r14c-t7")
+      defer { loop.shutdownAndWait() }
+      let log = EventLog()
+      let member = r14cLoggedSource("member", log)
+      loop.addModeToCommonModes(r14cModeB)
+      loop.add(member, to: .common)
+      _ = try loop.performAndWait { loop.remove(member, from: .default) }
+      let afterDefault = r14cAgreement(member, on: loop)
+      let inside = r14cWithChangeWaiting(on: loop, pending: { loop.addModeToCommonModes(r14cModeC) }) {
+        let before = r14cAgreementHere(member, on: loop)
+        loop.remove(member, from: .common)
+        return before.modes == [r14cModeB] ? r14cAgreementHere(member, on: loop) : before
+      }
+      return (afterDefault, inside, log.snapshot)
+    }
+    guard let outcome else { return }
+    #expect(outcome.afterDefault?.modes == [r14cModeB])
+    #expect(outcome.afterDefault?.bound == true)
+    #expect(outcome.inside == R14CAgreement(modes: [], bound: false, records: 0, registrations: 0))
+    #expect(outcome.log == ["schedule member", "cancel member"], "\(outcome.log)")
+  }
+
   /// Another thread sends registration changes without pause (a timer's new fire date, again and
   /// again) while the loop thread adds a source. The loop stays live meanwhile (a repeating timer
   /// keeps firing: passes apply a bounded number of changes each). Promised: "at once when called
@@ -509,6 +580,42 @@ struct ReviewRound14CoreShutdownTests {
     #expect(outcome.unpaired == [], "\(outcome.log)")
     #expect(outcome.valid == [], "\(outcome.log)")
     #expect(outcome.bound == [], "\(outcome.log)")
+  }
+}
+
+extension ReviewRound14CoreShutdownTests {
+  /// Another thread keeps sending registration changes (adding a mode to the common set, again
+  /// and again: accepted while the loop drains) when the loop is shut down. Promised: the drain
+  /// ends even if producers keep sending ("if producers outpace the drain for
+  /// `shutdownDrainRounds` rounds the loop terminates anyway"): `shutdownAndWait()` returns while
+  /// the flood goes on.
+  @Test(.disabled("bug: the drain applies changes unbounded each round: a flood of changes from another thread keeps shutdownAndWait() from returning"))
+  func theDrainEndsDuringAFloodOfChangesFromAnotherThread() async throws {
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "drain during a flood") {
+      () throws -> (returned: Bool, sent: Int) in
+      let loop = try RunLoopThread(name: "r14c-d2")
+      let stop = Guarded(false)
+      let sent = AtomicCounter()
+      let flooder = startThread {
+        while !stop.snapshot {
+          for _ in 0..<64 { loop.addModeToCommonModes(r14cModeC) }
+          sent.increment()
+        }
+      }
+      waitUntil("the flood started") { sent.current > 100 }
+      let returned = TestGate()
+      startThread(detached: true) {
+        loop.shutdownAndWait()
+        returned.open()
+      }
+      let inTime = returned.wait(timeout: .seconds(3))
+      stop.withLock { $0 = true }
+      joinThread(flooder)
+      _ = returned.wait(timeout: .seconds(20))
+      return (inTime, sent.current * 64)
+    }
+    guard let outcome else { return }
+    #expect(outcome.returned, "shutdownAndWait() did not return in 3 s while \(outcome.sent) changes were sent")
   }
 }
 
@@ -848,6 +955,64 @@ extension ReviewRound14CoreJobTests {
     #expect(ranBeforeExit.count == total, "only \(ranBeforeExit.count) of \(total) jobs ran before the thread exited")
     let snapshot = order.snapshot
     #expect(snapshot == Array(0..<total), "the jobs ran out of order: the first were \(snapshot.prefix(3))")
+  }
+}
+
+extension ReviewRound14CoreJobTests {
+  /// A current loop's thread runs the loop in short runs again and again (each run's leftover
+  /// jobs go back to the inbox) while two threads each enqueue 3,000 jobs (chunks' worth) and a
+  /// third shuts the loop down part-way. Promised: every job runs exactly once, never two at
+  /// once, each producer's in the order it enqueued them (on the thread or, after the shutdown,
+  /// on the fallback).
+  @Test func shortRunsRacingABurstAndShutdownKeepEachProducersOrder() async throws {
+    for round in 0..<3 {
+      let thread = R7Thread()
+      let loop = await thread.loop()
+      let seen = Guarded<[Int: [Int]]>([:])
+      let depth = AtomicCounter()
+      let overlaps = AtomicCounter()
+      let perProducer = 3_000
+      let tasks = Guarded<[Task<Void, Never>]>([])
+      let running = Guarded(true)
+      thread.send { loop in
+        let keepAlive = LoopTimer(after: .seconds(3600)) { _ in }
+        loop.add(keepAlive)
+        while running.snapshot { _ = loop.run(for: .microseconds(300)) }
+        keepAlive.invalidate()
+      }
+      let producers: [@Sendable () -> Void] = (0..<2).map { producer in
+        {
+          var mine: [Task<Void, Never>] = []
+          for index in 0..<perProducer {
+            mine.append(
+              Task(executorPreference: loop) {
+                if depth.increment() != 1 { overlaps.increment() }
+                seen.withLock { $0[producer, default: []].append(index) }
+                depth.value.subtract(1, ordering: .sequentiallyConsistent)
+              })
+          }
+          tasks.withLock { $0 += mine }
+        }
+      }
+      let shutter: @Sendable () -> Void = {
+        usleep(UInt32(500 + 1_500 * round))
+        loop.shutdown()
+      }
+      await execOnNewThread { race(producers + [shutter]) }
+      let allTasks = tasks.snapshot
+      let done: Void? = try await withWatchdog(timeout: .seconds(20), "every job, round \(round)") {
+        for task in allTasks { await task.value }
+      }
+      running.withLock { $0 = false }
+      thread.quit()
+      #expect(done != nil)
+      #expect(overlaps.current == 0, "round \(round)")
+      let snapshot = seen.snapshot
+      for producer in 0..<2 {
+        let mine = snapshot[producer] ?? []
+        #expect(mine == Array(0..<perProducer), "round \(round), producer \(producer): \(mine.count) jobs, in order \(mine == mine.sorted())")
+      }
+    }
   }
 }
 
