@@ -649,6 +649,51 @@ private final class R14CPingPong: Sendable {
   func end() { inCallout.withLock { $0 = false } }
 }
 
+extension ReviewRound14CoreActorTests {
+  /// A job on the loop (an actor method) runs the loop nested, synchronously, in the default mode
+  /// (which runs no jobs, as documented); a task on the global executor then asks the loop for a
+  /// modal run in mode A, and calls an actor on the loop. Promised by `runModal` ("any task, on
+  /// any executor ... the loop keeps running executor jobs during it"): the actor's calls are
+  /// served during the modal run, which the test ends once they are (or after 2 s).
+  @Test(.disabled("bug: a runModal block that starts in a run nested in a job runs no jobs: the actor calls wait for the modal deadline"))
+  func aModalRunThatStartsInsideARunNestedInAJobStillRunsJobs() async throws {
+    let loop = try RunLoopThread(name: "r14c-m2")
+    defer { loop.shutdownAndWait() }
+    let holder = R14CActor(loop: loop)
+    let callee = R14CActor(loop: loop)
+    let started = TestGate()
+    let releaseHolder = TestGate()
+    let callsDone = TestGate()
+    let outcome = try await withWatchdog(timeout: .seconds(30), "modal run inside a nested run") {
+      () async throws -> (servedDuringModal: Bool, result: RunLoopRunResult) in
+      let holding = Task { await holder.holdInNestedRun(mode: .default, started: started, release: releaseHolder) }
+      _ = await execOnNewThread { started.wait(timeout: .seconds(10)) }
+      let modal = Task.detached { () async throws -> RunLoopRunResult in
+        let watcher = LoopTimer(after: .zero, repeatingEvery: .milliseconds(1)) { _ in
+          if callsDone.opened { RunLoopThread.current.stop() }
+        }
+        loop.add(watcher, to: r14cModeB)
+        defer { watcher.invalidate() }
+        return try await loop.runModal(mode: r14cModeB, for: .seconds(2))
+      }
+      _ = await execOnNewThread { usleep(50_000) }  // the modal run starts (inside the nested run)
+      let calls = Task.detached { () async -> Void in
+        for _ in 0..<10 { _ = await callee.call() }
+        callsDone.open()
+      }
+      let served = await execOnNewThread { callsDone.wait(timeout: .seconds(1)) }
+      let result = try await modal.value
+      releaseHolder.open()
+      await holding.value
+      await calls.value
+      return (served, result)
+    }
+    guard let outcome else { return }
+    #expect(outcome.servedDuringModal, "the actor's calls waited for the modal run (\(outcome.result)) to end")
+    #expect(outcome.result == .stopped)
+  }
+}
+
 @Suite("ReviewRound14Core: timers and observers moved by their callouts", .serialized, .timeLimit(.minutes(2)))
 struct ReviewRound14CoreMoveTests {
   /// A one-shot timer whose callout moves it to the other loop and sets its fire date to now,
@@ -901,6 +946,17 @@ private actor R14CActor: LoopActor {
     defer { watcher.invalidate() }
     let result = try await loop.runModal(mode: mode, for: .seconds(10))
     return (calls - before, result)
+  }
+
+  /// Runs the loop nested (synchronously, inside this job) in `mode` until `release` opens.
+  func holdInNestedRun(mode: RunLoopMode, started: TestGate, release: TestGate) {
+    let watcher = LoopTimer(after: .zero, repeatingEvery: .milliseconds(1)) { _ in
+      if release.opened { RunLoopThread.current.stop() }
+    }
+    loop.add(watcher, to: mode)
+    defer { watcher.invalidate() }
+    started.open()
+    _ = loop.run(mode: mode, for: .seconds(10))
   }
 
   /// `performAndWait` on the actor's own loop (inline), nested three deep.
