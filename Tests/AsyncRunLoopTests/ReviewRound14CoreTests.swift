@@ -426,6 +426,118 @@ struct ReviewRound14CoreAddTests {
   }
 }
 
+extension ReviewRound14CoreAddTests {
+  /// Another thread sends a change every few microseconds (slower than the loop applies them)
+  /// while the loop thread adds and removes 2,000 sources in one block. Promised: each call comes
+  /// after the changes sent before it and returns: the retry of `afterWaitingChanges` (again
+  /// while a change arrived meanwhile) does not livelock under a steady trickle; at the end the
+  /// loop holds exactly the timer's record.
+  @Test func loopThreadAddsAndRemovesFinishUnderASteadyTrickleOfChanges() async throws {
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "adds under a trickle") {
+      () throws -> (finished: Bool, records: Int?, sent: Int) in
+      let loop = try RunLoopThread(name: "r14c-t9")
+      defer { loop.shutdownAndWait() }
+      let busy = LoopTimer(after: .seconds(3600)) { _ in }
+      loop.add(busy, to: r14cModeC)
+      _ = try loop.performAndWait {}
+      let stop = Guarded(false)
+      let sent = AtomicCounter()
+      let trickler = startThread {
+        var date = LoopClock.Instant.now.advanced(by: .seconds(3600))
+        while !stop.snapshot {
+          date = date.advanced(by: .nanoseconds(1))
+          busy.setFireDate(date)
+          sent.increment()
+          let until = LoopClock.monotonicNanoseconds() + 3_000
+          while LoopClock.monotonicNanoseconds() < until {}
+        }
+      }
+      waitUntil("the trickle started") { sent.current > 100 }
+      let finished = TestGate()
+      loop.perform {
+        for _ in 0..<2_000 {
+          let source = InputSource(perform: { _ in })
+          loop.add(source, to: r14cModeA)
+          loop.remove(source, from: r14cModeA)
+        }
+        finished.open()
+      }
+      let inTime = finished.wait(timeout: .seconds(10))
+      stop.withLock { $0 = true }
+      joinThread(trickler)
+      _ = finished.wait(timeout: .seconds(10))
+      let records = try? loop.performAndWait { loop.core.modeTable.allRecords.count }
+      busy.invalidate()
+      return (inTime, records, sent.current)
+    }
+    guard let outcome else { return }
+    #expect(
+      outcome.finished, "2,000 loop-thread adds and removals did not finish in 10 s (\(outcome.sent) changes sent)")
+    #expect(outcome.records == 1)
+  }
+}
+
+extension ReviewRound14CoreAddTests {
+  /// A loop-thread `add(member, to: B)` while a removal of another source waits; that source's
+  /// cancel routine runs the loop nested in mode C, during which another thread adds the member
+  /// to C and then removes it from C again, and the nested run applies both. Promised: each call
+  /// comes after the changes sent before it, so the member ends in B only, scheduled once, the
+  /// loop holding one record for it; the nested run heard nothing of it.
+  @Test func aLoopThreadAddAfterANestedRunThatAppliedOtherThreadsChanges() async throws {
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "add after nested run") {
+      () throws -> (inside: R14CAgreement?, nestedSaw: [RunLoopMode], log: [String]) in
+      let loop = try RunLoopThread(name: "r14c-t10")
+      defer { loop.shutdownAndWait() }
+      let log = EventLog()
+      let member = r14cLoggedSource("member", log)
+      let inNested = TestGate()
+      let sent = TestGate()
+      let nestedSaw = Guarded<[RunLoopMode]>([])
+      let keep = LoopTimer(after: .seconds(3600)) { _ in }
+      loop.add(keep, to: r14cModeC)
+      let other = r14cLoggedSource(
+        "other", log,
+        cancel: { _, loop in
+          let watcher = LoopTimer(after: .zero, repeatingEvery: .milliseconds(1)) { _ in
+            inNested.open()
+            if sent.opened {
+              nestedSaw.withLock { $0 = loop.core.modes(of: member) }
+              RunLoopThread.current.stop()
+            }
+          }
+          loop.add(watcher, to: r14cModeC)
+          _ = loop.run(mode: r14cModeC, for: .seconds(5))
+          watcher.invalidate()
+        })
+      loop.add(other)
+      _ = try loop.performAndWait {}
+      startThread(detached: true) {
+        _ = inNested.wait(timeout: .seconds(10))
+        loop.add(member, to: r14cModeC)
+        loop.remove(member, from: r14cModeC)
+        loop.wakeUp()
+        usleep(5_000)
+        sent.open()
+      }
+      let inside = r14cWithChangeWaiting(on: loop, pending: { loop.remove(other) }) {
+        loop.add(member, to: r14cModeB)
+        return r14cAgreementHere(member, on: loop)
+      }
+      member.invalidate()
+      keep.invalidate()
+      _ = try loop.performAndWait {}
+      return (inside, nestedSaw.snapshot, log.snapshot)
+    }
+    guard let outcome else { return }
+    #expect(outcome.inside == R14CAgreement(modes: [r14cModeB], bound: true, records: 2, registrations: 0))
+    #expect(outcome.nestedSaw == [])
+    #expect(
+      outcome.log == [
+        "schedule other", "cancel other", "schedule member", "cancel member", "schedule member", "cancel member",
+      ], "\(outcome.log)")
+  }
+}
+
 @Suite("ReviewRound14Core: loop-thread state-first paths", .serialized, .timeLimit(.minutes(2)))
 struct ReviewRound14CoreStateFirstTests {
   /// A custom source added from another thread (its add waiting) is invalidated on the loop
