@@ -538,6 +538,42 @@ extension ReviewRound14CoreAddTests {
   }
 }
 
+extension ReviewRound14CoreAddTests {
+  /// A timer added to mode C by name, then to `.common` on the loop thread while a change that
+  /// puts C into the common set waits (so C holds it by name and through `.common`). Promised:
+  /// removing `.common` undoes only the add to `.common` (it stays in C, by name, and fires
+  /// there); a mode that joins the common set afterwards does not receive it; removing C then
+  /// takes it off the loop.
+  @Test func aModeHeldByNameAndThroughCommonKeepsTheMemberAfterRemovingCommon() async throws {
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "by name and common") {
+      () throws -> (inside: [RunLoopMode]?, afterCommon: R14CAgreement?, fired: Int, final: R14CAgreement?) in
+      let loop = try RunLoopThread(name: "r14c-t11")
+      defer { loop.shutdownAndWait() }
+      let fired = AtomicCounter()
+      let timer = LoopTimer(after: .zero, repeatingEvery: .milliseconds(2)) { _ in fired.increment() }
+      loop.add(timer, to: r14cModeC)
+      _ = try loop.performAndWait {}
+      let inside = r14cWithChangeWaiting(on: loop, pending: { loop.addModeToCommonModes(r14cModeC) }) {
+        loop.add(timer, to: .common)
+        return r14cAgreementHere(timer, on: loop).modes
+      }
+      _ = try loop.performAndWait { loop.remove(timer, from: .common) }
+      loop.addModeToCommonModes(r14cModeA)
+      let afterCommon = r14cAgreement(timer, on: loop)
+      r14cRun(loop, mode: r14cModeC, for: .milliseconds(20))
+      _ = try loop.performAndWait { loop.remove(timer, from: r14cModeC) }
+      let final = r14cAgreement(timer, on: loop)
+      timer.invalidate()
+      return (inside, afterCommon, fired.current, final)
+    }
+    guard let outcome else { return }
+    #expect(outcome.inside == [.default, r14cModeC].sorted { $0.rawValue < $1.rawValue })
+    #expect(outcome.afterCommon == R14CAgreement(modes: [r14cModeC], bound: true, records: 1, registrations: 0))
+    #expect(outcome.fired >= 1)
+    #expect(outcome.final == R14CAgreement(modes: [], bound: false, records: 0, registrations: 0))
+  }
+}
+
 @Suite("ReviewRound14Core: loop-thread state-first paths", .serialized, .timeLimit(.minutes(2)))
 struct ReviewRound14CoreStateFirstTests {
   /// A custom source added from another thread (its add waiting) is invalidated on the loop
@@ -817,6 +853,52 @@ extension ReviewRound14CoreActorTests {
     guard let outcome else { return }
     #expect(outcome.servedDuringModal, "the actor's calls waited for the modal run (\(outcome.result)) to end")
     #expect(outcome.result == .stopped)
+  }
+}
+
+extension ReviewRound14CoreActorTests {
+  /// An actor on a loop is in a modal run (`runModal`) when another thread shuts the loop down,
+  /// while other tasks keep calling the actor. Promised: the modal run ends (its caller resumes,
+  /// on the loop's executor, in the drain or on the fallback), every call returns once, isolated,
+  /// and nothing hangs.
+  @Test func aModalRunFromAnActorEndsAtShutdownAndEveryCallReturns() async throws {
+    for round in 0..<3 {
+      let loop = try RunLoopThread(name: "r14c-m3")
+      let actor = R14CActor(loop: loop)
+      let never = TestGate()
+      let outcome = try await withWatchdog(timeout: .seconds(30), "modal run vs shutdown, round \(round)") {
+        () async -> (modal: String, returned: Int, misisolated: Int) in
+        let modal = Task { () async -> String in
+          do { return "\(try await actor.modal(mode: r14cModeA, until: never).result)" } catch { return "\(error)" }
+        }
+        _ = await actor.call()
+        startThread(detached: true) {
+          usleep(UInt32(2_000 + 3_000 * round))
+          loop.shutdown()
+        }
+        let returned = await withTaskGroup(of: Int.self) { group in
+          for _ in 0..<2 {
+            group.addTask {
+              var count = 0
+              for _ in 0..<400 {
+                _ = await actor.call()
+                count += 1
+              }
+              return count
+            }
+          }
+          return await group.reduce(0, +)
+        }
+        return (await modal.value, returned, await actor.misisolated)
+      }
+      loop.shutdownAndWait()
+      guard let outcome else { return }
+      #expect(outcome.returned == 800, "round \(round)")
+      #expect(outcome.misisolated == 0, "round \(round)")
+      #expect(
+        ["stopped", "timedOut"].contains(outcome.modal) || outcome.modal.contains("shutDown"),
+        "round \(round): \(outcome.modal)")
+    }
   }
 }
 
