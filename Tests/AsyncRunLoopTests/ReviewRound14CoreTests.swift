@@ -612,6 +612,46 @@ struct ReviewRound14CoreStateFirstTests {
       outcome.log == ["schedule other", "schedule member", "cancel member", "cancel other"], "\(outcome.log)")
   }
 
+  /// A command source in mode A is invalidated on the loop thread while three posts and an add of
+  /// it to mode B (sent from another thread) wait; the handler of the first command adds the
+  /// source to mode C (on the loop thread). Promised: every accepted command is delivered
+  /// exactly once, in order, before `cancel`, which runs once; later posts are refused; the
+  /// re-add is ignored; the loop holds no record.
+  @Test func aLoopThreadInvalidationOfACommandSourceWithWaitingPostsAndAdd() async throws {
+    let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "command invalidation") {
+      () throws -> (delivered: [Int], log: [String], late: Bool, after: R14CAgreement?) in
+      let loop = try RunLoopThread(name: "r14c-s4")
+      defer { loop.shutdownAndWait() }
+      let log = EventLog()
+      let delivered = Guarded<[Int]>([])
+      let holder = Guarded<InputSource?>(nil)
+      let command = CommandSource<Int>(
+        schedule: { _, _, _ in log.add("schedule") }, cancel: { _, _ in log.add("cancel") }
+      ) { value in
+        delivered.withLock { $0.append(value) }
+        if value == 0, let source = holder.snapshot { RunLoopThread.current.add(source, to: r14cModeC) }
+      }
+      holder.withLock { $0 = command.source }
+      loop.add(command.source, to: r14cModeA)
+      _ = try loop.performAndWait {}
+      _ = r14cWithChangeWaiting(
+        on: loop,
+        pending: {
+          for value in 0..<3 { command.post(value) }
+          loop.add(command.source, to: r14cModeB)
+        }
+      ) { command.source.invalidate() }
+      let late = command.post(99)
+      let after = r14cAgreement(command.source, on: loop)
+      return (delivered.snapshot, log.snapshot, late, after)
+    }
+    guard let outcome else { return }
+    #expect(outcome.delivered == [0, 1, 2])
+    #expect(outcome.log == ["schedule", "cancel"], "\(outcome.log)")
+    #expect(!outcome.late)
+    #expect(outcome.after == R14CAgreement(modes: [], bound: false, records: 0, registrations: 0))
+  }
+
   /// A timer in mode A (far in the future) gets a new fire date (now) on the loop thread while a
   /// removal of another source waits whose cancel routine moves the timer from A to B. Promised:
   /// the timer keeps the new date wherever it is: it is in B only, one record, and fires once when
