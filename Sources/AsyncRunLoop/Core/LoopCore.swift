@@ -133,7 +133,11 @@ final class LoopCore {
   /// carry their arrival number and wait for the changes that arrived before them
   /// (`changeBarrier`).
   func collectInbox(afterWake: Bool = false) {
-    let needJobs = jobDepth == 0 && localJobIndex >= localJobs.count
+    // A current loop's thread takes jobs only inside a run: outside one, every job it accepted
+    // stays in the inbox (a loop-thread add there collects the inbox too), where a shutdown hands
+    // them to the fallback in order.
+    let needJobs =
+      jobDepth == 0 && localJobIndex >= localJobs.count && (runDepth > 0 || !shared.divertsJobsAtShutdown)
     if needJobs && !localJobs.isEmpty {
       localJobs.removeAll(keepingCapacity: true)
       localJobIndex = 0
