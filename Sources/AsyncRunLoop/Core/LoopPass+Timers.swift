@@ -41,6 +41,15 @@ extension LoopCore {
     return fired
   }
 
+  /// Step 9 for the timers of executor jobs due later (`RunLoopMode.everyMode`), in every run
+  /// other than one of that mode itself: jobs run in every mode, and so do the timers that
+  /// enqueue them. Returns whether any fired.
+  @inline(__always)
+  func fireEveryModeTimers(besides contents: ModeContents) -> Bool {
+    guard let every = modeTable.everyModeContents, every !== contents, every.timerCount > 0 else { return false }
+    return fireDueTimers(in: every)
+  }
+
   /// Fires one timer, then moves a repeating timer to the next point of its grid, keeps a fire
   /// date set during the callout, or invalidates a one-shot timer, whatever the callout did to the
   /// timer's modes (as CF does). The timer's entries then all follow its date: the one this pass

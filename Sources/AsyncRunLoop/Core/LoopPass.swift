@@ -86,7 +86,9 @@ extension LoopCore {
       runWork(in: mode, applyingControls: true)  // work point B: what the sources released
       handledSource = waitAndHandleReadiness(run, handledSource: handledSource) || handledSource  // 5–8
       // 9; work point C: what the timers released lands now, not a pass later.
-      runWork(in: mode, applyingControls: fireDueTimers(in: run.contents))
+      let firedTimers = fireDueTimers(in: run.contents)
+      let firedScheduledJobs = fireEveryModeTimers(besides: run.contents)
+      runWork(in: mode, applyingControls: firedTimers || firedScheduledJobs)
       if let result = endOfPass(run, handledSource: handledSource) { return result }
     }
   }
@@ -143,7 +145,11 @@ extension LoopCore {
   /// Nothing to watch in the mode, and no jobs (that may run here) or blocks for this mode
   /// waiting (CF counts pending blocks too). A loop that serves as an executor never finishes.
   private func isFinished(_ run: RunContext) -> Bool {
-    guard run.contents.hasNothingToWatch, !run.keepsAlive, !hasRunnableJobs, !hasWaitingControls else {
+    // (Executor jobs due later count too: a run must not end, and leave its thread, while a
+    // `Task.sleep` on this loop waits for it.)
+    guard run.contents.hasNothingToWatch, !run.keepsAlive, !hasRunnableJobs, !hasWaitingControls,
+      (modeTable.everyModeContents?.timerCount ?? 0) == 0
+    else {
       return false
     }
     // Only blocks that can run in this mode keep it alive (as in CF): one waiting for another
@@ -252,9 +258,9 @@ extension LoopCore {
   /// Arms the timerfd for the earlier of the mode's next timer (delayed by at most its
   /// tolerance, never past the next timer's date) and the run's deadline.
   private func armTimerfd(_ run: RunContext) {
-    let contents = run.contents
     var wake = run.deadline == Int64.max ? nil : run.deadline as Int64?
-    if let first = contents.timers.first {
+    for contents in [run.contents, modeTable.everyModeContents] {
+      guard let contents, let first = contents.timers.first else { continue }
       var timerWake = first.deadline.addingSaturating(first.element.timer.toleranceNanoseconds)
       if let next = contents.timers.deadlineAfterFirst { timerWake = min(timerWake, max(next, first.deadline)) }
       wake = min(wake ?? Int64.max, timerWake)

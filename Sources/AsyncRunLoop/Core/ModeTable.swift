@@ -115,6 +115,8 @@ final class ModeTable {
   /// The mode last looked up: adds and runs nearly always name the same mode, and hashing a mode's
   /// name was a visible part of every add.
   @exclusivity(unchecked) private var lastContents: ModeContents?
+  /// The contents of `RunLoopMode.everyMode` once used (every pass looks at its timers).
+  @exclusivity(unchecked) private(set) var everyModeContents: ModeContents?
 
   /// The contents of `mode`, created on first use. `mode` must not be `.common`.
   func contents(for mode: RunLoopMode) -> ModeContents {
@@ -126,6 +128,7 @@ final class ModeTable {
     } else {
       contents = ModeContents(mode: mode)
       contentsByMode[mode] = contents
+      if mode == .everyMode { everyModeContents = contents }
     }
     lastContents = contents
     return contents
@@ -250,7 +253,7 @@ final class ModeTable {
   /// - Returns: the records that joined the mode.
   @discardableResult
   func addToCommonModes(_ mode: RunLoopMode) -> [MemberRecord] {
-    guard mode != .common, commonModes.insert(mode).inserted else { return [] }
+    guard mode != .common, mode != .everyMode, commonModes.insert(mode).inserted else { return [] }
     let contents = contents(for: mode)
     guard commonCount > 0 else { return [] }
     return commonRecordsInOrder().filter { insert($0, into: contents, viaCommon: true) }

@@ -21,6 +21,11 @@ public struct RunLoopMode: Hashable, Sendable, RawRepresentable, ExpressibleBySt
   public static let common = RunLoopMode("common")
 
   public var description: String { rawValue }
+
+  /// Internal: the mode of the timers that run executor jobs later (`Task.sleep` under a loop's
+  /// executor preference). Never run itself and never in the common set: every run, whatever its
+  /// mode, fires its due timers, as it runs jobs in every mode.
+  static let everyMode = RunLoopMode("AsyncRunLoop.everyMode")
 }
 
 /// Why a call to `RunLoopThread.run` returned (see "One pass of the loop").

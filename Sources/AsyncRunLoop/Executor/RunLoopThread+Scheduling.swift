@@ -100,7 +100,7 @@ import Dispatch
         waitElsewhere()
       })
     if handsOff, !shared.registerHandOff(once, waitElsewhere) { return waitElsewhere() }
-    add(timer, to: .common)
+    add(timer, to: .everyMode)  // fires in every mode, as jobs run in every mode
     if isShutDown { timer.invalidate() }
   }
 
