@@ -89,7 +89,8 @@ extension LoopCore {
 
   /// A timer's fire date moved: its entries follow.
   func applyReschedule(_ record: MemberRecord) {
-    guard record.isAttached else { return }
+    guard let timer = record.attachedTimer else { return }
+    timer.rescheduleApplied(for: record)
     pushTimerEntries(record)
   }
 

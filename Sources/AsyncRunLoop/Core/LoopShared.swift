@@ -147,7 +147,9 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   }
 
   /// Loop side of `LoopTimer.setFireDate`: the timer's record here follows its new date. Any thread.
-  func rescheduleTimer(_ record: MemberRecord) {
+  /// False when the loop has terminated (the change was refused).
+  @discardableResult
+  func rescheduleTimer(_ record: MemberRecord) -> Bool {
     onLoopThread(.reschedule(record))
   }
 

@@ -61,6 +61,10 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   @exclusivity(unchecked) private var versionAtFire: UInt64 = 0
   /// Threads in `invalidateAndWait` waiting for the running callout to end.
   @exclusivity(unchecked) private var firingWaiters: [BlockingGate] = []
+  /// The record a reschedule was sent for and not applied yet: the loop reads the date when it
+  /// applies it, so another `setFireDate` meanwhile sends nothing (a timer reset on every packet,
+  /// or a flood of them, keeps one change in the inbox, not one per call).
+  @exclusivity(unchecked) private var pendingReschedule: MemberRecord?
 
   /// Creates a timer that first fires at `fireDate`. Add it to a loop to start it.
   /// - Parameters:
@@ -152,12 +156,22 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   /// Moves the next fire date (a repeating timer keeps its interval from there). Any thread: on
   /// the loop thread it takes effect at once, elsewhere on the loop's next pass.
   public func setFireDate(_ date: LoopClock.Instant) {
-    let target = lock.withLock {
+    let target: (loop: LoopShared, record: MemberRecord)? = lock.withLock {
       fireDateNs = date.nanoseconds
       fireDateVersion &+= 1
-      return state.binding.loopAndRecord
+      guard let target = state.binding.loopAndRecord, pendingReschedule !== target.record else { return nil }
+      pendingReschedule = target.record
+      return target
     }
-    if let target { target.loop.rescheduleTimer(target.record) }
+    guard let target, !target.loop.rescheduleTimer(target.record) else { return }
+    rescheduleApplied(for: target.record)  // refused (the loop has terminated)
+  }
+
+  /// Loop thread (or a refused send): the reschedule sent for `record` is applied; the next
+  /// `setFireDate` sends another. Called before the loop reads the date, so a date set after
+  /// this is either read now or sent again.
+  func rescheduleApplied(for record: MemberRecord) {
+    lock.withLock { if pendingReschedule === record { pendingReschedule = nil } }
   }
 
   /// Stops the timer and releases its handler, and the loop drops it from its modes. Any
