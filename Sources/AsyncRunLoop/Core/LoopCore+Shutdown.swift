@@ -1,7 +1,11 @@
 /// The end of a loop: draining after `shutdown()` so that nothing accepted is lost.
 extension LoopCore {
-  /// How many drain rounds run before the loop terminates even if jobs keep arriving.
+  /// How many drain rounds run before the loop terminates even if jobs or changes keep arriving.
   static let shutdownDrainRounds = 1024
+  /// How long the drain accepts new jobs and changes before it terminates anyway (a round applies
+  /// every change accepted before it began, so while producers outpace it the rounds grow and
+  /// 1,024 of them might never end).
+  static let shutdownDrainNanoseconds: Int64 = 1_000_000_000
 
   /// Loop thread, after the last run: detaches every member (cancel routines run here, closures
   /// are released, async consumers end), then runs every job, block and change that was accepted,
@@ -9,16 +13,20 @@ extension LoopCore {
   /// critical section that finds it empty, so no job or change can slip in between and be
   /// stranded. Blocks are refused once shutdown has begun; jobs and registration changes are still
   /// accepted (an awaiting task must not hang; a member added now is detached in the next round),
-  /// and if producers outpace the drain for `shutdownDrainRounds` rounds the loop terminates
-  /// anyway and hands the remaining jobs, in order, to the fallback executor.
+  /// and if producers outpace the drain for `shutdownDrainRounds` rounds or
+  /// `shutdownDrainNanoseconds` the loop terminates anyway: it refuses what comes later, applies
+  /// the changes it accepted and hands the remaining jobs, in order, to the fallback executor.
   func drainForShutdown() {
     var round = 0
+    let start = LoopClock.monotonicNanoseconds()
     while true {
       applyControls()
       detachEveryMember()
       runOneDrainRound()
       round += 1
-      let force = round >= Self.shutdownDrainRounds
+      let force =
+        round >= Self.shutdownDrainRounds
+        || LoopClock.monotonicNanoseconds() - start >= Self.shutdownDrainNanoseconds
       let (finished, handedOver): (Bool, Bool) = shared.inboxLock.withLock {
         switch shared.inbox.terminate(force: force) {
         case .keepDraining:
