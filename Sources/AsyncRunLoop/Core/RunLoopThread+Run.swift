@@ -49,6 +49,15 @@ extension RunLoopThread {
   /// `@MainActor` code in a mode outside the common set, other main-actor work waits until the run
   /// ends. Add the mode to the common modes (`addModeToCommonModes`) to keep it served.
   ///
+  /// Modal runs are runs of the loop's one thread, so they nest, and an outer run cannot return
+  /// before the runs nested in it:
+  /// - A `runModal` requested while another is running (from another task) starts inside it. The
+  ///   outer one's end (its cancellation, time limit or `stop()`) takes effect when the inner one
+  ///   has returned; the inner one is not cut short.
+  /// - A `runModal` that starts while the loop is inside one of its own executor jobs (an actor
+  ///   method that runs the loop nested with `run(mode:until:)`) is nested in that job: like any
+  ///   run there it runs no jobs until the job returns.
+  ///
   /// Cancelling the task ends the run (it returns `.stopped`). For the main loop, the main thread
   /// must be running it (`runMainLoop()`).
   /// - Parameters: as `run(mode:until:returnAfterSourceHandled:)`.
