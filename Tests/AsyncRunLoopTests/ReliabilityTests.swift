@@ -321,6 +321,36 @@ struct ReliabilityTests {
     await execShutdown(loop)
   }
 
+  /// A descriptor closed behind the loop's back and its number reused (with dup2) by a regular
+  /// file, which epoll cannot watch: removing or invalidating the source afterwards is quiet (the
+  /// registration went with the close; epoll answers EPERM for the file now under the number),
+  /// and the file is untouched. CI once crashed on the debug assertion there, when another test
+  /// opened a file on a number a test had closed before its source's invalidation was applied.
+  @Test(arguments: ["remove", "invalidate"])
+  func aSourceWhoseNumberNowNamesARegularFileLeavesQuietly(how: String) async throws {
+    let loop = try RunLoopThread(name: "rel-fd-file")
+    defer { loop.shutdownAndWait() }
+    let pipe = makePipe()
+    var template = Array("/tmp/asyncrunloop-fd-XXXXXX".utf8CString)
+    let file = mkstemp(&template)
+    try #require(file >= 0)
+    _ = template.withUnsafeBufferPointer { unlink($0.baseAddress!) }
+    let fires = AtomicCounter()
+    let source = DescriptorSource(descriptor: pipe.read) { _, _ in fires.increment() }
+    try loop.performAndWait { try loop.add(source) }
+    #expect(dup2(file, pipe.read) == pipe.read)  // the pipe's read end is closed, the number reused
+    close(pipe.write)
+    if how == "remove" { loop.remove(source) } else { source.invalidate() }
+    let registrations = try loop.performAndWait { loop.core.descriptorsByToken.count }
+    var status = stat()
+    #expect(fstat(pipe.read, &status) == 0 && (status.st_mode & S_IFMT) == S_IFREG, "the file was closed")
+    #expect(registrations == 0)
+    #expect(fires.current == 0)
+    source.invalidate()
+    close(pipe.read)
+    close(file)
+  }
+
   /// Dropping the last reference to an owned loop shuts it down: its thread drains it (every
   /// accepted command is delivered, cancel runs once, callouts see a stand-in handle with the
   /// same name) and exits, and the handle is freed; nothing waits for the drain.

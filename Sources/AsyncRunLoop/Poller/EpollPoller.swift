@@ -153,7 +153,7 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
   }
 
   /// Removes a registration. A descriptor that was already closed (and so already dropped by
-  /// the kernel) is not an error. Loop thread.
+  /// the kernel) is not an error, whatever its number names now. Loop thread.
   /// - Returns: false when the registration was gone already (its descriptor was closed).
   @discardableResult
   func deregister(descriptor: Int32) -> Bool {
@@ -161,8 +161,10 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
       try SystemCall.epollControl(epollDescriptor, EPOLL_CTL_DEL, descriptor, events: 0, token: 0)
       return true
     } catch {
-      // EBADF: closed already; ENOENT: the kernel dropped it when it was closed. Both mean gone.
-      assert(error.errno == EBADF || error.errno == ENOENT, "AsyncRunLoop: \(error)")
+      // All mean gone: EBADF, closed already; ENOENT, the kernel dropped it when it was closed
+      // (the number may name another file by now); EPERM, the number was reused meanwhile by a
+      // file epoll cannot watch (a regular file: another thread opened one after the close).
+      assert(error.errno == EBADF || error.errno == ENOENT || error.errno == EPERM, "AsyncRunLoop: \(error)")
       return false
     }
   }
