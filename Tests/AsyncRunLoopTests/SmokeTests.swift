@@ -73,7 +73,10 @@ extension PinnedToLoopActor {
   }
   #expect(empty == .finished)
   #expect(timed == .timedOut)
-  #expect(fired >= 8)
+  // At least once: a due timer fires in the pass that finds the limit passed. (Not "about ten
+  // times": under a sanitizer on a loaded machine the thread may sleep through most of the
+  // 52 ms, and a repeating timer skips the grid points it missed.)
+  #expect(fired >= 1)
 }
 
 @Test func taskSleepUsesLoop() async throws {
