@@ -195,7 +195,10 @@ final class LoopCore {
   /// from another thread is spread over passes (each one ends quickly, so timers and descriptors
   /// keep their turn) instead of one pass that takes 100 ms. While changes wait, the pass runs no
   /// block or job (they may have been sent after those changes) and does not sleep.
-  func applyControls(afterWake: Bool = false, bounded: Bool = false) {
+  ///
+  /// `through` stops before the first change with a later sequence number (see
+  /// `sequenceOfWaitingChanges`).
+  func applyControls(afterWake: Bool = false, bounded: Bool = false, through: UInt64 = UInt64.max) {
     collectInbox(afterWake: afterWake)
     guard hasWaitingControls else { return }
     var budget = bounded ? Self.controlsPerPass : Int.max
@@ -204,7 +207,7 @@ final class LoopCore {
     // began, so it need not come before what follows the call (a loop-thread add, say), and
     // taking it too would let a flood from another thread hold the call forever. (A loop-thread
     // call inside a change collects again when it begins: what was sent before it comes first.)
-    while budget > 0 && hasWaitingControls {
+    while budget > 0 && hasWaitingControls && changeBarrier <= through {
       let change = controlBatches[controlBatchIndex][controlIndex].change
       // Release what the change holds as it is applied, not all at once when the queue empties
       // (100k removals' closures freed together made one pass take 10 ms).
@@ -227,6 +230,17 @@ final class LoopCore {
   @inline(__always)
   func applyControlsIfAny() {
     if hasWaitingControls || shared.changesWaiting.load(ordering: .acquiring) { applyControls() }
+  }
+
+  /// Loop thread, under a member's lock right after a loop-thread call changed its binding (having
+  /// applied every change sent before it began): the inbox's newest sequence number when a change
+  /// from another thread arrived meanwhile, else nil. Applying through it applies exactly the
+  /// changes sent before the binding changed: among them any of this member's (its senders hold
+  /// the member's lock while they send), which must come first, and none sent after, which must
+  /// not overtake this call.
+  func sequenceOfWaitingChanges() -> UInt64? {
+    guard shared.changesWaiting.load(ordering: .acquiring) else { return nil }
+    return shared.inboxLock.withLock { shared.inbox.sequence }
   }
 
   /// Frees the batches applied so far (no run is applying changes further out), keeping a small

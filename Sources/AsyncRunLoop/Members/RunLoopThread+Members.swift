@@ -114,8 +114,10 @@ extension RunLoopThread {
   // which may add or remove this same member here, find the binding as it was before this call;
   // and after it, for a change of this member that another thread sent in between (senders hold
   // the member's lock while they send, so such a change was made before this one and must be
-  // applied first). Each application takes only what is in the inbox when it begins, so a flood
-  // of changes from another thread does not hold the call.
+  // applied first), but only through the last change sent before the binding changed: one sent
+  // after (the opposite call on this member from another thread, say) must not overtake this
+  // call (`LoopCore.sequenceOfWaitingChanges`). Each application takes only what is in the inbox
+  // when it begins, so a flood of changes from another thread does not hold the call.
 
   /// Binds `member` to this loop in `mode` and has the loop apply the add
   /// (`LoopMember.applyAdd`): inline on the loop thread (after the changes other threads sent
@@ -134,8 +136,10 @@ extension RunLoopThread {
         return nil
       }
       core.applyControlsIfAny()  // (before and after the binding: see the comment above `bind`)
-      let action = member.withBinding { $0.bind(to: shared, mode: mode) }
-      core.applyControlsIfAny()
+      let (action, sentBefore) = member.withBinding { binding in
+        (binding.bind(to: shared, mode: mode), core.sequenceOfWaitingChanges())
+      }
+      if let sentBefore { core.applyControls(through: sentBefore) }
       switch action {
       case .accepted(let record):
         // A record that left this loop already (see `MemberRecord.hasLeft`): a stale add.
@@ -177,8 +181,10 @@ extension RunLoopThread {
     if shared.isOnLoopThread {
       let core = shared.core
       core.applyControlsIfAny()  // (before and after the binding: see the comment above `bind`)
-      let unbound = member.withBinding { $0.unbind(from: shared, mode: mode) }
-      core.applyControlsIfAny()
+      let (unbound, sentBefore) = member.withBinding { binding in
+        (binding.unbind(from: shared, mode: mode), core.sequenceOfWaitingChanges())
+      }
+      if let sentBefore { core.applyControls(through: sentBefore) }
       guard let record = unbound else { return }
       core.applyRemove(record, from: mode)
       return
