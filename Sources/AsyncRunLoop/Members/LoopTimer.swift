@@ -159,7 +159,10 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     let target: (loop: LoopShared, record: MemberRecord)? = lock.withLock {
       fireDateNs = date.nanoseconds
       fireDateVersion &+= 1
-      guard let target = state.binding.loopAndRecord, pendingReschedule !== target.record else { return nil }
+      // (On the loop thread the call applies at once, after the pending one: it always goes.)
+      guard let target = state.binding.loopAndRecord,
+        pendingReschedule !== target.record || target.loop.isOnLoopThread
+      else { return nil }
       pendingReschedule = target.record
       return target
     }
