@@ -10,10 +10,24 @@ public struct RunLoopMode: Hashable, Sendable, RawRepresentable, ExpressibleBySt
   CustomStringConvertible
 {
   public let rawValue: String
+  /// The library's own modes (`everyMode`): never equal to a mode of the same name made from a
+  /// string.
+  private let isInternal: Bool
 
-  public init(rawValue: String) { self.rawValue = rawValue }
-  public init(_ name: String) { self.rawValue = name }
-  public init(stringLiteral name: String) { self.rawValue = name }
+  public init(rawValue: String) { (self.rawValue, isInternal) = (rawValue, false) }
+  public init(_ name: String) { (rawValue, isInternal) = (name, false) }
+  public init(stringLiteral name: String) { (rawValue, isInternal) = (name, false) }
+  private init(internal name: String) { (rawValue, isInternal) = (name, true) }
+
+  // Spelled out: the defaults `RawRepresentable` brings would compare the names only.
+  public static func == (lhs: RunLoopMode, rhs: RunLoopMode) -> Bool {
+    lhs.rawValue == rhs.rawValue && lhs.isInternal == rhs.isInternal
+  }
+
+  public func hash(into hasher: inout Hasher) {
+    hasher.combine(rawValue)
+    hasher.combine(isInternal)
+  }
 
   /// The mode a loop runs in unless told otherwise.
   public static let `default` = RunLoopMode("default")
@@ -25,7 +39,7 @@ public struct RunLoopMode: Hashable, Sendable, RawRepresentable, ExpressibleBySt
   /// Internal: the mode of the timers that run executor jobs later (`Task.sleep` under a loop's
   /// executor preference). Never run itself and never in the common set: every run, whatever its
   /// mode, fires its due timers, as it runs jobs in every mode.
-  static let everyMode = RunLoopMode("AsyncRunLoop.everyMode")
+  static let everyMode = RunLoopMode(internal: "AsyncRunLoop.everyMode")
 }
 
 /// Why a call to `RunLoopThread.run` returned (see "One pass of the loop").
