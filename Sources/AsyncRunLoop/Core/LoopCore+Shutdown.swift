@@ -19,6 +19,9 @@ extension LoopCore {
   func drainForShutdown() {
     var round = 0
     let start = LoopClock.monotonicNanoseconds()
+    // From the cap on, other threads' changes are refused as they arrive, also in the middle of
+    // a round (which may take long: it applies what arrived during the round before).
+    shared.inboxLock.withLock { shared.inbox.refusesChangesFrom = start + Self.shutdownDrainNanoseconds }
     while true {
       applyControls()
       detachEveryMember()

@@ -134,9 +134,21 @@ struct LoopInbox {
     }
   }
 
-  /// A registration change arrives from another thread; nil once terminated.
+  /// While shutting down, changes arriving at or after this monotonic time are refused (the
+  /// drain's time cap, set when the drain begins): producers that outpace the draining loop would
+  /// otherwise keep it applying for as long as they send.
+  var refusesChangesFrom = Int64.max
+
+  private var drainCapHasPassed: Bool {
+    refusesChangesFrom != Int64.max && LoopClock.monotonicNanoseconds() >= refusesChangesFrom
+  }
+
+  /// A registration change arrives from another thread; nil once terminated, or once the drain's
+  /// time cap has passed (`refusesChangesFrom`).
   mutating func control(_ change: RegistrationChange) -> WakeAction? {
     switch lifecycle {
+    case .shuttingDown where drainCapHasPassed:
+      return nil
     case .active, .shuttingDown:
       controls.append(SequencedChange(sequence: nextSequence(), change: change))
       return requestWake()
