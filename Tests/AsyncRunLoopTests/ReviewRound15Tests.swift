@@ -98,7 +98,7 @@ struct ReviewRound15EveryModeTests {
   /// A task sleeps on an owned loop while one of the loop's jobs (an actor method) runs the loop
   /// nested in a private mode. Promised: a run nested inside a job runs no other job (the timer's
   /// handler queues the resumption behind the running job), and the sleep is not lost: it ends
-  /// once the job returns, never early.
+  /// once the job returns (or before the job began), never early and never inside it.
   @Test func aSleepDueDuringARunNestedInAJobEndsAfterTheJob() async throws {
     let loop = try RunLoopThread(name: "r15-e2")
     defer { loop.shutdownAndWait() }
@@ -117,7 +117,12 @@ struct ReviewRound15EveryModeTests {
     }
     let slept = try await withWatchdog(timeout: .seconds(20), "the sleeper") { await sleeper.value }
     #expect(nested != nil)
-    #expect(log.snapshot == ["sleeping", "nested begin", "nested end", "woke"])
+    // Never inside the nested run. (On a loaded machine the actor's call may start after the
+    // sleep is over: then it woke before the run began, which is fine.)
+    let entries = log.snapshot
+    #expect(
+      entries == ["sleeping", "nested begin", "nested end", "woke"]
+        || entries == ["sleeping", "woke", "nested begin", "nested end"], "\(entries)")
     if let slept, let slept { #expect(slept >= .milliseconds(20)) }
     let records = await execOnNewThread { r15Records(loop) }
     #expect(records == 0)
@@ -347,7 +352,7 @@ extension ReviewRound15EveryModeTests {
   /// then runs `.default`. Promised: a timer fires only in its modes (and a run of a mode with
   /// nothing in it finishes): the timer does not fire in a run of `.default`, and that run of an
   /// empty `.default` finishes at once.
-  @Test(.disabled("bug: a client mode named \"AsyncRunLoop.everyMode\" is the internal every-mode"))
+  @Test
   func aClientModeNamedLikeTheInternalModeIsNotRunEverywhere() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "client every-mode") {
       () throws -> (fires: Int, result: RunLoopRunResult?) in
@@ -373,7 +378,7 @@ struct ReviewRound15FireDateTests {
   /// While a reschedule sent by another thread waits in the inbox, the loop thread moves the timer
   /// again. Promised (`setFireDate`): "on the loop thread it takes effect at once": the timer's
   /// heap entry holds the new date when the call returns.
-  @Test(.disabled("bug: a loop-thread setFireDate sends nothing while another thread's reschedule is pending"))
+  @Test
   func aLoopThreadSetFireDateTakesEffectAtOnceWhileARescheduleIsPending() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "loop-thread setFireDate") {
       () throws -> (wanted: Int64, heap: Int64?)? in
@@ -671,7 +676,7 @@ extension ReviewRound15DrainTests {
   /// is shut down. Promised (`drainForShutdown`): after `shutdownDrainNanoseconds` (1 s) the drain
   /// refuses what comes later and terminates: `shutdownAndWait()` returns within a few seconds
   /// (here: 10 s times the watchdog scale) while the flood goes on.
-  @Test(.disabled("bug: the drain's one-second cap does not hold while a flood of adds and removals goes on"))
+  @Test
   func theDrainCapHoldsWhenApplyingCostsMoreThanSending() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(90), "drain under a costly flood") {
       () throws -> (seconds: Double, sent: Int) in
@@ -820,7 +825,7 @@ extension ReviewRound15CurrentLoopTests {
   /// it to X again, 10,000 rounds, at varying moments. Promised (`bind`/`unbind`): the loop
   /// applies the calls on a member in the order its binding changed, so once both calls have
   /// returned and the changes are applied, the loop's modes for the timer are its binding's.
-  @Test(.disabled("bug: an add sent just after a loop-thread remove is applied before it, and lost"))
+  @Test
   func aLoopThreadRemoveRacingAnAddLeavesLoopAndBindingAgreeing() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(60), "remove racing add") {
       try r15RaceMembership(loopThreadRemoves: true, rounds: 10_000)
@@ -831,7 +836,7 @@ extension ReviewRound15CurrentLoopTests {
 
   /// The same with the roles reversed: the loop thread adds the timer to X while another thread
   /// removes it from X. Promised: as above, loop and binding agree after every round.
-  @Test(.disabled("bug: a remove sent just after a loop-thread add is applied before it, and lost"))
+  @Test
   func aLoopThreadAddRacingARemoveLeavesLoopAndBindingAgreeing() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(60), "add racing remove") {
       try r15RaceMembership(loopThreadRemoves: false, rounds: 10_000)
