@@ -242,7 +242,7 @@ struct ReviewRound6Tests {
     }
     release.open()
     await loopBarrier(loop)
-    let count = try await withWatchdog(timeout: .seconds(10), "consumer cancelled mid-batch") { () async -> Int in
+    let count = try await withWatchdog(timeout: .seconds(30), "consumer cancelled mid-batch") { () async -> Int in
       await Task { () async -> Int in
         var count = 0
         for await _ in sequence {
