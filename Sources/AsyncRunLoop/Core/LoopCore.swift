@@ -60,6 +60,8 @@ final class LoopCore {
   @exclusivity(unchecked) var controlBatchIndex = 0
   @exclusivity(unchecked) var controlIndex = 0
   @exclusivity(unchecked) var controlDepth = 0
+  /// The sequence number of the last change applied (changes are applied in order).
+  @exclusivity(unchecked) var appliedThrough: UInt64 = 0
   /// An applied batch kept (emptied, small) to hand the inbox its next array with capacity.
   @exclusivity(unchecked) var spareControlBatch: [SequencedChange] = []
 
@@ -208,6 +210,7 @@ final class LoopCore {
     // taking it too would let a flood from another thread hold the call forever. (A loop-thread
     // call inside a change collects again when it begins: what was sent before it comes first.)
     while budget > 0 && hasWaitingControls && changeBarrier <= through {
+      appliedThrough = controlBatches[controlBatchIndex][controlIndex].sequence
       let change = controlBatches[controlBatchIndex][controlIndex].change
       // Release what the change holds as it is applied, not all at once when the queue empties
       // (100k removals' closures freed together made one pass take 10 ms).
@@ -251,6 +254,10 @@ final class LoopCore {
     controlBatches.removeFirst(controlBatchIndex)
     controlBatchIndex = 0
   }
+
+  /// Inside the application of changes: a callout of one of them is running.
+  @inline(__always)
+  var isApplyingControls: Bool { controlDepth > 0 }
 
   /// Registration changes collected and not applied yet (a bounded pass left them).
   @inline(__always)

@@ -114,7 +114,11 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   @discardableResult
   func onLoopThread(_ change: RegistrationChange) -> Bool {
     if isOnLoopThread {
-      core.applyControlsIfAny()  // changes sent before from other threads come first
+      // Changes sent before from other threads come first; not from inside the application of
+      // changes (a callout of one), which would apply the rest of the queue once per nesting
+      // level: this change (an invalidation, a new date, a mode joining the common set) does not
+      // depend on their order.
+      if !core.isApplyingControls { core.applyControlsIfAny() }
       core.apply(change)
       return true
     }
@@ -130,10 +134,15 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   /// Queues a change for the loop thread (the caller wakes it with the result, after releasing
   /// any lock it holds). nil once terminated. Any thread.
   func send(_ change: RegistrationChange) -> LoopInbox.WakeAction? {
+    sendNumbered(change)?.wake
+  }
+
+  /// `send`, with the sequence number the change got in the inbox.
+  func sendNumbered(_ change: RegistrationChange) -> (wake: LoopInbox.WakeAction, sequence: UInt64)? {
     inboxLock.withLock {
-      let wake = inbox.control(change)
-      if wake != nil { changesWaiting.store(true, ordering: .releasing) }
-      return wake
+      guard let wake = inbox.control(change) else { return nil }
+      changesWaiting.store(true, ordering: .releasing)
+      return (wake, inbox.sequence)
     }
   }
 

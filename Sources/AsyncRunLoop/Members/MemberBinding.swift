@@ -61,6 +61,13 @@ struct MemberBinding {
   /// each such loop will still schedule the member. Counted for every kind; custom sources use it
   /// (`SignalState` keeps their routines until every loop that was sent an add has had them).
   private(set) var pendingJoins = 0
+  /// The inbox's sequence number of the last add or removal another thread sent for this member
+  /// (under this lock): a loop-thread call nested in the loop's application of changes applies
+  /// the queue only as far as this (`RunLoopThread.bind`).
+  private(set) var lastSentSequence: UInt64 = 0
+
+  /// Another thread sent an add or a removal of this member to its loop (under this lock).
+  mutating func noteSent(_ sequence: UInt64) { lastSentSequence = sequence }
 
   /// The loop the member is on and its record there, if it is on one.
   var loopAndRecord: (loop: LoopShared, record: MemberRecord)? {

@@ -118,6 +118,12 @@ extension RunLoopThread {
   // after (the opposite call on this member from another thread, say) must not overtake this
   // call (`LoopCore.sequenceOfWaitingChanges`). Each application takes only what is in the inbox
   // when it begins, so a flood of changes from another thread does not hold the call.
+  //
+  // A call made inside the loop's application of changes (from a schedule or cancel routine, say)
+  // applies the queue only as far as this member's own earlier add or removal, if one waits
+  // (`LoopCore.afterOwnEarlierChanges`): applying the whole rest there recursed once per waiting
+  // change (20,000 waiting adds whose schedule routines add a timer overflowed the stack), and
+  // let changes sent after the outer call overtake it.
 
   /// Binds `member` to this loop in `mode` and has the loop apply the add
   /// (`LoopMember.applyAdd`): inline on the loop thread (after the changes other threads sent
@@ -135,11 +141,17 @@ extension RunLoopThread {
         member.invalidateMember()
         return nil
       }
-      core.applyControlsIfAny()  // (before and after the binding: see the comment above `bind`)
-      let (action, sentBefore) = member.withBinding { binding in
-        (binding.bind(to: shared, mode: mode), core.sequenceOfWaitingChanges())
+      let action: MemberBinding.BindAction
+      if core.isApplyingControls {
+        action = core.afterOwnEarlierChanges(of: member) { $0.bind(to: shared, mode: mode) }
+      } else {
+        core.applyControlsIfAny()  // (before and after the binding: see the comment above `bind`)
+        let (bound, sentBefore) = member.withBinding { binding in
+          (binding.bind(to: shared, mode: mode), core.sequenceOfWaitingChanges())
+        }
+        if let sentBefore { core.applyControls(through: sentBefore) }
+        action = bound
       }
-      if let sentBefore { core.applyControls(through: sentBefore) }
       switch action {
       case .accepted(let record):
         // A record that left this loop already (see `MemberRecord.hasLeft`): a stale add.
@@ -154,10 +166,11 @@ extension RunLoopThread {
       let lastLoop = binding.lastLoop  // what a refused add restores
       switch binding.bind(to: shared, mode: mode) {
       case .accepted(let record):
-        guard let wake = shared.send(.add(member, record, mode)) else {
+        guard let (wake, sequence) = shared.sendNumbered(.add(member, record, mode)) else {
           binding.forget(shared, restoringLastLoop: lastLoop)
           return .refusedTerminated
         }
+        binding.noteSent(sequence)
         return .sent(wake)
       case .refused:
         return .ignored
@@ -180,11 +193,17 @@ extension RunLoopThread {
     let shared = self.shared
     if shared.isOnLoopThread {
       let core = shared.core
-      core.applyControlsIfAny()  // (before and after the binding: see the comment above `bind`)
-      let (unbound, sentBefore) = member.withBinding { binding in
-        (binding.unbind(from: shared, mode: mode), core.sequenceOfWaitingChanges())
+      let unbound: MemberRecord?
+      if core.isApplyingControls {
+        unbound = core.afterOwnEarlierChanges(of: member) { $0.unbind(from: shared, mode: mode) }
+      } else {
+        core.applyControlsIfAny()  // (before and after the binding: see the comment above `bind`)
+        let (record, sentBefore) = member.withBinding { binding in
+          (binding.unbind(from: shared, mode: mode), core.sequenceOfWaitingChanges())
+        }
+        if let sentBefore { core.applyControls(through: sentBefore) }
+        unbound = record
       }
-      if let sentBefore { core.applyControls(through: sentBefore) }
       guard let record = unbound else { return }
       core.applyRemove(record, from: mode)
       return
@@ -192,7 +211,9 @@ extension RunLoopThread {
     let wake: LoopInbox.WakeAction? = member.withBinding { binding in
       guard let record = binding.unbind(from: shared, mode: mode) else { return nil }
       // Refused: the loop has terminated and detached every member already.
-      return shared.send(.remove(record, mode))
+      guard let (wake, sequence) = shared.sendNumbered(.remove(record, mode)) else { return nil }
+      binding.noteSent(sequence)
+      return wake
     }
     if let wake { perform(wake) }
   }
@@ -257,5 +278,21 @@ extension LoopMember {
     case let observer as LoopObserver: observer.invalidate()
     default: preconditionFailure("AsyncRunLoop: unknown member kind \(Self.kindName)")
     }
+  }
+}
+
+extension LoopCore {
+  /// Loop thread, inside the application of changes: applies this member's own add or removal
+  /// that another thread sent earlier and that still waits (and the queue up to it), before and
+  /// after `change` alters the binding, under the member's lock. See the comment above
+  /// `RunLoopThread.bind`.
+  func afterOwnEarlierChanges<Member: LoopMember, Result>(
+    of member: Member, _ change: (inout MemberBinding) -> Result
+  ) -> Result {
+    let sentBefore = member.withBinding { $0.lastSentSequence }
+    if sentBefore > appliedThrough { applyControls(through: sentBefore) }
+    let (result, sentSince) = member.withBinding { binding in (change(&binding), binding.lastSentSequence) }
+    if sentSince > appliedThrough { applyControls(through: sentSince) }
+    return result
   }
 }
