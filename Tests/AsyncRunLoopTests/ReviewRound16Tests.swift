@@ -51,7 +51,7 @@ private func r16RaceMembership<Member: LoopMember>(
   let done = AtomicCounter()
   let other = startThread {
     for round in 1...rounds {
-      while go.current < round {}
+      while go.current < round { sched_yield() }
       for _ in 0..<(round % 64) { _ = done.current }
       if loopThreadRemoves { add(loop, member, mode) } else { remove(loop, member, mode) }
       _ = done.increment()
@@ -64,7 +64,7 @@ private func r16RaceMembership<Member: LoopMember>(
       if loopThreadRemoves { add(loop, member, mode) } else { remove(loop, member, mode) }
       _ = go.increment()
       if loopThreadRemoves { remove(loop, member, mode) } else { add(loop, member, mode) }
-      while done.current < round {}
+      while done.current < round { sched_yield() }
       if let disagreement = r16Disagreement(loop, member) {
         mismatches += 1
         if example.isEmpty { example = "round \(round): \(disagreement)" }
@@ -91,7 +91,7 @@ private func r16RaceWithCallouts(loopThreadRemoves: Bool, rounds: Int) throws ->
   let stop = Guarded(false)
   let opposite = startThread {
     for round in 1...rounds {
-      while go.current < round {}
+      while go.current < round { sched_yield() }
       for _ in 0..<(round % 16) { _ = done.current }
       if loopThreadRemoves { loop.add(timer, to: r16ModeX) } else { loop.remove(timer, from: r16ModeX) }
       _ = done.increment()
@@ -99,12 +99,12 @@ private func r16RaceWithCallouts(loopThreadRemoves: Bool, rounds: Int) throws ->
   }
   let flooder = startThread {
     for round in 1...rounds {
-      while go.current < round && !stop.snapshot {}
+      while go.current < round && !stop.snapshot { sched_yield() }
       let source = InputSource(
         schedule: { _, loop, _ in
           let round = go.current
           let limit = ContinuousClock.now.advanced(by: .microseconds(500))
-          while done.current < round && ContinuousClock.now < limit {}
+          while done.current < round && ContinuousClock.now < limit { sched_yield() }
           loop.add(other, to: r16ModeY)
           loop.remove(other, from: r16ModeY)
         }, cancel: { _, _ in }, perform: { _ in })
@@ -119,7 +119,7 @@ private func r16RaceWithCallouts(loopThreadRemoves: Bool, rounds: Int) throws ->
       if loopThreadRemoves { loop.add(timer, to: r16ModeX) } else { loop.remove(timer, from: r16ModeX) }
       _ = go.increment()
       if loopThreadRemoves { loop.remove(timer, from: r16ModeX) } else { loop.add(timer, to: r16ModeX) }
-      while done.current < round {}
+      while done.current < round { sched_yield() }
       if let disagreement = r16Disagreement(loop, timer) {
         mismatches += 1
         if example.isEmpty { example = "round \(round): \(disagreement)" }
@@ -162,10 +162,7 @@ struct ReviewRound16MembershipTests {
   /// sent after the binding changed never overtakes the call, so loop and binding agree. Found:
   /// as `aNestedCallInTheSecondApplicationDoesNotLetALaterChangeOvertake`, by chance (1-2 rounds
   /// of 3,000 in about a third of the runs).
-  @Test(
-    .disabled(
-      "bug: a loop-thread call nested in the second application applies changes sent after the binding changed"),
-    arguments: [true, false])
+  @Test(arguments: [true, false])
   func aNestedLoopThreadCallInTheSecondApplicationKeepsLoopAndBindingAgreeing(loopThreadRemoves: Bool)
     async throws
   {
@@ -182,7 +179,7 @@ struct ReviewRound16MembershipTests {
   /// Found: each loop-thread call first applies every waiting change (`bind`'s
   /// `applyControlsIfAny`), whose schedule routine makes the next call: the recursion is as deep
   /// as the queue and overflows the loop thread's stack (SIGSEGV, the whole test process dies).
-  @Test(.disabled("bug: loop-thread adds in schedule routines recurse once per waiting change: stack overflow"))
+  @Test
   func scheduleRoutinesAddingOnTheLoopThreadDoNotRecursePerWaitingChange() async throws {
     let loop = try RunLoopThread(name: "r16-s1")
     defer { loop.shutdownAndWait() }
@@ -218,10 +215,7 @@ struct ReviewRound16MembershipTests {
   /// timer. Promised (`bind`/`unbind`): a change sent after the binding changed must not overtake
   /// the call, so loop and binding agree. Found: the nested call applies every waiting change,
   /// the opposite one too, before the outer call's own change.
-  @Test(
-    .disabled(
-      "bug: a loop-thread call nested in the second application applies changes sent after the binding changed"),
-    arguments: [true, false])
+  @Test(arguments: [true, false])
   func aNestedCallInTheSecondApplicationDoesNotLetALaterChangeOvertake(loopThreadRemoves: Bool) async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "nested overtaking") { () -> String? in
       let loop = try RunLoopThread(name: "r16-n1")
@@ -288,7 +282,7 @@ struct ReviewRound16MembershipTests {
       let done = AtomicCounter()
       let other = startThread {
         for round in 1...rounds {
-          while go.current < round {}
+          while go.current < round { sched_yield() }
           for _ in 0..<(round % 32) { _ = done.current }
           if calloutRemoves { loop.add(timer, to: r16ModeX) } else { loop.remove(timer, from: r16ModeX) }
           _ = done.increment()
@@ -307,7 +301,7 @@ struct ReviewRound16MembershipTests {
         _ = go.increment()
         loop.add(source, to: r16ModeY)
         scheduled.wait(timeout: .seconds(10))
-        while done.current < round {}
+        while done.current < round { sched_yield() }
         let disagreement = try loop.performAndWait { r16Disagreement(loop, timer) }
         source.invalidate()
         if let disagreement {
