@@ -23,7 +23,11 @@ extension LoopCore {
     letGoOfHandleIfDropped()
     drainForShutdown()
     carl_set_current_loop(nil)
-    let dropped = shared.inboxLock.withLock { shared.handleDropped }
+    // From here on a last release of the handle installs no stand-in (see `handleWillDeinit`).
+    let dropped = shared.inboxLock.withLock {
+      shared.threadIsEnding = true
+      return shared.handleDropped
+    }
     shared.threadLock.withLock {
       switch shared.threadState {
       case .running(let thread):
@@ -111,7 +115,10 @@ extension LoopCore {
     }
     let standIn = makeStandIn()
     let onLoopThread = shared.isOnLoopThread
-    let (wake, waitFor): (LoopInbox.WakeAction, BlockingGate?) = shared.inboxLock.withLock {
+    let handOver: (wake: LoopInbox.WakeAction, waitFor: BlockingGate?)? = shared.inboxLock.withLock {
+      // The thread ended its drain since the look at its state: a stand-in set now would hold the
+      // core, and the core it, with no thread left to let go (a leak LeakSanitizer saw).
+      guard !shared.threadIsEnding else { return nil }
       shared.handleDropped = true
       // Under the lock the loop thread takes before it installs the stand-in (on this very
       // thread, the loop thread itself, at once).
@@ -126,7 +133,16 @@ extension LoopCore {
       }
       return (shared.inbox.beginShutdown().wake, gate)
     }
-    shared.perform(wake)
-    waitFor?.wait()
+    guard let handOver else {
+      // It finishes without the handle: reap it as a finished one, once it has said so.
+      shared.terminatedGate.wait()
+      if case .finished(let thread) = shared.threadLock.withLock({ shared.threadState }) {
+        pthread_join(thread, nil)
+        shared.threadLock.withLock { shared.threadState = .reaped }
+      }
+      return
+    }
+    shared.perform(handOver.wake)
+    handOver.waitFor?.wait()
   }
 }

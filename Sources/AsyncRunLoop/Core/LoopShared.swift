@@ -59,6 +59,9 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   /// Under `inboxLock`: the owned thread holds its reference to `handle` now (see
   /// `LoopCore.releaseHandleForSleep`).
   var threadHoldsHandle = false
+  /// The owned thread has finished its drain and is exiting (under `inboxLock`): a last release
+  /// of the handle from now on leaves it be (`LoopCore.handleWillDeinit`).
+  var threadIsEnding = false
   /// Under `inboxLock`: a dropping handle's deinit waits here for the thread to let go.
   var handleLetGo: BlockingGate?
 
