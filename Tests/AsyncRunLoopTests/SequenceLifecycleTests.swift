@@ -177,7 +177,7 @@ struct SequenceIteratorTests {
     }
     let source = loop.sourceSequence(of: Int.self)
     let signals = loop.signalSequence()
-    let ticks = loop.timer(every: .seconds(60))
+    let ticks = loop.timer(every: .seconds(3600))
     let readiness = try loop.readiness(of: readEnd)
     let activities = loop.activities([.entry])
     _ = source.post(1)

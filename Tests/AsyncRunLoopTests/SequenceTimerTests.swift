@@ -263,7 +263,7 @@ struct SequenceTimerTests {
   @Test func cancellingTheConsumerEndsItPromptlyAndReleasesTheTimer() async throws {
     let loop = try RunLoopThread(name: "seq-timer-cancel")
     defer { loop.shutdownAndWait() }
-    let ticks = loop.timer(every: .seconds(60))
+    let ticks = loop.timer(every: .seconds(3600))
     let consumer = Task(executorPreference: loop) { () async -> Int in
       var count = 0
       for await _ in ticks { count += 1 }
@@ -279,7 +279,7 @@ struct SequenceTimerTests {
   @Test func invalidatingOrShuttingDownEndsAWaitingConsumer() async throws {
     for shutDown in [false, true] {
       let loop = try RunLoopThread(name: "seq-timer-end")
-      let ticks = loop.timer(every: .seconds(60))
+      let ticks = loop.timer(every: .seconds(3600))
       let consumer = Task { () async -> Int in
         var count = 0
         for await _ in ticks { count += 1 }
