@@ -121,7 +121,7 @@ extension RunLoopThread {
   //
   // A call made inside the loop's application of changes (from a schedule or cancel routine, say)
   // applies the queue only as far as this member's own earlier add or removal, if one waits
-  // (`LoopCore.afterOwnEarlierChanges`): applying the whole rest there recursed once per waiting
+  // (`LoopCore.changeBindingInOrder`): applying the whole rest there recursed once per waiting
   // change (20,000 waiting adds whose schedule routines add a timer overflowed the stack), and
   // let changes sent after the outer call overtake it.
 
@@ -141,18 +141,7 @@ extension RunLoopThread {
         member.invalidateMember()
         return nil
       }
-      let action: MemberBinding.BindAction
-      if core.isApplyingControls {
-        action = core.afterOwnEarlierChanges(of: member) { $0.bind(to: shared, mode: mode) }
-      } else {
-        core.applyControlsIfAny()  // (before and after the binding: see the comment above `bind`)
-        let (bound, sentBefore) = member.withBinding { binding in
-          (binding.bind(to: shared, mode: mode), core.sequenceOfWaitingChanges())
-        }
-        if let sentBefore { core.applyControls(through: sentBefore) }
-        action = bound
-      }
-      switch action {
+      switch core.changeBindingInOrder(of: member, { $0.bind(to: shared, mode: mode) }) {
       case .accepted(let record):
         // A record that left this loop already (see `MemberRecord.hasLeft`): a stale add.
         return record.hasLeft ? nil : member.applyAdd(on: core, record: record, mode: mode, callerWaits: true)
@@ -193,18 +182,9 @@ extension RunLoopThread {
     let shared = self.shared
     if shared.isOnLoopThread {
       let core = shared.core
-      let unbound: MemberRecord?
-      if core.isApplyingControls {
-        unbound = core.afterOwnEarlierChanges(of: member) { $0.unbind(from: shared, mode: mode) }
-      } else {
-        core.applyControlsIfAny()  // (before and after the binding: see the comment above `bind`)
-        let (record, sentBefore) = member.withBinding { binding in
-          (binding.unbind(from: shared, mode: mode), core.sequenceOfWaitingChanges())
-        }
-        if let sentBefore { core.applyControls(through: sentBefore) }
-        unbound = record
+      guard let record = core.changeBindingInOrder(of: member, { $0.unbind(from: shared, mode: mode) }) else {
+        return
       }
-      guard let record = unbound else { return }
       core.applyRemove(record, from: mode)
       return
     }
@@ -282,13 +262,20 @@ extension LoopMember {
 }
 
 extension LoopCore {
-  /// Loop thread, inside the application of changes: applies this member's own add or removal
-  /// that another thread sent earlier and that still waits (and the queue up to it), before and
-  /// after `change` alters the binding, under the member's lock. See the comment above
-  /// `RunLoopThread.bind`.
-  func afterOwnEarlierChanges<Member: LoopMember, Result>(
+  /// Loop thread: runs `change` on the member's binding, under its lock, with the changes other
+  /// threads sent applied around it in order (see the comment above `RunLoopThread.bind`). Outside
+  /// the application of changes: everything sent before, then, after the binding changed, what
+  /// was sent up to that moment. Inside it (a callout of a change): only as far as this member's
+  /// own earlier add or removal, if one waits, before and after.
+  func changeBindingInOrder<Member: LoopMember, Result>(
     of member: Member, _ change: (inout MemberBinding) -> Result
   ) -> Result {
+    guard isApplyingControls else {
+      applyControlsIfAny()
+      let (result, sentBefore) = member.withBinding { binding in (change(&binding), sequenceOfWaitingChanges()) }
+      if let sentBefore { applyControls(through: sentBefore) }
+      return result
+    }
     let sentBefore = member.withBinding { $0.lastSentSequence }
     if sentBefore > appliedThrough { applyControls(through: sentBefore) }
     let (result, sentSince) = member.withBinding { binding in (change(&binding), binding.lastSentSequence) }
