@@ -42,10 +42,14 @@ let package = Package(
       path: "Tests/MainLoopFixture",
       swiftSettings: strictSettings
     ),
+    // Test harness settings applied before the test binary's main (see the file's comment).
+    .target(name: "CTestHarness", path: "Tests/CTestHarness"),
     .testTarget(
       name: "AsyncRunLoopTests",
       // The executables are dependencies so that `swift test` builds them next to the test binary.
-      dependencies: ["AsyncRunLoop", "CAsyncRunLoop", "MainLoopFixture", "MainThreadDelegateExample"],
+      dependencies: [
+        "AsyncRunLoop", "CAsyncRunLoop", "CTestHarness", "MainLoopFixture", "MainThreadDelegateExample",
+      ],
       swiftSettings: strictSettings
     ),
   ]

@@ -270,11 +270,23 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
   /// Shuts the loop down and waits until its thread has finished and is gone (joined). Any
   /// thread except the loop's own (there it cannot wait for itself and only starts the shutdown).
   ///
+  /// From another loop's thread it also only starts the shutdown when this loop's thread is
+  /// itself blocked until the caller's loop is done, directly or through other loops (in
+  /// `shutdownAndWait()` or `performAndWait` of the caller's loop): waiting would deadlock both.
+  /// Two loops shutting each other down at once (two loops of a `LoopGroup` calling its
+  /// `shutdownAndWait()`) therefore both return; one of them may not have finished yet.
+  ///
   /// A loop that does not own its thread (`RunLoopThread.current`, `RunLoopThread.main`) has no
   /// thread of its own to wait for: this only starts the shutdown, as `shutdown()`, and returns at
   /// once; that loop drains when its thread exits (the main loop: before `runMainLoop()` returns).
   public func shutdownAndWait() {
     guard ownsThread, !isOnLoopThread else { return shutdown() }
+    // A loop thread waiting here waits for this loop (`CalloutWaits`): a closing drain of this
+    // loop that waits for the caller's loop sees the cycle and gives up. Checked and recorded in
+    // one step, so that of two loops shutting each other down at once, one sees the other's wait.
+    let waiter = RunLoopThread.currentIfExists?.shared
+    if let waiter, !CalloutWaits.beginUnlessDeadlocked(waiter: waiter, target: shared) { return shutdown() }
+    defer { if let waiter { CalloutWaits.end(waiter: waiter) } }
     let join: pthread_t? = shared.threadLock.withLock {
       switch shared.threadState {
       case .running(let thread), .finished(let thread):
@@ -285,11 +297,6 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
       }
     }
     shutdown()
-    // A loop thread waiting here is a wait for this loop (`CalloutWaits`): a closing drain of
-    // this loop that waits for the caller's loop sees the cycle and gives up instead.
-    let waiter = RunLoopThread.currentIfExists?.shared
-    if let waiter { CalloutWaits.beginUnrefusable(waiter: waiter, target: shared) }
-    defer { if let waiter { CalloutWaits.end(waiter: waiter) } }
     if let join {
       pthread_join(join, nil)
       shared.threadLock.withLock { shared.threadState = .reaped }
@@ -341,11 +348,11 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
     precondition(!modes.isEmpty, Self.emptyModesMessage("performAndWait(inModes:)", loop: name))
     if isOnLoopThread { return try block() }
     if isShutDown { throw RunLoopError.shutDown(loop: name) }
-    return try CalloutWaits.whileWaiting(for: shared, "performAndWait") { () throws -> T in
-      if isMainLoop { return try performAndWaitOnMain(inModes: modes, block) }
-      if shared.divertsJobsAtShutdown { return try performAndWaitOnCurrentLoop(inModes: modes, block) }
-      let box = ResultBox<T>()
-      let gate = BlockingGate()
+    if isMainLoop { return try performAndWaitOnMain(inModes: modes, block) }
+    if shared.divertsJobsAtShutdown { return try performAndWaitOnCurrentLoop(inModes: modes, block) }
+    let box = ResultBox<T>()
+    let gate = BlockingGate()
+    return try CalloutWaits.whileWaiting(for: shared, "performAndWait", until: gate) { () throws -> T in
       let accepted = perform(inModes: modes) {
         box.set(Result { try block() })
         gate.open()
@@ -365,18 +372,20 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
   ) throws -> T {
     let notRunning = RunLoopError.wouldDeadlock("performAndWait on the main loop, which the main thread is not running")
     let waiter = MainCallWaiter<T>()
-    guard let ticket = MainLoopControl.register(waiter) else { throw notRunning }
-    defer { MainLoopControl.unregister(ticket) }
-    let accepted = perform(inModes: modes) {
-      guard waiter.begin() else { return }  // abandoned: the caller was told it did not run
-      waiter.finish(Result { try block() })
+    return try CalloutWaits.whileWaiting(for: shared, "performAndWait", until: waiter.gate) { () throws -> T in
+      guard let ticket = MainLoopControl.register(waiter) else { throw notRunning }
+      defer { MainLoopControl.unregister(ticket) }
+      let accepted = perform(inModes: modes) {
+        guard waiter.begin() else { return }  // abandoned: the caller was told it did not run
+        waiter.finish(Result { try block() })
+      }
+      guard accepted else { throw RunLoopError.shutDown(loop: name) }
+      guard let result = waiter.wait() else {
+        throw RunLoopError.wouldDeadlock(
+          "performAndWait: the main loop stopped running before the block ran; it will not run")
+      }
+      return try result.get()
     }
-    guard accepted else { throw RunLoopError.shutDown(loop: name) }
-    guard let result = waiter.wait() else {
-      throw RunLoopError.wouldDeadlock(
-        "performAndWait: the main loop stopped running before the block ran; it will not run")
-    }
-    return try result.get()
   }
 
   /// `performAndWait` on a `RunLoopThread.current` loop from another thread: the caller blocks
@@ -387,15 +396,17 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
     inModes modes: [RunLoopMode], _ block: @escaping @Sendable () throws -> T
   ) throws -> T {
     let waiter = MainCallWaiter<T>()
-    guard shared.registerHandOff(waiter, { waiter.abandon() }) else { throw RunLoopError.shutDown(loop: name) }
-    defer { shared.unregisterHandOff(waiter) }
-    let accepted = perform(inModes: modes) {
-      guard waiter.begin() else { return }  // abandoned: the caller was told it did not run
-      waiter.finish(Result { try block() })
+    return try CalloutWaits.whileWaiting(for: shared, "performAndWait", until: waiter.gate) { () throws -> T in
+      guard shared.registerHandOff(waiter, { waiter.abandon() }) else { throw RunLoopError.shutDown(loop: name) }
+      defer { shared.unregisterHandOff(waiter) }
+      let accepted = perform(inModes: modes) {
+        guard waiter.begin() else { return }  // abandoned: the caller was told it did not run
+        waiter.finish(Result { try block() })
+      }
+      guard accepted else { throw RunLoopError.shutDown(loop: name) }
+      guard let result = waiter.wait() else { throw RunLoopError.shutDown(loop: name) }
+      return try result.get()
     }
-    guard accepted else { throw RunLoopError.shutDown(loop: name) }
-    guard let result = waiter.wait() else { throw RunLoopError.shutDown(loop: name) }
-    return try result.get()
   }
 
   /// The trap message for an empty `modes` list passed to `function`.

@@ -7,7 +7,7 @@ import Testing
 /// InputSource, the member lifecycle, nested runs from every callout, async sequences, leaks),
 /// each written as the interleaving that would break it. Public API only, except where a test
 /// must name a constant.
-@Suite("AcceptanceRound3Members", .timeLimit(.minutes(3)))
+@Suite("AcceptanceRound3Members", .timeLimit(.minutes(10)))
 struct AcceptanceRound3Members {
   typealias Log = EventLog
 

@@ -63,7 +63,7 @@ private func waitingJobs(_ loop: RunLoopThread) -> Int {
 /// A `RunLoopThread.current` loop is drained only by its own thread, when that thread exits. Its
 /// jobs must not wait that long once it is shut down: out of a run, its thread runs no job, so
 /// they go to the fallback (still isolated to the loop, one at a time), none lost, none twice.
-@Suite("CurrentLoopShutdown: a shut-down current loop's jobs never wait for its thread", .timeLimit(.minutes(3)))
+@Suite("CurrentLoopShutdown: a shut-down current loop's jobs never wait for its thread", .timeLimit(.minutes(10)))
 struct CurrentLoopShutdownTests {
   /// Calls accepted while the thread was out of a run (waiting in the inbox) run once the loop
   /// is shut down, while the thread lives on: each exactly once, isolated, one at a time.
@@ -166,7 +166,7 @@ struct CurrentLoopShutdownTests {
 /// must not wait for the thread to exit either (its drain, which invalidates the timers, happens
 /// only then). A `Task.sleep` completes at its deadline elsewhere, never early; a `clock` sleep
 /// throws `CancellationError` as the docs say for a loop's shutdown.
-@Suite("CurrentLoopShutdown: sleeps on a shut-down current loop", .timeLimit(.minutes(3)))
+@Suite("CurrentLoopShutdown: sleeps on a shut-down current loop", .timeLimit(.minutes(10)))
 struct CurrentLoopShutdownSleepTests {
   /// Sleeps registered with the loop's shutdown (white-box: no other hand-off is made here).
   private func pendingSleeps(_ loop: RunLoopThread) -> Int {

@@ -18,8 +18,42 @@ private func onePass(_ loop: RunLoopThread, _ mode: RunLoopMode) {
 /// A pass in a mode sorts them out once and then leaves them alone until a source joins a mode,
 /// and a removal does not search them: these are the ways a waiting source can become due in
 /// the running mode, and what a removed one leaves behind.
-@Suite("Sources signalled while their modes do not run", .serialized, .timeLimit(.minutes(2)))
+@Suite("Sources signalled while their modes do not run", .serialized, .timeLimit(.minutes(10)))
 struct DeferredSignalTests {
+  /// Two sources signalled in A, the second also in B: the first one's handler takes the second
+  /// out of A. The second does not fire in A (it is no longer in the mode that runs, as an observer
+  /// removed by an earlier callout is not told); its signal waits for B, where it fires once.
+  @Test func aSourceTakenOutOfTheRunningModeByAnEarlierHandlerWaitsForItsOtherMode() async throws {
+    let problems = try await withWatchdogOnThread(
+      timeout: .seconds(20), "aSourceTakenOutOfTheRunningModeByAnEarlierHandlerWaitsForItsOtherMode"
+    ) { () -> [String] in
+      let loop = RunLoopThread.current
+      defer { loop.shutdown() }
+      var problems: [String] = []
+      let log = Locked<[String]>([])
+      let second = InputSource(order: 1) { _ in log.withLock { $0.append("second") } }
+      let first = InputSource(order: 0) { _ in
+        log.withLock { $0.append("first") }
+        loop.remove(second, from: deferredModeA)
+      }
+      loop.add(first, to: deferredModeA)
+      loop.add(second, to: deferredModeA)
+      loop.add(second, to: deferredModeB)
+      first.signal()
+      second.signal()
+      onePass(loop, deferredModeA)
+      let afterA = log.withLock { $0 }
+      onePass(loop, deferredModeB)
+      onePass(loop, deferredModeB)
+      let afterB = log.withLock { $0 }
+      if afterA != ["first"] { problems.append("in A: \(afterA)") }
+      if afterB != ["first", "second"] { problems.append("in B: \(afterB)") }
+      for member in [first, second] { member.invalidate() }
+      return problems
+    }
+    #expect(problems == [])
+  }
+
   /// A source signalled in B while A runs waits; added to A by a handler of another source (a
   /// join after A's pass sorted it out), it fires in A's next pass, once, even though A's passes
   /// in between found nothing new.

@@ -6,7 +6,7 @@ import Testing
 /// The inbox's job queue in chunks (`ChunkedQueue`): a burst of executor jobs never grows and
 /// copies one array under the inbox lock, and still runs in the order it was enqueued, each job
 /// once, also when a current loop's run ends with jobs it took and did not run.
-@Suite("Bursts of executor jobs", .serialized, .timeLimit(.minutes(2)))
+@Suite("Bursts of executor jobs", .serialized, .timeLimit(.minutes(10)))
 struct JobBurstTests {
   /// The queue's two ways of handing the loop its elements: one chunk swapped whole in O(1) (the
   /// spare array becoming the new tail), or refused once chunks were set aside; and chunks put

@@ -87,6 +87,28 @@ struct LoopInboxTests {
     #expect(inbox.signalled.isEmpty)
   }
 
+  /// The drain's time cap (`refusesChangesFrom`): while shutting down, a change that arrives before
+  /// it is accepted, one that arrives at or after it is refused (its sender fails it), and a
+  /// change accepted before the cap passed stays waiting: refusing later ones drops nothing.
+  @Test func theDrainCapRefusesOnlyChangesArrivingAfterIt() {
+    var inbox = LoopInbox()
+    inbox.refusesChangesFrom = LoopClock.monotonicNanoseconds() - 1  // not shutting down: ignored
+    let whileActive = inbox.control(.applied)
+    _ = inbox.beginShutdown()
+    inbox.refusesChangesFrom = LoopClock.monotonicNanoseconds() + 3_600_000_000_000
+    let beforeTheCap = inbox.control(.applied)
+    inbox.refusesChangesFrom = LoopClock.monotonicNanoseconds()
+    let afterTheCap = inbox.control(.applied)
+    #expect(whileActive != nil)
+    #expect(beforeTheCap != nil)
+    #expect(afterTheCap == nil)
+    #expect(inbox.controls.count == 2)
+    guard case .keepDraining = inbox.terminate(force: false) else {
+      Issue.record("the accepted changes must keep the loop draining")
+      return
+    }
+  }
+
   /// A burst of changes fills fixed chunks (no array that grows, and is copied, under the lock);
   /// taken together they keep the order the changes arrived in.
   @Test func aBurstOfChangesFillsChunksInArrivalOrder() {

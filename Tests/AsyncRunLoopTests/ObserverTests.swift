@@ -131,6 +131,70 @@ struct ObserverTests {
     #expect(log == ["modal entry", "modal exit", "timedOut", "off thread: 0"])
   }
 
+  /// Observers of many orders (a few shared ones, or nearly every one distinct), added, removed,
+  /// invalidated and added again at random: every notification tells exactly the observers in
+  /// the mode, lower orders first, equal orders in the order they joined the mode, as a model
+  /// sorted by (order, join sequence) says. A callout removes a later observer now and then:
+  /// that one is not told in the same notification.
+  @Test(arguments: [(seed: UInt64(1), orders: 5), (seed: 2, orders: 5), (seed: 3, orders: 100_000)])
+  func observersOfManyOrdersAreToldInOrderAsTheyComeAndGo(seed: UInt64, orders: Int) {
+    let wrong = EngineTestThread.run { () -> [String] in
+      let loop = RunLoopThread.current
+      let mode = RunLoopMode("observer-model")
+      loop.add(LoopTimer(after: .seconds(3_600)) { _ in }, to: mode)  // the run has something to wait for
+      let told = Locked<[Int]>([])
+      let victim = Locked<LoopObserver?>(nil)
+      var generator = IndexedTimerHeapTests.SplitMix64(state: seed)
+      var observers: [LoopObserver] = []
+      var joined: [Int: (order: Int, sequence: Int)] = [:]  // the model: id -> where it sits
+      var sequence = 0
+      var problems: [String] = []
+      for id in 0..<400 {
+        let order = Int.random(in: 0..<orders, using: &generator) - orders / 2
+        observers.append(
+          LoopObserver(activities: .entry, order: order) { _, _ in
+            told.withLock { $0.append(id) }
+            if let target = victim.withLock({ value -> LoopObserver? in
+              defer { value = nil }
+              return value
+            }) {
+              loop.remove(target, from: mode)
+            }
+          })
+      }
+      for step in 0..<1_500 {
+        let id = Int.random(in: 0..<observers.count, using: &generator)
+        let observer = observers[id]
+        if joined[id] == nil {
+          loop.add(observer, to: mode)
+          sequence += 1
+          joined[id] = (observer.order, sequence)
+        } else {
+          loop.remove(observer, from: mode)
+          joined[id] = nil
+        }
+        guard step % 25 == 0 else { continue }
+        var expected = joined.sorted { ($0.value.order, $0.value.sequence) < ($1.value.order, $1.value.sequence) }
+          .map(\.key)
+        // Now and then the first one told removes the last one: it must not be told this time.
+        if step % 50 == 0, expected.count >= 2, let last = expected.last {
+          victim.withLock { $0 = observers[last] }
+          joined[last] = nil
+          expected.removeLast()
+        }
+        told.withLock { $0.removeAll() }
+        _ = loop.run(mode: mode, until: .now)
+        let got = told.withLock { $0 }
+        if got != expected, problems.count < 3 {
+          problems.append("step \(step): told \(got.prefix(8))…, expected \(expected.prefix(8))… (\(expected.count))")
+        }
+      }
+      for observer in observers { observer.invalidate() }
+      return problems
+    }
+    #expect(wrong == [])
+  }
+
   @Test func activitiesDescribeThemselves() {
     #expect("\(LoopActivity.entry)" == "entry")
     #expect("\(LoopActivity.afterWaiting)" == "afterWaiting")

@@ -498,7 +498,8 @@ struct ReviewRecordsTests {
   /// Shutdown (`shutdown()`, `shutdownAndWait()`, or dropping the last handle) racing posts,
   /// a move (remove from the last mode, add back) and an invalidation: schedule and cancel pair,
   /// every accepted command is delivered at most once and the undelivered ones are still counted
-  /// by `pendingCount` (the documented drop: the loop it was last on terminated), and the source,
+  /// by `pendingCount`, or by `droppedCount` once the source is invalidated (the documented drop:
+  /// the loop it was last on terminated), and the source,
   /// its routines and what they capture are freed.
   @Test func shutdownRacingMovesPostsAndInvalidation() async throws {
     final class Sentinel: Sendable {}
@@ -547,7 +548,7 @@ struct ReviewRecordsTests {
           if round % 3 == 1 { loop.shutdownAndWait() }
           if round % 3 == 0 { loop.shutdownAndWait() }
           // A terminated loop's members are final now; a dropped handle's loop delivers the rest.
-          if round % 3 != 2 { pendingAtEnd = commands.pendingCount }
+          if round % 3 != 2 { pendingAtEnd = commands.pendingCount + commands.droppedCount }
         }
         // The dropped handle's loop drains on its own thread: wait for the sentinel to go.
         _ = waitUntil(timeout: .seconds(5), "the members are freed") { weakSentinel == nil && weakSource == nil }

@@ -32,7 +32,7 @@ private final class R10PassCounter: Sendable {
   }
 }
 
-@Suite("ReviewRound10: timers in several modes", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound10: timers in several modes", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound10TimerTests {
   /// A timer added to A, then B, then `.common`; A (its first mode, the record's own entry) is
   /// removed, so every mode left uses an extra entry. It fires once per run in each mode it is in,
@@ -332,7 +332,7 @@ struct ReviewRound10TimerTests {
   }
 }
 
-@Suite("ReviewRound10: descriptor registrations in the kind's payload", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound10: descriptor registrations in the kind's payload", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound10DescriptorTests {
   /// What the loop keeps for its descriptors (loop thread): registrations by token, and tokens by
   /// number.
@@ -610,7 +610,7 @@ struct ReviewRound10DescriptorTests {
   }
 }
 
-@Suite("ReviewRound10: the 32-bit common order", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound10: the 32-bit common order", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound10CommonOrderTests {
   /// Observers of equal order in `.common` are told, in a mode that joins the common set later,
   /// in the order they were added to `.common`, across two wraps of the 32-bit count: one left
@@ -759,7 +759,7 @@ private struct R10Random {
   }
 }
 
-@Suite("ReviewRound10: cross-thread changes as values", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound10: cross-thread changes as values", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound10CrossThreadTests {
   /// Four threads add, remove, invalidate and reschedule their own members while the loop's own
   /// timer runs the loop nested in another mode from its callout; after each batch of a thread's
@@ -1020,7 +1020,7 @@ struct ReviewRound10CrossThreadTests {
   }
 }
 
-@Suite("ReviewRound10: members released once they leave", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound10: members released once they leave", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound10ReleaseTests {
   /// Members of every kind in several modes and `.common`, removed by name and by `.common` in
   /// every order: once out of their last mode name, the loop holds none of them (nor their

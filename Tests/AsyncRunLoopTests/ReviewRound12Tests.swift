@@ -20,7 +20,7 @@ private func recordCount(_ loop: RunLoopThread) -> Int? {
   try? loop.performAndWait { loop.core.modeTable.allRecords.count }
 }
 
-@Suite("ReviewRound12: timers moved by their callouts", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound12: timers moved by their callouts", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound12TimerTests {
   /// A one-shot timer due now fires on A; its callout moves it to B and lets B apply the add (and,
   /// every other round, find it due: busy). After the fire it is done: invalidated, and promised
@@ -151,7 +151,7 @@ private struct MovedOutcome: Sendable {
   var captureGone: Bool
 }
 
-@Suite("ReviewRound12: a closing drain waiting for another loop's batch", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound12: a closing drain waiting for another loop's batch", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound12CommandTests {
   /// A command source gets a batch of 100 on A; the handler of command 0 moves it to B (B joins
   /// it and finds A delivering), then runs `inHandler` on A's thread; the test thread posts 50 more
@@ -553,7 +553,7 @@ extension ReviewRound12TimerTests {
   }
 }
 
-@Suite("ReviewRound12: the loop-thread fast path", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound12: the loop-thread fast path", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound12FastPathTests {
   /// A block on the loop waits while another thread sends a change (add to a mode, or a removal),
   /// then signals it; the block then makes the opposite change on the loop thread, sometimes from

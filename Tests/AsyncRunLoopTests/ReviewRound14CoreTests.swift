@@ -96,7 +96,7 @@ private func r14cLoggedSource(
     }, perform: perform)
 }
 
-@Suite("ReviewRound14Core: loop-thread adds after waiting changes", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound14Core: loop-thread adds after waiting changes", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound14CoreAddTests {
   /// A timer in mode A is added on the loop thread to mode B while a removal of another source
   /// waits; that source's cancel routine (applied first) removes the timer from A, its last mode.
@@ -573,7 +573,7 @@ extension ReviewRound14CoreAddTests {
   }
 }
 
-@Suite("ReviewRound14Core: loop-thread state-first paths", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound14Core: loop-thread state-first paths", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound14CoreStateFirstTests {
   /// A custom source added from another thread (its add waiting) is invalidated on the loop
   /// thread, while a removal of another source waits behind the add whose cancel routine adds
@@ -731,7 +731,7 @@ struct ReviewRound14CoreStateFirstTests {
   }
 }
 
-@Suite("ReviewRound14Core: the shutdown drain", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound14Core: the shutdown drain", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound14CoreShutdownTests {
   /// A chain of custom sources: the first is on the loop; the cancel routine of each adds the
   /// next to the loop (on the loop thread). The loop shuts down. Promised: "cancel exactly once
@@ -941,7 +941,7 @@ extension ReviewRound14CoreActorTests {
   }
 }
 
-@Suite("ReviewRound14Core: timers and observers moved by their callouts", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound14Core: timers and observers moved by their callouts", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound14CoreMoveTests {
   /// A one-shot timer whose callout moves it to the other loop and sets its fire date to now,
   /// 200 times. Promised: a fire date set in the callout wins over the one-shot ending (it fires
@@ -1103,7 +1103,7 @@ struct ReviewRound14CoreMoveTests {
   }
 }
 
-@Suite("ReviewRound14Core: the chunked job queue", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound14Core: the chunked job queue", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound14CoreJobTests {
   /// A current loop (a thread of the test's own) gets 5,000 jobs; its run is stopped by an early
   /// job (thousands are left and go back to the inbox in chunks), a later job runs the loop nested
@@ -1192,7 +1192,8 @@ private actor R14CActor: LoopActor {
     }
     loop.add(watcher, to: mode)
     defer { watcher.invalidate() }
-    let result = try await loop.runModal(mode: mode, for: .seconds(10))
+    // The limit only bounds a hang (scaled: under ThreadSanitizer 10 s served 1,929 of 2,000 calls).
+    let result = try await loop.runModal(mode: mode, for: .seconds(10 * watchdogScale))
     return (calls - before, result)
   }
 
@@ -1369,7 +1370,7 @@ extension ReviewRound14CoreJobTests {
   }
 }
 
-@Suite("ReviewRound14Core: modal runs and waits from actors on the loop", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound14Core: modal runs and waits from actors on the loop", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound14CoreActorTests {
   /// An actor on a loop runs the loop modally (`runModal`) from one of its methods, and other
   /// tasks call the actor 2,000 times meanwhile (more than a chunk of jobs). Promised: "the loop

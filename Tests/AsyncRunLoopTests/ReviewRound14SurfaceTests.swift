@@ -51,7 +51,7 @@ private func r14sPoll(timeout: Duration = .seconds(10), _ condition: @Sendable (
 
 // MARK: - Source sequences
 
-@Suite("ReviewRound14Surface: source and signal sequences", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound14Surface: source and signal sequences", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound14SurfaceSourceTests {
   /// Promised: every accepted element is delivered exactly once and in order per producer. Three
   /// async producers `send` into a `.bounded(3)` buffer (suspending while it is full) while two
@@ -292,7 +292,7 @@ struct ReviewRound14SurfaceSourceTests {
 
 // MARK: - Every sequence kind: shutdown, leaks
 
-@Suite("ReviewRound14Surface: every sequence kind", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound14Surface: every sequence kind", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound14SurfaceKindsTests {
   /// Promised: the loop's shutdown ends every sequence whose consumer is suspended (each
   /// `for await` ends; none hangs), consumers pinned to the loop included; afterwards posts answer
@@ -463,7 +463,7 @@ extension ReviewRound14SurfaceKindsTests {
 
 // MARK: - Timer sequences
 
-@Suite("ReviewRound14Surface: timer sequences", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound14Surface: timer sequences", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound14SurfaceTimerTests {
   /// Promised (`.burst`): one tick per missed due instant, back to back, then the grid goes on:
   /// after the loop was held for 40 ms, 25 ticks of a 2 ms timer are consecutive grid points
@@ -622,7 +622,7 @@ private actor R14SActor: LoopActor {
   func ping(_ source: InputSource) { source.signal() }
 }
 
-@Suite("ReviewRound14Surface: executor", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound14Surface: executor", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound14SurfaceExecutorTests {
   /// Promised: an actor pinned to a loop runs on the loop's thread, isolated to it; the loop
   /// answers false (never nil) off its thread; a task that prefers the loop runs there, also after
@@ -834,7 +834,7 @@ struct ReviewRound14SurfaceExecutorTests {
 
 // MARK: - runOnMain off the main thread
 
-@Suite("ReviewRound14Surface: runOnMain off the main thread", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound14Surface: runOnMain off the main thread", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound14SurfaceMainTests {
   /// Promised: `runOnMainAndWait` and `RunLoopThread.main.performAndWait` from a loop thread,
   /// while the main loop is not running, throw `wouldDeadlock` at once instead of blocking the
@@ -875,7 +875,7 @@ struct ReviewRound14SurfaceMainTests {
 
 // MARK: - More sequence promises
 
-@Suite("ReviewRound14Surface: sequence edges", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound14Surface: sequence edges", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound14SurfaceEdgeTests {
   /// Promised: every factory on a loop that has shut down returns a sequence that has ended
   /// (`for await` ends at once; posts answer `.terminated`, `signal()` false).
@@ -1062,7 +1062,7 @@ struct ReviewRound14SurfaceEdgeTests {
 
 // MARK: - More executor promises
 
-@Suite("ReviewRound14Surface: sleeps and the drain", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound14Surface: sleeps and the drain", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound14SurfaceSleepTests {
   /// Promised: cancelling a `loop.clock` sleep ends it with `CancellationError` and takes its
   /// timer off the loop; cancelling a `Task.sleep` under the loop's preference ends it too.
@@ -1633,7 +1633,7 @@ extension ReviewRound14SurfaceSleepTests {
   }
 }
 
-@Suite("ReviewRound14Surface: cancellation races", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound14Surface: cancellation races", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound14SurfaceRaceTests {
   /// Promised: a `loop.clock` sleep cancelled at any moment (before it starts, while its timer is
   /// on its way to the loop, or while it waits) throws `CancellationError`, once, and leaves no

@@ -62,7 +62,7 @@ private func r15Sleep(on loop: RunLoopThread, _ duration: Duration) async -> Dur
 
 // MARK: - 1. Every-mode timers of executor jobs due later
 
-@Suite("ReviewRound15: every-mode sleep timers", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound15: every-mode sleep timers", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound15EveryModeTests {
   /// A thread runs its current loop only in a private mode, and a task preferring that loop
   /// sleeps. Promised (one-pass article, step 9): the timers of executor jobs fire in every mode,
@@ -373,7 +373,7 @@ extension ReviewRound15EveryModeTests {
 
 // MARK: - 2. setFireDate coalescing
 
-@Suite("ReviewRound15: setFireDate coalescing", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound15: setFireDate coalescing", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound15FireDateTests {
   /// While a reschedule sent by another thread waits in the inbox, the loop thread moves the timer
   /// again. Promised (`setFireDate`): "on the loop thread it takes effect at once": the timer's
@@ -569,7 +569,7 @@ struct ReviewRound15FireDateTests {
 
 // MARK: - 3. The shutdown drain's time cap
 
-@Suite("ReviewRound15: shutdown drain cap", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound15: shutdown drain cap", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound15DrainTests {
   /// Two threads keep adding and removing custom sources, and two more keep calling an actor on
   /// the loop, while the loop is shut down (the drain runs into its one-second cap). Promised: the
@@ -719,7 +719,7 @@ extension ReviewRound15DrainTests {
 
 // MARK: - 4. Current loops take jobs only inside a run
 
-@Suite("ReviewRound15: current-loop jobs outside a run", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound15: current-loop jobs outside a run", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound15CurrentLoopTests {
   /// While a current loop's thread is out of any run, an actor on the loop has 200 calls waiting;
   /// the thread adds and removes members (loop-thread calls that collect the inbox), then the loop
@@ -848,7 +848,7 @@ extension ReviewRound15CurrentLoopTests {
 
 // MARK: - 5. Sources signalled while their modes do not run
 
-@Suite("ReviewRound15: deferred signalled sources", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound15: deferred signalled sources", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound15DeferredTests {
   /// Runs `loop` in `mode` (from a performed block) with a keep-alive timer, returning after a
   /// source fired or 5 s; `entered` opens once the run has made a pass and slept.

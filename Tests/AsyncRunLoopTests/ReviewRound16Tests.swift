@@ -135,7 +135,7 @@ private func r16RaceWithCallouts(loopThreadRemoves: Bool, rounds: Int) throws ->
   return result
 }
 
-@Suite("ReviewRound16: loop-thread changes racing other threads", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound16: loop-thread changes racing other threads", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound16MembershipTests {
   /// The loop thread adds a source to `.common` while another thread removes it from `.common`
   /// (and the reverse), 3,000 rounds. Promised: loop and binding agree after every round, and
@@ -318,7 +318,7 @@ struct ReviewRound16MembershipTests {
   }
 }
 
-@Suite("ReviewRound16: the drain cap", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound16: the drain cap", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound16DrainTests {
   /// While the drain detaches a source C (its cancel routine holds the first round), another
   /// thread adds source A (its schedule runs in the next round) and source B, whose schedule

@@ -4,7 +4,7 @@ import Testing
 @testable import AsyncRunLoop
 
 /// Review round 2: bounded registration changes per pass, dropped handles, main-loop performAndWait.
-@Suite("ReviewRound2", .timeLimit(.minutes(3)))
+@Suite("ReviewRound2", .timeLimit(.minutes(10)))
 struct ReviewRound2 {
   typealias Log = EventLog
 

@@ -412,7 +412,7 @@ struct ReviewRound4Tests {
       let pairs = PairLog()
       let performs = Guarded<[String]>([])
       var rounds = 0
-      rounds = repeatRounds(20, budget: .milliseconds(400)) { _ in
+      rounds = repeatRounds(20, budget: .milliseconds(400)) { round in
         let source = InputSource(
           schedule: { _, loop, _ in pairs.schedule(loop) }, cancel: { _, loop in pairs.cancel(loop) },
           perform: { _ in performs.withLock { $0.append(RunLoopThread.current.name) } })
@@ -429,7 +429,10 @@ struct ReviewRound4Tests {
         second.add(source, to: .default)
         release.open()
         try? first.performAndWait {}
-        try? second.performAndWait {}
+        // Waited for, not taken from barriers on `second`: a pass runs the blocks sent before it
+        // (step 3) before it fires the sources signalled before it (step 4), so a source that
+        // joined late in one pass fires after the block of the next (invalidated, it would not).
+        waitUntil("the perform on r4-sig-2") { performs.snapshot.count > round }
         try? second.performAndWait {}
         source.invalidate()
         filler.invalidate()

@@ -471,17 +471,18 @@ struct ReviewRound5Tests {
     let loopB = try RunLoopThread(name: "r5-move-b")
     defer { loopB.shutdownAndWait() }
     let modeA = self.modeA
+    let base = LoopClock.Instant.now  // one instant: the order of the due dates is fixed
     let modeB = self.modeB
     let result = try await withWatchdogOnThread { () -> (onA: Int, onB: Int, valid: Bool, validAfter: Bool) in
       let onA = AtomicCounter()
       let onB = AtomicCounter()
-      let moved = LoopTimer(fireAt: .now.advanced(by: .milliseconds(-5))) { _ in
+      let moved = LoopTimer(fireAt: base.advanced(by: .milliseconds(-5))) { _ in
         if loopA.isOnLoopThread { onA.increment() } else { onB.increment() }
       }
       let valid = try loopA.performAndWait { () -> Bool in
         let keeper = InputSource(perform: { _ in })
         loopA.add(keeper, to: modeA)
-        let first = LoopTimer(fireAt: .now.advanced(by: .milliseconds(-50))) { _ in
+        let first = LoopTimer(fireAt: base.advanced(by: .milliseconds(-50))) { _ in
           joinThread(
             startThread {
               loopA.remove(moved, from: modeA)
@@ -520,6 +521,7 @@ struct ReviewRound5Tests {
     let loopB = try RunLoopThread(name: "r5-move-sb")
     defer { loopB.shutdownAndWait() }
     let modeA = self.modeA
+    let base = LoopClock.Instant.now  // one instant: the order of the due dates is fixed
     let modeB = self.modeB
     let result = try await withWatchdogOnThread { () -> (onA: Int, onB: Int, validAfter: Bool) in
       let onA = AtomicCounter()
@@ -527,11 +529,11 @@ struct ReviewRound5Tests {
       let moved = LoopTimer(fireAt: .now) { _ in
         if loopA.isOnLoopThread { onA.increment() } else { onB.increment() }
       }
-      moved.setFireDate(.now.advanced(by: .milliseconds(-5)))
+      moved.setFireDate(base.advanced(by: .milliseconds(-5)))
       try loopA.performAndWait {
         let keeper = InputSource(perform: { _ in })
         loopA.add(keeper, to: modeA)
-        let first = LoopTimer(fireAt: .now.advanced(by: .milliseconds(-50))) { _ in
+        let first = LoopTimer(fireAt: base.advanced(by: .milliseconds(-50))) { _ in
           joinThread(
             startThread {
               loopA.remove(moved, from: modeA)
@@ -567,11 +569,12 @@ struct ReviewRound5Tests {
     let loopB = try RunLoopThread(name: "r5-move-rb")
     defer { loopB.shutdownAndWait() }
     let modeA = self.modeA
+    let base = LoopClock.Instant.now  // one instant: the order of the due dates is fixed
     let modeB = self.modeB
     let result = try await withWatchdogOnThread { () -> (onA: Int, onB: Int, kept: Bool) in
       let onA = AtomicCounter()
       let onB = AtomicCounter()
-      let date = LoopClock.Instant.now.advanced(by: .milliseconds(-5))
+      let date = base.advanced(by: .milliseconds(-5))
       let moved = LoopTimer(fireAt: date, repeatingEvery: .seconds(3600)) { _ in
         if loopA.isOnLoopThread { onA.increment() } else { onB.increment() }
       }
@@ -579,7 +582,7 @@ struct ReviewRound5Tests {
       let kept = try loopA.performAndWait { () -> Bool in
         let keeper = InputSource(perform: { _ in })
         loopA.add(keeper, to: modeA)
-        let first = LoopTimer(fireAt: .now.advanced(by: .milliseconds(-50))) { _ in
+        let first = LoopTimer(fireAt: base.advanced(by: .milliseconds(-50))) { _ in
           joinThread(
             startThread {
               loopA.remove(moved, from: modeA)
@@ -617,16 +620,17 @@ struct ReviewRound5Tests {
     let loop = try RunLoopThread(name: "r5-set-before")
     defer { loop.shutdownAndWait() }
     let modeA = self.modeA
+    let base = LoopClock.Instant.now  // one instant: the order of the due dates is fixed
     let result = try await withWatchdogOnThread {
       try loop.performAndWait { () -> (fires: Int, kept: Bool) in
         let fires = AtomicCounter()
         let keeper = InputSource(perform: { _ in })
         loop.add(keeper, to: modeA)
         let later = LoopClock.Instant.now.advanced(by: .seconds(7200))
-        let second = LoopTimer(fireAt: .now.advanced(by: .milliseconds(-5)), repeatingEvery: .seconds(3600)) { _ in
+        let second = LoopTimer(fireAt: base.advanced(by: .milliseconds(-5)), repeatingEvery: .seconds(3600)) { _ in
           fires.increment()
         }
-        let first = LoopTimer(fireAt: .now.advanced(by: .milliseconds(-50))) { _ in
+        let first = LoopTimer(fireAt: base.advanced(by: .milliseconds(-50))) { _ in
           joinThread(startThread { second.setFireDate(later) })
         }
         loop.add(first, to: modeA)
@@ -649,14 +653,15 @@ struct ReviewRound5Tests {
     let loop = try RunLoopThread(name: "r5-set-before-1")
     defer { loop.shutdownAndWait() }
     let modeA = self.modeA
+    let base = LoopClock.Instant.now  // one instant: the order of the due dates is fixed
     let result = try await withWatchdogOnThread {
       try loop.performAndWait { () -> (fires: Int, valid: Bool) in
         let fires = AtomicCounter()
         let keeper = InputSource(perform: { _ in })
         loop.add(keeper, to: modeA)
         let later = LoopClock.Instant.now.advanced(by: .seconds(7200))
-        let second = LoopTimer(fireAt: .now.advanced(by: .milliseconds(-5))) { _ in fires.increment() }
-        let first = LoopTimer(fireAt: .now.advanced(by: .milliseconds(-50))) { _ in
+        let second = LoopTimer(fireAt: base.advanced(by: .milliseconds(-5))) { _ in fires.increment() }
+        let first = LoopTimer(fireAt: base.advanced(by: .milliseconds(-50))) { _ in
           joinThread(startThread { second.setFireDate(later) })
         }
         loop.add(first, to: modeA)
@@ -677,12 +682,13 @@ struct ReviewRound5Tests {
     let loop = try RunLoopThread(name: "r5-invalidate-before")
     defer { loop.shutdownAndWait() }
     let modeA = self.modeA
+    let base = LoopClock.Instant.now  // one instant: the order of the due dates is fixed
     let result = try await withWatchdogOnThread {
       try loop.performAndWait { () -> (fires: Int, modes: Int, run: RunLoopRunResult) in
         let fires = AtomicCounter()
-        let second = LoopTimer(fireAt: .now.advanced(by: .milliseconds(-5))) { _ in fires.increment() }
-        second.setFireDate(.now.advanced(by: .milliseconds(-5)))  // a stale version: never fired
-        let first = LoopTimer(fireAt: .now.advanced(by: .milliseconds(-50))) { _ in
+        let second = LoopTimer(fireAt: base.advanced(by: .milliseconds(-5))) { _ in fires.increment() }
+        second.setFireDate(base.advanced(by: .milliseconds(-5)))  // a stale version: never fired
+        let first = LoopTimer(fireAt: base.advanced(by: .milliseconds(-50))) { _ in
           joinThread(startThread { second.invalidate() })
         }
         loop.add(first, to: modeA)

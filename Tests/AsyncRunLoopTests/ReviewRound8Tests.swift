@@ -63,7 +63,7 @@ private final class R8RunningCurrentLoop: Sendable {
   }
 }
 
-@Suite("ReviewRound8: cross-loop waits and performAndWait racing shutdown", .timeLimit(.minutes(3)))
+@Suite("ReviewRound8: cross-loop waits and performAndWait racing shutdown", .timeLimit(.minutes(10)))
 struct ReviewRound8WaitTests {
   /// A block that throws through `performAndWait` leaves no wait-for edge behind: afterwards the
   /// other loop may wait for the first one (which is free) and gets its value.
@@ -242,7 +242,7 @@ struct ReviewRound8WaitTests {
   }
 }
 
-@Suite("ReviewRound8: descriptor sources sharing a number", .timeLimit(.minutes(3)))
+@Suite("ReviewRound8: descriptor sources sharing a number", .timeLimit(.minutes(10)))
 struct ReviewRound8DescriptorTests {
   let modeM = RunLoopMode("r8-m")
 
@@ -434,7 +434,7 @@ struct ReviewRound8DescriptorTests {
   }
 }
 
-@Suite("ReviewRound8: custom input source routines", .timeLimit(.minutes(3)))
+@Suite("ReviewRound8: custom input source routines", .timeLimit(.minutes(10)))
 struct ReviewRound8InputSourceTests {
   let modeM = RunLoopMode("r8-src-m")
 
@@ -542,10 +542,15 @@ struct ReviewRound8InputSourceTests {
       loop.add(keepAlive)
       loop.add(source)
       let sleeps = Locked(0)
-      let observer = LoopObserver(activities: .beforeWaiting) { _, _ in sleeps.withLock { $0 += 1 } }
+      // The run ends at the first sleep after the second perform (not at a time limit, which a
+      // loaded or sanitized run can reach before the loop ever gets to sleep).
+      let observer = LoopObserver(activities: .beforeWaiting) { _, _ in
+        sleeps.withLock { $0 += 1 }
+        if performed.withLock({ $0 }) >= 2 { loop.stop() }
+      }
       loop.add(observer)
       source.signal()
-      _ = loop.run(for: .milliseconds(100))
+      _ = loop.run(for: .seconds(10))
       observer.invalidate()
       source.invalidate()
       keepAlive.invalidate()
@@ -611,7 +616,7 @@ struct ReviewRound8InputSourceTests {
   }
 }
 
-@Suite("ReviewRound8: observers", .timeLimit(.minutes(3)))
+@Suite("ReviewRound8: observers", .timeLimit(.minutes(10)))
 struct ReviewRound8ObserverTests {
   let modeM = RunLoopMode("r8-obs-m")
 

@@ -21,7 +21,7 @@ private final class R9PassCounter: Sendable {
   }
 }
 
-@Suite("ReviewRound9: descriptor identity with dup'd descriptors", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound9: descriptor identity with dup'd descriptors", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound9DescriptorTests {
   /// The `DescriptorSource` doc: "A descriptor closed while registered, and its number reused by a
   /// new descriptor, never delivers events to the old registration". Here the number is closed and
@@ -208,7 +208,7 @@ struct ReviewRound9DescriptorTests {
   }
 }
 
-@Suite("ReviewRound9: a record that left its loop is never attached again", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound9: a record that left its loop is never attached again", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound9RecordTests {
   /// A one-shot timer in two modes; while the loop is blocked it leaves both (invalidated, or
   /// removed from both) and is added again. Invalidated: the add is ignored and it never fires.
@@ -474,7 +474,7 @@ private final class R9CurrentThread: Sendable {
   }
 }
 
-@Suite("ReviewRound9: sleeps racing a current loop's shutdown", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound9: sleeps racing a current loop's shutdown", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound9SleepTests {
   /// `Task.sleep` under a shut-down current loop's preference completes at its deadline, never
   /// early; a sleep on its `clock` either completes after its deadline or throws
@@ -528,7 +528,7 @@ struct ReviewRound9SleepTests {
   }
 }
 
-@Suite("ReviewRound9: CommandSource under races", .serialized, .timeLimit(.minutes(2)))
+@Suite("ReviewRound9: CommandSource under races", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound9CommandSourceTests {
   /// What a command source delivered, checked for exactly-once and per-thread order.
   private final class Delivery: Sendable {
@@ -768,7 +768,7 @@ struct ReviewRound9CommandSourceTests {
 
 /// Round 9 on the real main thread (the `MainLoopFixture` scenarios named `round9-…`; see
 /// `MainLoopProcessTests`).
-@Suite("ReviewRound9: the main loop in a real process", .serialized, .timeLimit(.minutes(3)))
+@Suite("ReviewRound9: the main loop in a real process", .serialized, .timeLimit(.minutes(10)))
 struct ReviewRound9MainLoopTests {
   @Test func waitingCallersRacingStopMainLoopRunOnceOrAreRefused() throws {
     try expectScenarioPasses("round9-wait-vs-stop")

@@ -175,6 +175,10 @@ struct SequenceIteratorTests {
       close(readEnd)
       close(writeEnd)
     }
+    // The thread is in its run before the activity sequence observes `.entry` (a thread that
+    // started late, under load, reported its run's entry to the sequence, which then delivered it
+    // before ending).
+    try loop.performAndWait {}
     let source = loop.sourceSequence(of: Int.self)
     let signals = loop.signalSequence()
     let ticks = loop.timer(every: .seconds(3600))

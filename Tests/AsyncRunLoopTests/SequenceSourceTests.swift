@@ -10,7 +10,7 @@ struct SequenceSourceTests {
   @Test func fourProducersDeliverEveryElementInPerProducerOrder() async throws {
     let loop = try RunLoopThread(name: "seq-4x")
     defer { loop.shutdownAndWait() }
-    let perProducer = 250_000 * stressFactor
+    let perProducer = 100_000 * stressFactor
     let producers = 4
     let sequence = loop.sourceSequence(of: Int.self)
     let threads = (0..<producers).map { producer in

@@ -329,9 +329,11 @@ struct CommandSourceTests {
     var delivered = 0
   }
 
-  @Test func fourProducersDeliverEveryCommandOnceInPerProducerOrder() throws {
+  /// Its waits are off the cooperative pool: blocking there for seconds (two such tests at once
+  /// held both of a 2-core machine's pool threads) stalled every async test past its watchdog.
+  @Test func fourProducersDeliverEveryCommandOnceInPerProducerOrder() async throws {
     let producers = 4
-    let perProducer = 250_000 * stressFactor
+    let perProducer = 100_000 * stressFactor
     let loop = try RunLoopThread(name: "command-stress")
     let tally = Locked(Tally(nextSequence: Array(repeating: 0, count: producers)))
     let offThread = Locked(0)
@@ -354,11 +356,11 @@ struct CommandSourceTests {
         refused.withLock { $0 += refusedHere }
       }
     }
-    threads.forEach { $0.join() }
-    waitUntil(timeout: .seconds(600), "every command to be delivered") {
-      tally.withLock { $0.delivered } >= producers * perProducer
-    }
-    try loop.performAndWait {}
+    await execOnNewThread { threads.forEach { $0.join() } }
+    #expect(
+      await pollAsync(timeout: .seconds(600)) { tally.withLock { $0.delivered } >= producers * perProducer },
+      "every command to be delivered")
+    #expect(await execOnNewThread { (try? loop.performAndWait {}) != nil })
     let final = tally.withLock { $0 }
     #expect(refused.withLock { $0 } == 0)
     #expect(final.delivered == producers * perProducer)
@@ -367,7 +369,7 @@ struct CommandSourceTests {
     #expect(offThread.withLock { $0 } == 0)
     #expect(source.pendingCount == 0)
     source.source.invalidate()
-    loop.shutdownAndWait()
+    await execShutdown(loop)
   }
 
   @Test func commandsPostedBeforeTheSourceIsAddedAreDeliveredOnceItIs() throws {
@@ -435,6 +437,49 @@ struct CommandSourceTests {
     #expect(!lateAccepted)
     #expect(log.entries == accepted + ["cancel"])
     loop.shutdownAndWait()
+  }
+
+  /// Invalidated while on no loop, the source's commands go to the loop that lets go of it last:
+  /// the loop it was last on, or, when the loop it was on before that has not applied its removal
+  /// yet (its thread is held in a block here), that loop once it has. Each command once, in order,
+  /// after everything delivered before; each loop calls cancel once.
+  @Test func invalidatedOffLoopTheLoopLettingGoLastDeliversInOrder() throws {
+    let loops = [try RunLoopThread(name: "command-let-go-a"), try RunLoopThread(name: "command-let-go-b")]
+    let log = EngineEventLog()
+    let source = CommandSource<Int>(cancel: { _, loop in log("cancel \(loop.name)") }) { value in
+      let name = loops.first(where: { $0.isOnLoopThread })?.name ?? "elsewhere"
+      log("\(value) \(name)")
+    }
+    loops[0].add(source.source, to: .default)
+    for value in 0..<3 { #expect(source.post(value)) }
+    waitUntil("A delivers") { log.entries.count == 3 }
+    // Hold A's thread: its removal waits in its inbox.
+    let release = Locked(false)
+    let holding = Locked(false)
+    loops[0].perform {
+      holding.withLock { $0 = true }
+      while !release.withLock({ $0 }) { usleep(1_000) }
+    }
+    waitUntil("A to be held") { holding.withLock { $0 } }
+    loops[0].remove(source.source, from: .default)
+    loops[1].add(source.source, to: .default)
+    for value in 3..<6 { #expect(source.post(value)) }
+    waitUntil("B delivers while A still holds the source") { log.entries.count == 6 }
+    loops[1].remove(source.source, from: .default)
+    try loops[1].performAndWait {}  // B has applied its removal (and called cancel)
+    for value in 6..<9 { #expect(source.post(value)) }
+    source.source.invalidate()
+    #expect(!source.post(9))
+    try loops[1].performAndWait {}  // B was told of the invalidation; A still holds the source
+    #expect(source.pendingCount == 3)
+    release.withLock { $0 = true }
+    waitUntil("A lets go and delivers") { log.entries.count == 11 }
+    for loop in loops { loop.shutdownAndWait() }
+    let a = "command-let-go-a"
+    let b = "command-let-go-b"
+    #expect(
+      log.entries == (0..<3).map { "\($0) \(a)" } + (3..<6).map { "\($0) \(b)" } + ["cancel \(b)"]
+        + (6..<9).map { "\($0) \(a)" } + ["cancel \(a)"])
   }
 
   /// A command source with 1 and 2 posted (delivered as one batch once it is added); its handler

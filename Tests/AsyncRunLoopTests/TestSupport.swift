@@ -1,3 +1,4 @@
+import CTestHarness  // its constructor widens the global executor for the test process
 import Glibc
 import Testing
 
@@ -78,6 +79,21 @@ func withWatchdogOnThread<T: Sendable>(
   try await watch(timeout: timeout, what, sourceLocation: sourceLocation) { done in
     startThread(detached: true) { done(Result { try body() }) }
     return {}
+  }
+}
+
+/// `repeatRounds` on a thread of its own under a watchdog (`withWatchdogOnThread`), for an async
+/// test whose rounds race threads and block: each round appends what went wrong in it to
+/// `failures`. Returns every failure, or nil when the watchdog fired.
+func failuresOverRounds(
+  _ rounds: Int, budget: Duration = .milliseconds(1500), timeout: Duration = .seconds(30), _ what: String,
+  sourceLocation: SourceLocation = #_sourceLocation,
+  _ round: @escaping @Sendable (_ round: Int, _ failures: inout [String]) -> Void
+) async throws -> [String]? {
+  try await withWatchdogOnThread(timeout: timeout, what, sourceLocation: sourceLocation) { () -> [String] in
+    var failures: [String] = []
+    repeatRounds(rounds, budget: budget) { index in round(index, &failures) }
+    return failures
   }
 }
 

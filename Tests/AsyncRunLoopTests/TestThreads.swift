@@ -120,6 +120,14 @@ func joinThread(_ thread: pthread_t) {
   pthread_join(thread, nil)
 }
 
+/// `race` from async code: waits for the threads off the cooperative pool. (Swift picks this
+/// overload in async code. Joined on a pool thread, a 2-core machine's two pool threads were
+/// both held by joins and other blocking tests at once, and every async test stalled past its
+/// watchdog.)
+func race(_ bodies: [@Sendable () -> Void]) async {
+  await execOnNewThread { race(bodies) }
+}
+
 /// Runs every body on its own new thread, released together by a spin barrier (so that they
 /// really race), and waits for all of them.
 func race(_ bodies: [@Sendable () -> Void]) {

@@ -30,6 +30,7 @@ case "round9-modal-stack": round9ModalStackScenario()
 case "round9-late-common": round9LateCommonModeScenario()
 case "round9-shutdown-waiters": round9ShutdownWaitersScenario()
 case "round9-shutdown-sleeps": round9ShutdownSleepsScenario()
+case "round20-queued-before-run": round20QueuedBeforeRunScenario()
 default: fail("unknown scenario '\(scenario)'")
 }
 say("\(scenario) ok")

@@ -51,7 +51,9 @@ extension LoopCore {
       tokenByDescriptor[source.descriptor] = token
     }
     modeTable.add(record, to: mode)
-    armedMode = nil  // re-evaluate which registrations the running mode needs
+    // A new registration is armed; a silenced one may have joined the running mode: the next
+    // pass looks at the silenced ones again.
+    if !record.isArmed { armedMode = nil }
     detachIfInvalidated(record)
   }
 
@@ -72,8 +74,14 @@ extension LoopCore {
 
   /// Applies an accepted removal from `mode`; a member that left its last mode is detached.
   func applyRemove(_ record: MemberRecord, from mode: RunLoopMode) {
-    guard record.isAttached else { return }
-    if modeTable.remove(record, from: mode) { detach(record) }
+    guard record.isAttached, modeTable.remove(record, from: mode) else { return }
+    let member = record.member  // (the detach drops the record's reference)
+    detach(record)
+    // Still valid, and off this loop: a later invalidation no longer needs this loop (see
+    // `MemberBinding.loopLetGo`). Only here, not on every detach: an invalidated member has let go
+    // already, so the fire of a one-shot timer takes no extra lock. A custom source decides in
+    // `InputSource.left`, under the lock it takes anyway.
+    if let member, !(member is InputSource) { member.withBinding { $0.loopLetGo(shared) } }
   }
 
   /// Applies an invalidation (or a shutdown): the member leaves every mode and is detached.
@@ -120,6 +128,7 @@ extension LoopCore {
       leave.close?(source)
       leave.cancel?(source, loop)
     case .descriptor(let registration):  // (the record, detached now, no longer reaches it)
+      unlistSilenced(registration)
       let source = registration.source
       if registration.token != 0 {
         descriptorsByToken[registration.token] = nil
@@ -140,10 +149,17 @@ extension LoopCore {
   // MARK: Sequences
 
   /// Pauses (or resumes) a readiness registration for a sequence consumer whose buffer is full.
+  /// Resumed, it is armed at once only if the mode the loop armed last holds it; otherwise it
+  /// stays silenced until a run of one of its modes arms it (a mode that does not hold it would
+  /// only silence it again at its next event).
   func setPaused(_ source: DescriptorSource, _ paused: Bool) {
     guard let record = source.withBinding({ $0.record(on: shared) }), record.isAttached else { return }
     record.isPaused = paused
-    setArmed(record, !paused)
+    if paused {
+      setArmed(record, false)
+    } else if let mode = armedMode, record.modes.contains(where: { $0.contents.mode == mode }) {
+      setArmed(record, true)
+    }
   }
 
   /// Whether `member` is in any mode of this loop (for tests and assertions).

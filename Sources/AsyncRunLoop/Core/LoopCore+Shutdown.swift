@@ -14,8 +14,9 @@ extension LoopCore {
   /// stranded. Blocks are refused once shutdown has begun; jobs and registration changes are still
   /// accepted (an awaiting task must not hang; a member added now is detached in the next round),
   /// and if producers outpace the drain for `shutdownDrainRounds` rounds or
-  /// `shutdownDrainNanoseconds` the loop terminates anyway: it refuses what comes later, applies
-  /// the changes it accepted and hands the remaining jobs, in order, to the fallback executor.
+  /// `shutdownDrainNanoseconds` the loop terminates anyway: it refuses what comes later (but
+  /// invalidations, see `LoopInbox.control`), applies the changes it accepted and hands the
+  /// remaining jobs, in order, to the fallback executor.
   func drainForShutdown() {
     var round = 0
     let start = LoopClock.monotonicNanoseconds()

@@ -144,10 +144,13 @@ struct LoopInbox {
   }
 
   /// A registration change arrives from another thread; nil once terminated, or once the drain's
-  /// time cap has passed (`refusesChangesFrom`).
+  /// time cap has passed (`refusesChangesFrom`) — except an invalidation, which the drain still
+  /// takes until it terminates: refused, the member's closing work (a `CommandSource` delivering
+  /// what it holds) would be dropped by a loop still able to do it. Their number is bounded: one
+  /// per member that was on this loop, and adds are refused by then.
   mutating func control(_ change: RegistrationChange) -> WakeAction? {
     switch lifecycle {
-    case .shuttingDown where drainCapHasPassed:
+    case .shuttingDown where drainCapHasPassed && !change.isInvalidation:
       return nil
     case .active, .shuttingDown:
       controls.append(SequencedChange(sequence: nextSequence(), change: change))

@@ -18,6 +18,17 @@ extension LoopCore {
       needsEpollPurge = true
       return false
     }
+    guard record.isArmed else {
+      // Silenced already, yet epoll reports it: taking it out of the set failed because its
+      // number was closed while a `dup` keeps its file open, so epoll keeps it, out of reach by
+      // number, and (level-triggered) it would end every wait of this mode at once. Treated as a
+      // registration epoll keeps for a closed number: seen again in the next wait, the loop
+      // rebuilds its epoll set without it. (A registration silenced by an earlier handler of
+      // this same wait is reported once at most.)
+      if unknownTokensLastWait.contains(token) { needsEpollPurge = true }
+      unknownTokensThisWait.insert(token)
+      return false
+    }
     guard record.isIn(contents) else {
       setArmed(record, false)  // level-triggered: would fire forever in a mode that ignores it
       return false
@@ -27,13 +38,38 @@ extension LoopCore {
   }
 
   /// Arms the readiness registrations of `contents`' mode after a mode switch (lazy: the loop
-  /// silences registrations of other modes only when they report events).
+  /// silences registrations of other modes only when they report events). O(silenced
+  /// registrations): only those can be out of the epoll set.
   func armDescriptors(for contents: ModeContents) {
     guard armedMode != contents.mode else { return }
     armedMode = contents.mode
-    for record in contents.descriptors.values where !record.isArmed && !record.isPaused {
-      setArmed(record, true)
+    // Downwards: arming one takes it off the list, moving the last entry (looked at already) here.
+    var index = silencedDescriptors.count
+    while index > 0 {
+      index -= 1
+      let record = silencedDescriptors[index]
+      assert(record.registration?.silencedIndex == index, "AsyncRunLoop: silenced list out of step")
+      if !record.isPaused && record.isIn(contents) { setArmed(record, true) }
     }
+  }
+
+  /// Lists a registration that left the epoll set (a no-op when it is listed already).
+  private func listSilenced(_ record: MemberRecord, _ registration: DescriptorRegistration) {
+    guard registration.silencedIndex < 0 else { return }
+    registration.silencedIndex = silencedDescriptors.count
+    silencedDescriptors.append(record)
+  }
+
+  /// Takes a registration off the silenced list (a no-op when it is not listed): it is armed
+  /// again, can never be armed again, or is detached. O(1): the last entry takes its place.
+  func unlistSilenced(_ registration: DescriptorRegistration) {
+    let index = registration.silencedIndex
+    guard index >= 0 else { return }
+    registration.silencedIndex = -1
+    let last = silencedDescriptors.removeLast()
+    guard index < silencedDescriptors.count else { return }  // it was the last
+    silencedDescriptors[index] = last
+    last.registration?.silencedIndex = index  // (listed entries are attached: detaching unlists)
   }
 
   /// After a wait: keeps this wait's unknown tokens for the next one, and rebuilds the epoll set
@@ -70,7 +106,10 @@ extension LoopCore {
   /// kernel always adds them), so in a mode that ignores it a hung-up descriptor would end every
   /// wait at once.
   func setArmed(_ record: MemberRecord, _ armed: Bool) {
-    guard record.token != 0, record.isArmed != armed, let source = record.registration?.source else { return }
+    guard let registration = record.registration, registration.token != 0, registration.isArmed != armed else {
+      return
+    }
+    let source = registration.source
     guard armed else {
       // Only while the number is still this registration's: if the descriptor was closed and
       // the number reused, epoll dropped this one already, and the number's set entry belongs
@@ -82,8 +121,11 @@ extension LoopCore {
         record.file = SystemCall.fileIdentity(of: source.descriptor)
       }
       record.isArmed = false
+      listSilenced(record, registration)
       return
     }
+    // Armed again, or never again (below): either way off the silenced list.
+    defer { unlistSilenced(registration) }
     // The number may belong to a newer registration by now (this descriptor was closed and the
     // number reused): then this one can never fire again.
     guard tokenByDescriptor[source.descriptor] == record.token else { return }

@@ -142,13 +142,22 @@ extension LoopCore {
     deferredScannedMode === contents && deferredScannedJoins == modeTable.sourceJoins
   }
 
+  /// Executor jobs due later (a `Task.sleep` in a task that prefers the loop) keep a run of an
+  /// empty mode from finishing only when it is a current loop's outermost run (nothing else would
+  /// fire them on that thread), or when one is due now (the pass fires it: a thread that keeps
+  /// running an empty mode, as a modal wait does, must not starve the sleepers). Any other run
+  /// finishes as its mode says (SPEC §6), whatever other tasks sleep: a nested run returns to a
+  /// run that fires them, and an owned or the main loop's outermost run stays anyway.
+  private var sleepsKeepRunAlive: Bool {
+    guard let sleeps = modeTable.everyModeContents, let first = sleeps.timers.firstDeadline else { return false }
+    return (shared.divertsJobsAtShutdown && runDepth == 1) || first <= LoopClock.monotonicNanoseconds()
+  }
+
   /// Nothing to watch in the mode, and no jobs (that may run here) or blocks for this mode
   /// waiting (CF counts pending blocks too). A loop that serves as an executor never finishes.
   private func isFinished(_ run: RunContext) -> Bool {
-    // (Executor jobs due later count too: a run must not end, and leave its thread, while a
-    // `Task.sleep` on this loop waits for it.)
     guard run.contents.hasNothingToWatch, !run.keepsAlive, !hasRunnableJobs, !hasWaitingControls,
-      (modeTable.everyModeContents?.timerCount ?? 0) == 0
+      !sleepsKeepRunAlive
     else {
       return false
     }
@@ -179,11 +188,19 @@ extension LoopCore {
   @inline(__always)
   func notifyObservers(_ contents: ModeContents, _ activity: LoopActivity) {
     guard contents.observedActivities.contains(activity) else { return }
-    for case let record? in contents.observers {
-      guard let observer = record.attachedObserver, observer.activities.contains(activity),
-        record.isIn(contents)
-      else { continue }
-      observer.notify(activity, on: shared)
+    // Copies (retained buffers): a callout that adds or removes observers does not disturb this
+    // notification. The one added is told from the next; the one removed is skipped, also when
+    // it was added again meanwhile (a new slot) or stays on the loop through another mode: slots
+    // keep their numbers while a notification runs.
+    contents.beginObserverNotification()
+    defer { contents.endObserverNotification() }
+    for bucket in contents.observerBuckets {
+      for (slot, entry) in bucket.slots.enumerated() {
+        guard let record = entry, let observer = record.attachedObserver, observer.activities.contains(activity),
+          record.observerSlot(in: contents) == slot
+        else { continue }
+        observer.notify(activity, on: shared)
+      }
     }
   }
 
@@ -244,8 +261,15 @@ extension LoopCore {
     let ready = run.readySources
     let outerUnfired = unfiredReadySources
     for index in ready.indices {
+      let record = ready[index]
       // Detached by an earlier handler of this step: not here any more.
-      guard let source = ready[index].source, let perform = source.consumeSignal(on: shared) else { continue }
+      guard let source = record.source else { continue }
+      // Taken out of this mode by an earlier handler, still in another: its signal waits there.
+      guard record.isIn(run.contents) else {
+        deferredSignalled.append(record)
+        continue
+      }
+      guard let perform = source.consumeSignal(on: shared) else { continue }
       unfiredReadySources = ready[(index + 1)...]
       perform(source)
       fired = true

@@ -172,6 +172,12 @@ final class MemberRecord: TimerEntry {
     return false
   }
 
+  /// An observer's slot in `contents` (see `ModeContents.insertObserver`), nil when not in it.
+  func observerSlot(in contents: ModeContents) -> Int? {
+    for entry in modes where entry.contents === contents { return entry.slot }
+    return nil
+  }
+
   /// The member, as a `LoopMember` (nil when not attached).
   var member: (any LoopMember)? {
     switch kind {
@@ -216,6 +222,9 @@ final class DescriptorRegistration {
   /// tells, when it is re-armed or another source claims the same number, whether the number
   /// still names that file.
   @exclusivity(unchecked) var file: FileIdentity?
+  /// Its index in the loop's list of silenced registrations (`LoopCore.silencedDescriptors`)
+  /// while listed there; -1 when not listed.
+  @exclusivity(unchecked) var silencedIndex = -1
 
   init(_ source: DescriptorSource) { self.source = source }
 }

@@ -1,10 +1,11 @@
 /// The members of one mode on one loop. Loop thread only (owned by `ModeTable`).
 ///
-/// Every operation is O(1) (observers: amortized O(1) for members added in order): custom sources
-/// are only counted (the pass fires the *signalled* ones, found through their records),
-/// descriptors are keyed by identity (their order only matters to epoll, which has none), and
-/// observers, told in order every pass, sit in an ordered slot list whose removed slots are left
-/// empty and compacted once they outnumber the live ones.
+/// Every operation is O(1) but for observers' (O(log k) for k distinct observer orders in the
+/// mode, plus O(k) when an order is new to it): custom sources are only counted (the pass fires
+/// the *signalled* ones, found through their records), descriptors are keyed by identity (their
+/// order only matters to epoll, which has none), and observers, told in order every pass, sit in
+/// one bucket per order (`ObserverBucket`), in insertion order within it, whose removed slots are
+/// left empty and compacted once they outnumber the live ones.
 ///
 /// Every pass reads these, so they skip dynamic exclusivity checks (a thread-local lookup each):
 /// they are confined to the loop thread, and the pass iterates a copy (or pops timers one by
@@ -15,10 +16,15 @@ final class ModeContents {
   @exclusivity(unchecked) var sourceCount = 0
   /// Readiness sources' records, by member identity.
   @exclusivity(unchecked) var descriptors: [MemberKey: MemberRecord] = [:]
-  /// Observers' records in `order` (stable: equal orders keep insertion order); nil slots are
-  /// removed observers waiting for compaction.
-  @exclusivity(unchecked) var observers: [MemberRecord?] = []
+  /// Observers' records by `order`, lowest first: one bucket per order present, equal orders in
+  /// insertion order.
+  @exclusivity(unchecked) var observerBuckets: [ObserverBucket] = []
   @exclusivity(unchecked) var observerCount = 0
+  /// Notifications of these observers in progress (nested runs nest them). While one is, slots
+  /// keep their numbers and buckets stay (`observersNeedCleanup` defers the compaction), so that
+  /// an observer's slot tells the notification whether it is the membership it started with.
+  @exclusivity(unchecked) private var notificationDepth = 0
+  @exclusivity(unchecked) private var observersNeedCleanup = false
   /// Union of the activities the observers want; lets a pass skip empty notifications cheaply.
   @exclusivity(unchecked) var observedActivities: LoopActivity = []
   /// The timers in this mode.
@@ -33,41 +39,69 @@ final class ModeContents {
     sourceCount == 0 && descriptors.isEmpty && timerCount == 0
   }
 
-  /// Inserts an observer's record in order; returns its slot.
+  /// Inserts an observer's record after every observer of a lower or equal order; returns its
+  /// slot in the bucket of its order (found again from `record.order`).
   func insertObserver(_ record: MemberRecord) -> Int {
-    let key = record.order
-    // The common case (equal or rising orders): append.
-    if let lastIndex = observers.lastIndex(where: { $0 != nil }), let last = observers[lastIndex], last.order > key {
-      // Out of order: insert after the last slot whose order is not greater, and renumber.
-      let index = observers.lastIndex { $0.map { $0.order <= key } ?? false }.map { $0 + 1 } ?? 0
-      observers.insert(record, at: index)
-      renumberObservers(from: index)
-      observerCount += 1
-      observedActivities.formUnion(Self.activities(of: record))
-      return index
+    let index = bucketIndex(of: record.order)
+    if index == observerBuckets.count || observerBuckets[index].order != record.order {
+      observerBuckets.insert(ObserverBucket(order: record.order), at: index)  // O(k): an order new here
     }
-    observers.append(record)
     observerCount += 1
     observedActivities.formUnion(Self.activities(of: record))
-    return observers.count - 1
+    observerBuckets[index].slots.append(record)
+    observerBuckets[index].live += 1
+    return observerBuckets[index].slots.count - 1
   }
 
-  /// Empties an observer's slot; compacts when empty slots outnumber live ones.
-  func removeObserver(at slot: Int) {
-    observers[slot] = nil
+  /// Empties an observer's slot; compacts its bucket when empty slots outnumber live ones, and
+  /// drops the bucket once it is empty.
+  func removeObserver(_ record: MemberRecord, at slot: Int) {
+    let index = bucketIndex(of: record.order)
+    precondition(index < observerBuckets.count && observerBuckets[index].order == record.order)
+    observerBuckets[index].slots[slot] = nil
+    observerBuckets[index].live -= 1
     observerCount -= 1
-    if observerCount == 0 {
-      observers.removeAll(keepingCapacity: true)
-    } else if observers.count > 32 && observers.count > 2 * observerCount {
-      observers.removeAll { $0 == nil }
-      renumberObservers(from: 0)
+    if notificationDepth > 0 {
+      if observerBuckets[index].live == 0 || observerBuckets[index].isWasteful { observersNeedCleanup = true }
+    } else if observerBuckets[index].live == 0 {
+      observerBuckets.remove(at: index)
+    } else if observerBuckets[index].isWasteful {
+      compactObservers(at: index)
     }
     recomputeObservedActivities()
   }
 
-  private func renumberObservers(from start: Int) {
-    for index in start..<observers.count {
-      guard let record = observers[index] else { continue }
+  /// A notification of these observers begins (`LoopPass.notifyObservers`).
+  func beginObserverNotification() { notificationDepth += 1 }
+
+  /// The notification ended: the outermost one does the cleanup removals deferred meanwhile.
+  func endObserverNotification() {
+    notificationDepth -= 1
+    guard notificationDepth == 0, observersNeedCleanup else { return }
+    observersNeedCleanup = false
+    observerBuckets.removeAll { $0.live == 0 }
+    for index in observerBuckets.indices where observerBuckets[index].isWasteful { compactObservers(at: index) }
+  }
+
+  private func compactObservers(at index: Int) {
+    observerBuckets[index].slots.removeAll { $0 == nil }
+    renumberObservers(in: observerBuckets[index])
+  }
+
+  /// The index of the bucket for `order`, or where it would be inserted. O(log k).
+  private func bucketIndex(of order: Int) -> Int {
+    var low = 0
+    var high = observerBuckets.count
+    while low < high {
+      let middle = (low + high) / 2
+      if observerBuckets[middle].order < order { low = middle + 1 } else { high = middle }
+    }
+    return low
+  }
+
+  private func renumberObservers(in bucket: ObserverBucket) {
+    for (index, record) in bucket.slots.enumerated() {
+      guard let record else { continue }
       for position in record.modes.indices where record.modes[position].contents === self {
         record.modes[position].slot = index
       }
@@ -78,8 +112,9 @@ final class ModeContents {
     // Many observers: the union only grows on insert, and shrinking it lazily is harmless (the
     // pass then iterates and finds nobody interested), so recompute only while it is cheap.
     guard observerCount <= 64 else { return }
-    observedActivities = observers.reduce(into: []) { union, record in
-      if let record { union.formUnion(Self.activities(of: record)) }
+    observedActivities = []
+    for bucket in observerBuckets {
+      for case let record? in bucket.slots { observedActivities.formUnion(Self.activities(of: record)) }
     }
   }
 
@@ -87,6 +122,20 @@ final class ModeContents {
     if let observer = record.attachedObserver { return observer.activities }
     return []
   }
+}
+
+/// The observers of one order in one mode, in insertion order; nil slots are removed observers
+/// waiting for compaction. Loop thread only (part of `ModeContents`).
+struct ObserverBucket {
+  let order: Int
+  var slots: [MemberRecord?] = []
+  /// The non-nil slots.
+  var live = 0
+
+  init(order: Int) { self.order = order }
+
+  /// Empty slots outnumber live ones (and there are enough to be worth a copy).
+  var isWasteful: Bool { slots.count > 32 && slots.count > 2 * live }
 }
 
 /// A loop's modes, the common-modes set and the records of its members. Loop thread only (owned by
@@ -262,6 +311,9 @@ final class ModeTable {
   /// Every record on the loop.
   var allRecords: [MemberRecord] { registry.compactMap { $0 } }
 
+  /// How many records are on the loop, in O(1).
+  var recordCount: Int { registry.count - freeSlots.count }
+
   /// Inserts the record into one mode (by name, or through `.common`); false when the mode holds
   /// it already (it then also remembers the new way it was added).
   private func insert(_ record: MemberRecord, into contents: ModeContents, viaCommon: Bool) -> Bool {
@@ -303,7 +355,7 @@ final class ModeTable {
     case .timer:
       contents.timerCount -= 1
       if let timerEntry { contents.timers.remove(timerEntry) }
-    case .observer: contents.removeObserver(at: slot)
+    case .observer: contents.removeObserver(record, at: slot)
     }
   }
 }

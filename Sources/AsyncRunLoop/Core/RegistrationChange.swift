@@ -19,6 +19,12 @@ enum RegistrationChange {
   case custom((LoopCore) -> Void)
   /// The slot of a change already applied (what it held is released as it is applied).
   case applied
+
+  /// An invalidation: a shutdown drain past its cap still takes these (`LoopInbox.control`).
+  var isInvalidation: Bool {
+    if case .invalidate = self { return true }
+    return false
+  }
 }
 
 extension LoopCore {

@@ -44,9 +44,10 @@ public struct RunLoopMode: Hashable, Sendable, RawRepresentable, ExpressibleBySt
 
 /// Why a call to `RunLoopThread.run` returned (see "One pass of the loop").
 public enum RunLoopRunResult: Sendable, Equatable, CustomStringConvertible {
-  /// The mode held nothing to watch (no sources, no timers), or the loop is shutting down.
+  /// The mode held nothing to watch (no sources, no timers).
   case finished
-  /// `stop()` was called.
+  /// `stop()` was called, or the loop is shutting down (`shutdown()` ends every run of the loop
+  /// this way, at every nesting level).
   case stopped
   /// The run's time limit passed.
   case timedOut

@@ -57,7 +57,11 @@ public struct LoopClock: Clock, Sendable {
   /// shared timer loop until the deadline.
   /// - Throws: `CancellationError` if the task is cancelled while sleeping, or (the clock of a
   ///   loop) that loop shuts down first.
-  public func sleep(until deadline: Instant, tolerance: Duration? = nil) async throws {
+  ///
+  /// Runs on the caller's executor up to the point it waits (`nonisolated(nonsending)`), so from
+  /// an actor pinned to a loop (or any code running on a loop's thread) `LoopClock()` sleeps on
+  /// that loop's timers.
+  nonisolated(nonsending) public func sleep(until deadline: Instant, tolerance: Duration? = nil) async throws {
     if let loop { return try await loop.sleep(until: deadline, tolerance: tolerance) }
     if let current = RunLoopThread.currentIfExists, current.ownsThread, !current.isShutDown {
       do {
@@ -67,6 +71,13 @@ public struct LoopClock: Clock, Sendable {
       }
     }
     try await RunLoopThread.sharedTimerLoop.sleep(until: deadline, tolerance: tolerance)
+  }
+
+  /// Suspends the calling task for `duration`, on a loop timer: `sleep(until:tolerance:)` from
+  /// now. On the caller's executor, as that one (the `Clock` protocol's own `sleep(for:)` runs on
+  /// the global executor, where `LoopClock()` cannot see the caller's loop).
+  nonisolated(nonsending) public func sleep(for duration: Duration, tolerance: Duration? = nil) async throws {
+    try await sleep(until: .now.advanced(by: duration), tolerance: tolerance)
   }
 
   @inline(__always)

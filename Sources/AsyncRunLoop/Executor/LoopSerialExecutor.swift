@@ -40,7 +40,14 @@ final class LoopSerialExecutor: SerialExecutor {
   }
 }
 
-/// `Task.sleep` in an actor pinned to the loop schedules on the loop's timers.
+/// Jobs the runtime schedules for later on the actors pinned to the loop go on the loop's timers.
+///
+/// Measured with the Swift 6.3 runtime: `Task.sleep` inside such an actor's method never comes
+/// here. The standard library's sleep is a nonisolated `async` function, so it leaves the actor
+/// before the runtime looks for a scheduling executor, and the sleep waits on the global
+/// executor's timers (it still ends on time and resumes the actor on the loop). To sleep on the
+/// loop's timers from an actor, use `loop.clock` or `LoopClock()` (whose `sleep` runs on the
+/// caller's executor), or give the task the loop as its executor preference.
 @_spi(ExperimentalScheduling) extension LoopSerialExecutor: SchedulingExecutor {
   func enqueue<C: Clock>(
     _ job: consuming ExecutorJob, after delay: C.Duration, tolerance: C.Duration?, clock: C

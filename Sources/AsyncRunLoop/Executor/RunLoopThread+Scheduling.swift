@@ -60,16 +60,20 @@ import Dispatch
     scheduledJobCounter.withLock { $0 += 1 }
     let once = JobOnce(job)
     let deadline = LoopClock.Instant.now.advanced(by: delay)
-    // Shut down before the deadline: the job waits for its deadline elsewhere.
-    let waitElsewhere: @Sendable () -> Void = { [self] in
-      let remaining = LoopClock.monotonicNanoseconds().distance(to: deadline.nanoseconds)
-      guard remaining > 0 else {
-        if let job = once.take() { enqueue(job, role: role) }
-        return
-      }
-      DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(clamping: remaining))) {
-        if let job = once.take() { self.enqueue(job, role: role) }
-      }
+    // Shut down before the deadline: the job waits for its deadline elsewhere, holding the loop
+    // weakly (held, the loop's descriptors stayed open until the deadline, an hour for an hour's
+    // sleep, after the loop was shut down and dropped).
+    // Only an owned loop is held weakly: the main loop and a current loop have no thread or
+    // descriptors of their own to give back early, and a weak reference to the main loop, which
+    // lives as long as the process, left a side table that LeakSanitizer reported as leaked.
+    let loopAtDeadline: @Sendable () -> RunLoopThread?
+    if ownsThread {
+      loopAtDeadline = { [weak self] in self }
+    } else {
+      loopAtDeadline = { [self] in self }
+    }
+    let waitElsewhere: @Sendable () -> Void = {
+      Self.atDeadline(deadline.nanoseconds) { Self.enqueueLate(once, role: role, on: loopAtDeadline()) }
     }
     // A current loop's thread drains its timers only when it exits: the shutdown moves the job
     // when the loop's jobs leave for the fallback (see `LoopShared.divertHandOffs`).
@@ -104,9 +108,38 @@ import Dispatch
     if isShutDown { timer.invalidate() }
   }
 
+  /// A scheduled job whose loop shut down before its deadline, at that deadline: enqueued on the
+  /// loop (which, terminated, runs it on the fallback queue, isolated to the loop); or, once no
+  /// one holds the loop any more, run on the global executor: no actor is isolated to a loop that
+  /// is gone (an actor pinned to a loop holds it), and the job is a sleeping task's wake-up, which
+  /// may run anywhere (see the timer's handler).
+  private static func enqueueLate(_ once: JobOnce, role: JobRole, on loop: RunLoopThread?) {
+    guard let job = once.take() else { return }
+    if let loop { return loop.enqueue(job, role: role) }
+    DispatchQueue.global().async { job.runSynchronously(on: globalConcurrentExecutor.asUnownedTaskExecutor()) }
+  }
+
   /// A clock's duration as a `Duration`, when it is one (every standard clock's is).
   private static func duration<D: DurationProtocol>(_ value: D) -> Duration? {
     value as? Duration
+  }
+}
+
+extension RunLoopThread {
+  /// The longest single Dispatch wait `atDeadline` asks for (one day).
+  static let longestDispatchWait = 86_400 * 1_000_000_000
+
+  /// Calls `body` once the loop clock has reached `deadline` (inline if it has already), on a
+  /// global queue. Any thread. Never early, and `body` is never dropped: Dispatch silently drops a
+  /// block whose deadline it cannot represent (a far deadline overflows to
+  /// `DISPATCH_TIME_FOREVER`), which lost the job of a cancelled `Task.sleep(for: .seconds(.max))`
+  /// (the runtime keeps its wake-up pending until the deadline) when its loop shut down. So the
+  /// wait is taken in steps of at most `longestDispatchWait`, each checked against the loop clock.
+  static func atDeadline(_ deadline: Int64, _ body: @escaping @Sendable () -> Void) {
+    let remaining = LoopClock.monotonicNanoseconds().distance(to: deadline)
+    guard remaining > 0 else { return body() }
+    let step = min(remaining, longestDispatchWait)
+    DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(step)) { atDeadline(deadline, body) }
   }
 }
 

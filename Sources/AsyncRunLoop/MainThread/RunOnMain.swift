@@ -110,7 +110,8 @@ final class MainCallWaiter<T: Sendable>: AbandonableWait, @unchecked Sendable { 
   // Safety: `state` is only touched with `lock` held; `gate` is thread-safe.
   private let lock = PthreadLock.make()
   private var state = State.pending
-  private let gate = BlockingGate()
+  /// Opens once the caller may go on (the block finished, or was abandoned).
+  let gate = BlockingGate()
 
   private enum State {
     /// Queued; the main thread has not started it.

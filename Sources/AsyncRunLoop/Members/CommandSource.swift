@@ -14,9 +14,19 @@ import Glibc
 /// returns false), and then calls `cancel` — also when the invalidation races an `add` that was
 /// made before it, a removal, or the shutdown. Commands posted while the source is on no loop
 /// (before its first `add`, or after its removal from its last mode) wait for its next `add`; if
-/// it is invalidated instead, the loop it was last on delivers them. Only a source that has no
-/// loop to deliver on — invalidated before it was ever added, or after the loop it was last on
-/// terminated — drops what it holds (`pendingCount` tells how many commands wait).
+/// it is invalidated instead, the loop that lets go of it last delivers them:
+/// the loop it was last on, or, when the loop it was on before that has not applied its removal
+/// yet (a removal takes effect on the loop's thread, later; `add` to another loop does not wait
+/// for it), that earlier loop once it has. Only a source that has no loop to deliver on —
+/// invalidated before it was ever added, or after the loop it was last on terminated — drops what
+/// it holds: `invalidate()` releases those commands on the calling thread (rather than keeping
+/// them until the `CommandSource` is freed) and counts them in `droppedCount`; `pendingCount` is
+/// 0 from then on.
+///
+/// So that it can deliver there, a source removed from its last mode keeps a reference to the
+/// loop it was on (the loop's shared half: its inbox and its epoll instance, eventfd and timerfd,
+/// not its thread or handle) until it is added again, invalidated or released. Other members let
+/// go of a loop once it has applied their removal.
 ///
 /// A handler that moves the source to another loop keeps the order too: the first loop finishes
 /// the batch it was delivering, and the new loop delivers later commands only after it. If the
@@ -58,6 +68,8 @@ public final class CommandSource<Command: Sendable>: Sendable {
       cancel: cancel,
       // Invalidated: refuse further posts, then deliver what was accepted (before cancel).
       close: { _ in _ = buffer.drain(into: handler, closing: true) },
+      // No loop is left to deliver on: drop what waits, now rather than with the source.
+      discard: { buffer.discardPending() },
       perform: { source in
         // A drain that found another loop's thread still delivering left the commands pending;
         // that thread asks for another fire here once it is done.
@@ -85,12 +97,16 @@ public final class CommandSource<Command: Sendable>: Sendable {
 
   /// The number of commands posted and not yet taken by the loop for delivery. Any thread.
   public var pendingCount: Int { buffer.pendingCount }
+
+  /// The number of accepted commands that were never delivered because the source was
+  /// invalidated with no loop to deliver on (see above); 0 otherwise. Any thread.
+  public var droppedCount: Int { buffer.droppedCount }
 }
 
 /// The command buffer of a `CommandSource`: filled from any thread, drained on the loop thread.
 @usableFromInline
 final class CommandBuffer<Command: Sendable>: @unchecked Sendable {  // Safety: proof below
-  // Safety: `pending`, `isOpen`, `drainingThread`, `drainingLoop`, `deferredDrain` and
+  // Safety: `pending`, `isOpen`, `drainingThread`, `drainingLoop`, `deferredDrain`, `dropped` and
   // `closingWaiters` are only touched with `lock` held. `draining` and `drainIndex` are only touched by `drain` on the thread that
   // `drainingThread` names (set under the lock by its outermost drain, cleared under the lock
   // after its last access): the source's perform and close routines, on a loop thread; a nested
@@ -114,6 +130,8 @@ final class CommandBuffer<Command: Sendable>: @unchecked Sendable {  // Safety: 
   /// A drain on another thread found `drainingThread` busy and left its commands pending: the
   /// busy drain asks for another fire when it ends.
   @exclusivity(unchecked) @usableFromInline var deferredDrain = false
+  /// Commands dropped because no loop was left to deliver them (`discardPending`).
+  @exclusivity(unchecked) var dropped = 0
 
   @usableFromInline init() {}
 
@@ -142,6 +160,23 @@ final class CommandBuffer<Command: Sendable>: @unchecked Sendable {  // Safety: 
 
   /// The number of commands posted and not yet taken by the loop for delivery. Any thread.
   var pendingCount: Int { lock.withLock { pending.count } }
+
+  /// Accepted commands dropped by `discardPending`. Any thread.
+  var droppedCount: Int { lock.withLock { dropped } }
+
+  /// The source was invalidated with no loop left to deliver on (its routines are released, so
+  /// no drain can start): refuses later posts and releases what waits, outside the lock. Any
+  /// thread.
+  @usableFromInline
+  func discardPending() {
+    var dropped: [Command] = []
+    lock.lock()
+    isOpen = false
+    swap(&dropped, &pending)
+    self.dropped += dropped.count
+    lock.unlock()
+    withExtendedLifetime(dropped) {}
+  }
 
   /// Loop thread (the perform and cancel routines): takes the posted commands under the lock,
   /// then delivers them in order. `closing` refuses every later post first.
@@ -233,8 +268,10 @@ final class CommandBuffer<Command: Sendable>: @unchecked Sendable {  // Safety: 
       else { return false }
       // Alive: its thread is inside its drain, which cannot end without this lock.
       let busy = Unmanaged<LoopShared>.fromOpaque(identity).takeUnretainedValue()
-      guard busy !== waiter, CalloutWaits.begin(waiter: waiter, target: busy) else { return false }
       let gate = BlockingGate()
+      guard busy !== waiter, CalloutWaits.begin(waiter: waiter, target: busy, yields: true, until: gate) else {
+        return false
+      }
       closingWaiters.append(gate)
       lock.unlock()
       let opened = gate.wait(nanoseconds: Self.closingWaitSliceNanoseconds)

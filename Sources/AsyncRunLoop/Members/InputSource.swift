@@ -45,23 +45,30 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
     cancel: (@Sendable (InputSource, RunLoopThread) -> Void)? = nil,
     perform: @escaping @Sendable (InputSource) -> Void
   ) {
-    self.init(order: order, schedule: schedule, cancel: cancel, close: nil, perform: perform)
+    self.init(order: order, schedule: schedule, cancel: cancel, close: nil, discard: nil, perform: perform)
   }
 
   /// Internal: `close` runs once, on a loop thread, when the invalidated source is done on its
   /// loop, before `cancel`; or, when it was invalidated after leaving its last loop, on the thread
-  /// of the loop it was last on (`CommandSource` delivers what is still buffered there).
+  /// of the loop that lets go of it last: the one it was last on, or an earlier one that applies
+  /// its removal later still (`CommandSource` delivers what is still buffered there).
+  /// `discard` runs instead, once, when the invalidated source has no loop to close it on: it was
+  /// never on one, or the loop it was last on has terminated. It runs on the invalidating thread
+  /// (or the one whose change found that loop terminated), after the routines were released
+  /// under the lock, so no loop can call `perform` or `close` any more (`CommandSource` drops
+  /// what is still buffered there).
   @usableFromInline
   init(
     order: Int,
     schedule: (@Sendable (InputSource, RunLoopThread, RunLoopMode) -> Void)?,
     cancel: (@Sendable (InputSource, RunLoopThread) -> Void)?,
     close: (@Sendable (InputSource) -> Void)?,
+    discard: (@Sendable () -> Void)?,
     perform: @escaping @Sendable (InputSource) -> Void
   ) {
     self.order = order
     self.state = SignalState(
-      routines: .init(schedule: schedule, perform: perform, cancel: cancel, close: close))
+      routines: .init(schedule: schedule, perform: perform, cancel: cancel, close: close, discard: discard))
   }
 
   func withBinding<Result>(_ body: (inout MemberBinding) -> Result) -> Result {
@@ -85,13 +92,16 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
   /// loop's thread; before this returns when called there) if it was on a loop. Releases the
   /// routines. Any thread; idempotent.
   public func invalidate() {
-    let target: (loop: LoopShared?, record: MemberRecord?) = lock.withLock {
+    let target: (loop: LoopShared?, record: MemberRecord?, released: SignalState.Routines?) = lock.withLock {
       let (loop, record, first) = binding.invalidate()
-      guard first else { return (nil, nil) }
+      guard first else { return (nil, nil, nil) }
       // The loop's detach hands out cancel.
-      state.invalidate(keepingRoutines: loop != nil, pendingJoins: binding.pendingJoins)
-      return (loop, record)
+      let released = state.invalidate(keepingRoutines: loop != nil, pendingJoins: binding.pendingJoins)
+      return (loop, record, released)
     }
+    // No loop held it or will: nothing can deliver what it holds.
+    target.released?.discard?()
+    withExtendedLifetime(target.released) {}  // whatever the routines captured is freed outside the lock
     target.loop?.detachInvalidated(self, target.record)
   }
 
@@ -99,7 +109,11 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
     let released: SignalState.Routines? = lock.withLock {
       binding.isValid ? nil : state.release(pendingJoins: binding.pendingJoins)
     }
-    if loop != nil, let close = released?.close { close(self) }
+    if loop != nil {
+      released?.close?(self)
+    } else {
+      released?.discard?()  // the loop it was last on has terminated
+    }
     withExtendedLifetime(released) {}  // whatever the routines captured is freed outside the lock
   }
 
@@ -124,9 +138,13 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
 
   /// The source left `loop`: returns the close routine (when it was invalidated) and the cancel
   /// routine to call, in that order, after the lock is released, releasing every routine when the
-  /// source was invalidated. Loop thread.
+  /// source was invalidated. A source without a close routine forgets `loop` as the one it was
+  /// last on (`MemberBinding.loopLetGo`): only a close routine needs that loop later. Loop thread.
   func left(_ loop: RunLoopThread) -> SignalState.LeaveRoutines {
-    lock.withLock { state.left(isValid: binding.isValid, pendingJoins: binding.pendingJoins) }
+    lock.withLock {
+      if state.routines?.close == nil { binding.loopLetGo(loop.shared) }
+      return state.left(isValid: binding.isValid, pendingJoins: binding.pendingJoins)
+    }
   }
 
   /// Clears the signal just before `perform` runs and returns the routine to run, or nil when the
@@ -149,6 +167,8 @@ struct SignalState {
     var perform: @Sendable (InputSource) -> Void
     var cancel: (@Sendable (InputSource, RunLoopThread) -> Void)?
     var close: (@Sendable (InputSource) -> Void)?
+    /// Instead of `close` when no loop is left to run it (see `InputSource.init`).
+    var discard: (@Sendable () -> Void)?
   }
 
   /// What a loop calls when the source leaves it.
@@ -183,10 +203,13 @@ struct SignalState {
 
   /// The source was invalidated. A source that a loop holds or will hold (`toldLoop`, or an add
   /// on its way to a loop: `pendingJoins`) keeps its routines until the last such loop detaches it
-  /// (each owes a schedule and a cancel); otherwise they go now.
-  mutating func invalidate(keepingRoutines toldLoop: Bool, pendingJoins: Int) {
+  /// (each owes a schedule and a cancel); otherwise they go now: returned, for `discard` and their
+  /// release outside the lock.
+  mutating func invalidate(keepingRoutines toldLoop: Bool, pendingJoins: Int) -> Routines? {
     isSignalled = false
-    if !toldLoop && attachments == 0 && pendingJoins == 0 { routines = nil }
+    guard !toldLoop && attachments == 0 && pendingJoins == 0 else { return nil }
+    defer { routines = nil }
+    return routines
   }
 
   /// The source left a loop: that loop's cancel routine; and, when the source is invalid and this

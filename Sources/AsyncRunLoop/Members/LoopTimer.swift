@@ -211,7 +211,7 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
         "invalidateAndWait() from inside a callout of the same timer on loop '\(target.name)' would wait for itself")
     }
     let waiter = RunLoopThread.currentIfExists?.shared
-    if let waiter, !CalloutWaits.begin(waiter: waiter, target: target) {
+    if let waiter, !CalloutWaits.begin(waiter: waiter, target: target, until: gate) {
       lock.withLock { firingWaiters.removeAll { $0 === gate } }
       throw RunLoopError.wouldDeadlock(
         """

@@ -56,6 +56,10 @@ struct MemberBinding {
   /// hold the member until it applies the removal; an invalidation is sent there too, so that loop
   /// releases the member's closures after the removal (and its cancel routine) ran. (The loop's
   /// shared half, not its handle: a removed member never keeps a loop's handle alive.)
+  ///
+  /// Cleared once nothing needs it (`invalidate()`, `loopLetGo(_:)`): the shared half holds the
+  /// loop's poller, so a member that outlived its loop kept an epoll instance, an eventfd and a
+  /// timerfd open for as long as the application kept the member.
   private(set) var lastLoop: LoopShared?
   /// Records made by `bind` that their loop has not attached yet (their add is on its way):
   /// each such loop will still schedule the member. Counted for every kind; custom sources use it
@@ -140,6 +144,17 @@ struct MemberBinding {
     lastLoop = previousLastLoop
   }
 
+  /// Loop thread of `loop`: it applied the removal of the member from its last mode there and
+  /// detached its record; the member is still valid. If the member is on no loop and `loop` was
+  /// its last, an invalidation no longer needs that loop (nothing there holds the member): forget
+  /// it, so that the member does not keep the loop's resources. (A custom source with a close
+  /// routine keeps it: `CommandSource` has the loop it was last on deliver what was posted while
+  /// it was on none; see `InputSource.left`.)
+  mutating func loopLetGo(_ loop: LoopShared) {
+    guard phase == .unbound, lastLoop === loop else { return }
+    lastLoop = nil
+  }
+
   private mutating func becomeUnbound() {
     phase = .unbound
     loop = nil
@@ -152,6 +167,8 @@ struct MemberBinding {
   /// is invalidated already) with the member's record there (nil when it was removed: that loop
   /// detaches it when it applies the removal), and whether this was the first call. Idempotent.
   mutating func invalidate() -> (loop: LoopShared?, record: MemberRecord?, first: Bool) {
+    // The loop to tell is handed out once; the binding keeps no loop from now on.
+    defer { lastLoop = nil }
     switch phase {
     case .unbound:
       phase = .invalidated

@@ -70,13 +70,17 @@ extension RunLoopThread {
   ///   loop thread. From other threads, a failure that only epoll can detect invalidates the
   ///   source and reports `[.error]` to its handler on the loop thread.
   public func add(_ source: DescriptorSource, to mode: RunLoopMode = .default) throws(SystemCallError) {
-    var status = stat()
-    guard fstat(source.descriptor, &status) == 0 else {
-      throw SystemCallError(call: "fstat(fd \(source.descriptor))", errno: EBADF)
-    }
-    let kind = status.st_mode & S_IFMT
-    if kind == S_IFREG || kind == S_IFDIR {
-      throw SystemCallError(call: "epoll_ctl(ADD, fd \(source.descriptor))", errno: EPERM)
+    // On the loop thread of a running loop the add is applied here and epoll's own answer
+    // (EBADF, EPERM) is returned: checking first would cost every add a system call more.
+    if !shared.isOnLoopThread || shared.core.hasTerminated {
+      var status = stat()
+      guard fstat(source.descriptor, &status) == 0 else {
+        throw SystemCallError(call: "fstat(fd \(source.descriptor))", errno: EBADF)
+      }
+      let kind = status.st_mode & S_IFMT
+      if kind == S_IFREG || kind == S_IFDIR {
+        throw SystemCallError(call: "epoll_ctl(ADD, fd \(source.descriptor))", errno: EPERM)
+      }
     }
     if let failure = bind(source, to: mode) { throw failure }
   }
@@ -153,10 +157,14 @@ extension RunLoopThread {
     }
     let outcome: SendOutcome = member.withBinding { binding in
       let lastLoop = binding.lastLoop  // what a refused add restores
+      // Already bound here: an earlier add, accepted, is on its way or applied (a shutting-down
+      // loop past its drain cap refuses this one but still applies that one, then detaches the
+      // member), so a refusal must not undo that add's binding or its pending join.
+      let boundHereBefore = binding.record(on: shared) != nil
       switch binding.bind(to: shared, mode: mode) {
       case .accepted(let record):
         guard let (wake, sequence) = shared.sendNumbered(.add(member, record, mode)) else {
-          binding.forget(shared, restoringLastLoop: lastLoop)
+          if !boundHereBefore { binding.forget(shared, restoringLastLoop: lastLoop) }
           return .refusedTerminated
         }
         binding.noteSent(sequence)

@@ -157,6 +157,9 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
   /// - Returns: false when the registration was gone already (its descriptor was closed).
   @discardableResult
   func deregister(descriptor: Int32) -> Bool {
+    // The number was closed, and a rebuild of the set (`rebuild`) took it for its new epoll
+    // descriptor: the registration went with the old set.
+    guard descriptor != epollDescriptor else { return false }
     do {
       try SystemCall.epollControl(epollDescriptor, EPOLL_CTL_DEL, descriptor, events: 0, token: 0)
       return true

@@ -118,6 +118,9 @@ final class BlockingGate: @unchecked Sendable {  // Safety: proof below
     pthread_cond_broadcast(condition)
   }
 
+  /// Whether the gate has been opened. Any thread.
+  var isOpened: Bool { lock.withLock { isOpen } }
+
   /// Blocks the calling thread until the gate is open.
   func wait() {
     lock.lock()

@@ -7,7 +7,8 @@
 /// write) until `EAGAIN`, then ask for the next element; if the descriptor is still ready it comes
 /// at once. While an element waits for the consumer, the registration is paused, so a consumer on
 /// another executor does not make the loop spin on a descriptor that stays ready; it is resumed
-/// when the consumer takes the element.
+/// when the consumer takes the element (listening again at once if the loop runs one of its modes
+/// then, otherwise as soon as it does).
 ///
 /// The sequence does not own the descriptor: close it after the sequence has ended. One consumer
 /// (a second `makeAsyncIterator()` traps). It ends when the consuming task is cancelled or drops

@@ -5,6 +5,10 @@
 /// It takes everything the sequence has ready in one go into a local batch, hands elements out from
 /// there without a lock, and suspends only when that batch is empty. Dropping it (`break` out of
 /// `for await`) stops the consumption, as does cancelling the consuming task.
+///
+/// Use one iterator, not copies of it: as with any Swift iterator, advancing one copy invalidates
+/// the others. A copy holds its own copy of the batch, so it would hand out again the elements
+/// of that batch that another copy already delivered.
 public struct SingleConsumerIterator<Base: AsyncSequence>: AsyncIteratorProtocol {
   public typealias Element = Base.Element
   /// The sequence's `nextBatch`, made where the sequence's type is known (for `SourceSequence`,

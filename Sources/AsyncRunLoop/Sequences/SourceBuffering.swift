@@ -10,7 +10,9 @@ public enum SourceBuffering: Sendable, Hashable, CustomStringConvertible {
   /// room, and `post` (which never waits) answers `.full` without taking the element.
   case bounded(Int)
   /// At most `capacity` elements: when full, a new element is accepted and the oldest buffered
-  /// one is dropped (`.enqueuedDroppingOldest`, counted in `droppedCount`).
+  /// one is dropped (`.enqueuedDroppingOldest`, counted in `droppedCount`). Dropped elements are
+  /// released in batches, when the buffer compacts (once at least 64 were dropped and at least
+  /// as many as it holds), so up to `max(64, capacity)` of them may stay alive meanwhile.
   case dropOldest(Int)
   /// At most `capacity` elements: when full, the new element is dropped (`.dropped`, counted in
   /// `droppedCount`).

@@ -1,0 +1,2 @@
+// The test process's harness settings, applied before main (see CTestHarness.c).
+#pragma once
