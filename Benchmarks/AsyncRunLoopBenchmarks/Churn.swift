@@ -30,7 +30,9 @@ enum ChurnSide: String, CaseIterable, Sendable {
 }
 
 /// `count` idle members of one kind: never signalled, never readable, due in an hour or more,
-/// observing only `entry` (which a running owned loop does not report again).
+/// observing only `entry` (which a running owned loop does not report again). Observers have 64
+/// different orders, in a scrambled sequence (as timers have scrambled dates), so that most adds
+/// land between existing orders rather than after them.
 enum IdleMembers: Sendable {
   case inputSources([InputSource])
   case descriptorSources([DescriptorSource])
@@ -51,7 +53,11 @@ enum IdleMembers: Sendable {
     case .timer:
       self = .timers(Self.farFutureTimers(count))
     case .observer:
-      self = .observers((0..<count).map { _ in LoopObserver(activities: .entry) { _, _ in } })
+      self = .observers(
+        (0..<count).map { index in
+          let order = Int((UInt64(index) &* 2_654_435_761) % 64) - 32
+          return LoopObserver(activities: .entry, order: order) { _, _ in }
+        })
     }
   }
 
@@ -476,6 +482,29 @@ enum ChurnScenarios {
     "steady \(kind.rawValue) \(side.rawValue) \(label(fill))"
   }
 
+  /// The peer name of one fill-floor count.
+  static func floorPeerName(_ count: Int) -> String { "\(fillFloorPrefix)\(label(count))" }
+  static let fillFloorPrefix = "fill-floor loop-thread "
+
+  static let fillFloorNote =
+    "fill-floor: the least a loop-thread add can do, measured as a loop-thread add (fresh loop, n members made"
+    + " first): lock the member, bind a new 72-byte record to it, give the record a slot holding the member;"
+    + " remove: the reverse. Its 100k/1k ratio bounds how flat a fill can be here; '... above fill-floor' targets"
+    + " divide what a loop-thread add costs beyond it (big n over small n)"
+
+  /// The peer names of the epoll floor at `count` (fill) and holding `fill` (steady).
+  static func epollFloorPeerName(_ count: Int) -> String { "\(epollFloorPrefix)\(label(count))" }
+  static func steadyEpollFloorPeerName(_ fill: Int) -> String { "\(steadyEpollFloorPrefix)\(label(fill))" }
+  static let epollFloorPrefix = "epoll-floor loop-thread "
+  static let steadyEpollFloorPrefix = "steady epoll-floor loop-thread "
+
+  static let epollFloorNote =
+    "epoll-floor: the kernel's part of a descriptor source's add and removal: one epoll_ctl ADD (DEL) of an"
+    + " eventfd on a loop thread, with a fresh epoll instance filled from empty to n (fill) or holding n while"
+    + " batches of \(SteadyChurnSession.batch) come and go (steady), at the descriptor-source sizes;"
+    + " '... above epoll-floor' targets divide what a loop-thread descriptor source costs beyond it (big n over"
+    + " small n)"
+
   /// The peer name of the mass-removal measurement.
   static func removalPeerName(_ side: ChurnSide, _ count: Int) -> String {
     "timer mass-removal \(side.rawValue) \(label(count))"
@@ -489,7 +518,7 @@ enum ChurnScenarios {
     let steadyRounds = mode == .smoke ? 1 : (mode == .quick ? 9 : 25)
     var notes = [
       "per kind and size, on a fresh loop: create n idle members, add them all, remove them all;"
-        + " value = ns per add, remove_ns = ns per remove",
+        + " value = ns per add, remove_ns = ns per remove; observers have 64 orders, in scrambled sequence",
       "loop-thread: in a performAndWait block (timed inside); cross-thread: from the measuring thread,"
         + " then a performAndWait barrier (timed around); cross-thread-batched: from the measuring thread while"
         + " the loop is held in a block, then the loop released until a barrier; value = both parts"
@@ -516,6 +545,13 @@ enum ChurnScenarios {
         let capped = counts.map { min($0, budget.available) }
         if capped != counts { notes.append("descriptor-source: \(counts.last!) capped to \(capped.last!)") }
         counts = capped.reduce(into: []) { if !$0.contains($1) && $1 > 0 { $0.append($1) } }
+        for count in counts {
+          let rounds = rounds(count, mode)
+          peers.append(
+            PeerSpec(name: epollFloorPeerName(count)) {
+              EpollFloorSession(count: count, rounds: rounds, steady: false, cpu: cpu)
+            })
+        }
       }
       for side in ChurnSide.allCases {
         for count in counts {
@@ -532,6 +568,12 @@ enum ChurnScenarios {
       if kind == .descriptorSource {
         let room = budget.available - 2 * SteadyChurnSession.batch
         fills = fills.map { min($0, room) }.reduce(into: []) { if !$0.contains($1) && $1 > 0 { $0.append($1) } }
+        for fill in fills {
+          peers.append(
+            PeerSpec(name: steadyEpollFloorPeerName(fill)) {
+              EpollFloorSession(count: fill, rounds: steadyRounds, steady: true, cpu: cpu)
+            })
+        }
       }
       for side in ChurnSide.allCases {
         for fill in fills {
@@ -542,6 +584,13 @@ enum ChurnScenarios {
         }
       }
     }
+    for count in sizes(.inputSource, mode) {
+      let rounds = rounds(count, mode)
+      peers.append(
+        PeerSpec(name: floorPeerName(count)) { FillFloorSession(count: count, rounds: rounds, cpu: cpu) })
+    }
+    notes.append(fillFloorNote)
+    notes.append(epollFloorNote)
     notes.append(signalledElsewhereNote)
     peers += signalledElsewherePeers(mode, cpu: cpu)
     let removalCount = sizes(.timer, mode).last!

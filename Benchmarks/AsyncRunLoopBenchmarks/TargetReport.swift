@@ -148,6 +148,21 @@ enum TargetReport {
       }
     }
     + churnRatioTargets(
+      prefix: ChurnScenarios.fillFloorPrefix, label: "fill-floor", side: .loopThread, netOfFirstTouches: true)
+    + [ChurnKind.inputSource, .timer, .observer].flatMap { kind in
+      aboveFloorTargets(
+        ours: "\(kind.rawValue) \(ChurnSide.loopThread.rawValue) ", floor: ChurnScenarios.fillFloorPrefix,
+        label: "fill \(kind.rawValue)", floorLabel: "fill-floor")
+    }
+    + churnRatioTargets(prefix: ChurnScenarios.epollFloorPrefix, label: "fill epoll-floor", side: .loopThread)
+    + churnRatioTargets(prefix: ChurnScenarios.steadyEpollFloorPrefix, label: "steady epoll-floor", side: .loopThread)
+    + aboveFloorTargets(
+      ours: "\(ChurnKind.descriptorSource.rawValue) \(ChurnSide.loopThread.rawValue) ",
+      floor: ChurnScenarios.epollFloorPrefix, label: "fill descriptor-source", floorLabel: "epoll-floor")
+    + aboveFloorTargets(
+      ours: "steady \(ChurnKind.descriptorSource.rawValue) \(ChurnSide.loopThread.rawValue) ",
+      floor: ChurnScenarios.steadyEpollFloorPrefix, label: "steady descriptor-source", floorLabel: "epoll-floor")
+    + churnRatioTargets(
       prefix: "signalled-elsewhere input-source loop-thread ", label: "signalled-elsewhere input-source",
       side: .loopThread, passes: true)
     + ChurnSide.allCases.map { side in
@@ -186,6 +201,36 @@ enum TargetReport {
           }
           guard let top = cost(largest), let bottom = cost(smallest) else { return nil }
           return top / bottom
+        })
+    }
+  }
+
+  /// What a loop-thread add (and remove) of the peers named `ours` costs beyond the floor peers
+  /// named `floor` at the same n, at the largest n over the smallest (`ChurnScenarios.fillFloorNote`,
+  /// `epollFloorNote`): the part of the growth that is the loop's own. Nil when the floor did not
+  /// run at both counts.
+  private static func aboveFloorTargets(ours: String, floor: String, label: String, floorLabel: String) -> [Target] {
+    [("add", nil), ("remove", "remove_ns")].map { (name: String, extra: String?) in
+      Target(
+        label: "churn \(label) \(name) above \(floorLabel) loop-thread: big n / small n",
+        bound: .atMost(1.2),
+        measure: { results in
+          let ours = churnFigures(results, prefix: ours)
+          let floor = churnFigures(results, prefix: floor)
+          func cost(_ figure: Figure) -> Double? {
+            guard let extra else { return figure.value }
+            return figure.extras.first { $0.0 == extra }?.1
+          }
+          func above(_ entry: (n: Double, figure: Figure)?) -> Double? {
+            guard let entry, let base = floor.first(where: { $0.n == entry.n }), let top = cost(entry.figure),
+              let bottom = cost(base.figure)
+            else { return nil }
+            return top - bottom
+          }
+          guard ours.count > 1, let big = above(ours.last), let small = above(ours.first), small > 0 else {
+            return nil
+          }
+          return big / small
         })
     }
   }
