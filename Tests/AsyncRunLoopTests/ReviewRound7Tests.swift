@@ -232,7 +232,7 @@ struct ReviewRound7Tests {
           loop.add(observer)
           members.append(observer)
         }
-        outerResult.withLock { $0 = loop.run(for: .seconds(20)) }
+        outerResult.withLock { $0 = loop.run(for: .seconds(20) * watchdogScale) }
         keepAlive.invalidate()
         withExtendedLifetime(members) {}
       }
