@@ -345,7 +345,7 @@ struct ReliabilityTests {
     #expect(dup2(file, pipe.read) == pipe.read)  // the pipe's read end is closed, the number reused
     close(pipe.write)
     if how == "remove" { loop.remove(source) } else { source.invalidate() }
-    let registrations = try loop.performAndWait { loop.core.descriptorsByToken.count }
+    let registrations = try loop.performAndWait { loop.core.descriptors.count }
     var status = stat()
     #expect(fstat(pipe.read, &status) == 0 && (status.st_mode & S_IFMT) == S_IFREG, "the file was closed")
     #expect(registrations == 0)

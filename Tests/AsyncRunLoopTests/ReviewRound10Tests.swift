@@ -337,7 +337,7 @@ struct ReviewRound10DescriptorTests {
   /// What the loop keeps for its descriptors (loop thread): registrations by token, and tokens by
   /// number.
   private static func registrations(_ loop: RunLoopThread) -> (byToken: Int, numbers: [Int32]) {
-    (loop.core.descriptorsByToken.count, loop.core.tokenByDescriptor.keys.sorted())
+    (loop.core.descriptors.count, loop.core.descriptors.ownedDescriptors)
   }
 
   /// A source in A and B, its descriptor readable: runs in C silence it (no spin, no delivery),

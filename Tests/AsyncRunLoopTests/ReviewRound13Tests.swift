@@ -163,11 +163,11 @@ extension ReviewRound13FastPathTests {
       _ = r13WithChangeWaiting(on: loop, pending: { loop.remove(other) }) {
         try? loop.add(member, to: .default)
       }
-      let registrations = try? loop.performAndWait { loop.core.descriptorsByToken.count }
+      let registrations = try? loop.performAndWait { loop.core.descriptors.count }
       writeByte(pipe.write)
       waitUntil("the handler hears the pipe") { handled.current >= 1 }
       member.invalidate()
-      let after = try? loop.performAndWait { loop.core.descriptorsByToken.count }
+      let after = try? loop.performAndWait { loop.core.descriptors.count }
       return (registrations, handled.current, after)
     }
     guard let outcome else { return }

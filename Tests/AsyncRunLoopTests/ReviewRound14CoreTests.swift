@@ -32,7 +32,7 @@ private func r14cAgreement(_ member: some LoopMember, on loop: RunLoopThread) ->
       modes: loop.core.modes(of: member).sorted { $0.rawValue < $1.rawValue },
       bound: member.isBound(to: loop.shared),
       records: loop.core.modeTable.allRecords.count,
-      registrations: loop.core.descriptorsByToken.count)
+      registrations: loop.core.descriptors.count)
   }
 }
 
@@ -42,7 +42,7 @@ private func r14cAgreementHere(_ member: some LoopMember, on loop: RunLoopThread
     modes: loop.core.modes(of: member).sorted { $0.rawValue < $1.rawValue },
     bound: member.isBound(to: loop.shared),
     records: loop.core.modeTable.allRecords.count,
-    registrations: loop.core.descriptorsByToken.count)
+    registrations: loop.core.descriptors.count)
 }
 
 /// Runs `body` on `loop`'s thread (a performed block) while what `pending` sends from this thread

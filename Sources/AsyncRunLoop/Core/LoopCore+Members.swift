@@ -41,14 +41,10 @@ extension LoopCore {
   func applyAdd(_ source: DescriptorSource, _ record: MemberRecord, to mode: RunLoopMode) throws(SystemCallError) {
     if !record.isAttached {
       try refuseIfHeldBySilencedSource(source.descriptor)
-      let token = nextToken
-      nextToken += 1
-      try poller.register(descriptor: source.descriptor, events: source.epollEvents, token: token)
+      try poller.register(descriptor: source.descriptor, events: source.epollEvents, token: descriptors.nextToken)
       modeTable.attach(record, .descriptor(DescriptorRegistration(source)))
-      record.token = token
+      record.token = descriptors.insert(record, descriptor: source.descriptor)
       record.isArmed = true
-      descriptorsByToken[token] = record
-      tokenByDescriptor[source.descriptor] = token
     }
     modeTable.add(record, to: mode)
     // A new registration is armed; a silenced one may have joined the running mode: the next
@@ -62,7 +58,7 @@ extension LoopCore {
   /// so epoll would accept the new one, whose number the loop would then take from the silenced
   /// one for good. The number is only free if it names another file now (closed and reused).
   private func refuseIfHeldBySilencedSource(_ descriptor: Int32) throws(SystemCallError) {
-    guard let token = tokenByDescriptor[descriptor], let holder = descriptorsByToken[token], holder.isAttached,
+    guard let holder = descriptors.record(for: descriptors.liveToken(for: descriptor)), holder.isAttached,
       !holder.isArmed, let file = holder.file, SystemCall.fileIdentity(of: descriptor) == file
     else { return }
     throw SystemCallError(
@@ -131,11 +127,9 @@ extension LoopCore {
       unlistSilenced(registration)
       let source = registration.source
       if registration.token != 0 {
-        descriptorsByToken[registration.token] = nil
-        // Unless the number now belongs to a newer registration (the old descriptor was closed
-        // and the number reused).
-        if tokenByDescriptor[source.descriptor] == registration.token {
-          tokenByDescriptor[source.descriptor] = nil
+        // Out of the epoll set unless the number now belongs to a newer registration (the old
+        // descriptor was closed and the number reused).
+        if descriptors.remove(registration.token, descriptor: source.descriptor) {
           poller.deregister(descriptor: source.descriptor)
         }
         registration.token = 0

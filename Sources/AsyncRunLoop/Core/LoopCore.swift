@@ -98,10 +98,8 @@ final class LoopCore {
 
   // MARK: Descriptors and timers
 
-  /// Readiness registrations by epoll token, and the live token for each descriptor number.
-  @exclusivity(unchecked) var descriptorsByToken: [UInt64: MemberRecord] = [:]
-  var tokenByDescriptor: [Int32: UInt64] = [:]
-  var nextToken = EpollPoller.firstRegistrationToken
+  /// Readiness registrations by epoll token, and the owner of each descriptor number.
+  @exclusivity(unchecked) var descriptors = DescriptorRegistry()
   /// Sequence numbers for timer-heap entries (equal deadlines fire in scheduling order).
   @exclusivity(unchecked) var timerSequence: UInt64 = 0
   /// Tokens reported by the last wait that belong to no registration. A registration removed by an

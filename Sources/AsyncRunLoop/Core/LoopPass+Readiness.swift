@@ -4,13 +4,13 @@
 extension LoopCore {
   /// Delivers one readiness event; silences a registration that is not in the running mode.
   func handleReadiness(token: UInt64, events: UInt32, contents: ModeContents) -> Bool {
-    guard let record = descriptorsByToken[token], let source = record.registration?.source else {
+    guard let record = descriptors.record(for: token), let source = record.registration?.source else {
       // Removed already (by a handler earlier in this wait), or kept by epoll for a closed number.
       if unknownTokensLastWait.contains(token) { needsEpollPurge = true }
       unknownTokensThisWait.insert(token)
       return false
     }
-    guard tokenByDescriptor[source.descriptor] == token else {
+    guard descriptors.owns(token, source.descriptor) else {
       // The number was closed and now belongs to a newer registration, but epoll still reports
       // this one (a `dup` keeps its file open): it reports another file than the number names,
       // so it never fires again, and epoll must forget it.
@@ -88,16 +88,17 @@ extension LoopCore {
     unknownTokensLastWait.removeAll()
     unknownTokensThisWait.removeAll()
     var keep: [(descriptor: Int32, events: UInt32, token: UInt64)] = []
-    for (token, record) in descriptorsByToken where record.isArmed {
-      guard let source = record.registration?.source, tokenByDescriptor[source.descriptor] == token else {
+    descriptors.forEach { token, record in
+      guard record.isArmed else { return }
+      guard let source = record.registration?.source, descriptors.owns(token, source.descriptor) else {
         record.markRegistrationLost()
-        continue
+        return
       }
       keep.append((source.descriptor, source.epollEvents, token))
     }
     guard let refused = poller.rebuild(keeping: keep) else { return }
     for token in refused {
-      descriptorsByToken[token]?.markRegistrationLost()  // closed meanwhile
+      descriptors.record(for: token)?.markRegistrationLost()  // closed meanwhile
     }
   }
 
@@ -117,7 +118,7 @@ extension LoopCore {
       // set (the number still named its file); gone already, the descriptor was closed and the
       // source can never fire again.
       record.file = nil
-      if tokenByDescriptor[source.descriptor] == record.token, poller.deregister(descriptor: source.descriptor) {
+      if descriptors.owns(record.token, source.descriptor), poller.deregister(descriptor: source.descriptor) {
         record.file = SystemCall.fileIdentity(of: source.descriptor)
       }
       record.isArmed = false
@@ -128,7 +129,7 @@ extension LoopCore {
     defer { unlistSilenced(registration) }
     // The number may belong to a newer registration by now (this descriptor was closed and the
     // number reused): then this one can never fire again.
-    guard tokenByDescriptor[source.descriptor] == record.token else { return }
+    guard descriptors.owns(record.token, source.descriptor) else { return }
     // Silenced, the registration was out of the epoll set: if the number names another file now
     // (closed and reused meanwhile), registering it would report that file's events here.
     guard let file = record.file, SystemCall.fileIdentity(of: source.descriptor) == file else { return }

@@ -354,7 +354,7 @@ extension LoopCore {
   /// How the loop would sleep now: on the futex when only another thread can wake it (no
   /// descriptor registered, the timerfd disarmed), else in `epoll_wait`.
   private var sleepMechanism: LoopInbox.SleepMechanism {
-    descriptorsByToken.isEmpty && !poller.isTimerArmed ? .futex : .epoll
+    descriptors.isEmpty && !poller.isTimerArmed ? .futex : .epoll
   }
 
 }

@@ -19,10 +19,9 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
 
   /// The token epoll reports for the wake-up eventfd.
   static let wakeToken: UInt64 = 0
-  /// The token epoll reports for the timerfd.
+  /// The token epoll reports for the timerfd. Readiness registrations' tokens are larger (see
+  /// `DescriptorRegistry`).
   static let timerToken: UInt64 = 1
-  /// The first token handed out to readiness registrations.
-  static let firstRegistrationToken: UInt64 = 2
 
   private var epollDescriptor: Int32
   private let wakeDescriptor: Int32
