@@ -438,9 +438,10 @@ struct ReviewRecordsTests {
     #expect(result.valid || result.errors == 1, "invalidated with no [.error] report: \(result)")
   }
 
-  /// A readiness source whose add epoll refuses on the loop thread throws there and is dropped;
-  /// one refused from another thread reports `[.error]` once and is invalid. Its records hold
-  /// nothing afterwards (the source and its handler are freed).
+  /// A readiness source whose add epoll refuses on the loop thread throws there, and stays valid
+  /// (a thrown error means the add did not happen); one refused from another thread reports
+  /// `[.error]` once and is invalid. Its records hold nothing afterwards (the source and its
+  /// handler are freed).
   @Test func refusedDescriptorAddsReportOnceAndLeakNothing() async throws {
     let loop = try RunLoopThread(name: "rrec-fd-refused")
     defer { loop.shutdownAndWait() }
@@ -476,13 +477,14 @@ struct ReviewRecordsTests {
               }) ?? false
             if !threw { problems.append("round \(round): the loop-thread add did not throw") }
             if errors.current != 0 { problems.append("round \(round): a throwing add also reported") }
+            if !source.isValid { problems.append("round \(round): a throwing add invalidated the source") }
           } else {
             try? loop.add(source, to: .default)
             try? loop.add(source, to: RunLoopMode("rrec-fd-m"))  // a second add with the same record
             _ = try? loop.performAndWait { () }
             if errors.current != 1 { problems.append("round \(round): \(errors.current) error reports") }
+            if source.isValid { problems.append("round \(round): still valid") }
           }
-          if source.isValid { problems.append("round \(round): still valid") }
         }
         _ = try? loop.performAndWait { () }
         if weakSource != nil || weakSentinel != nil { problems.append("round \(round): leaked") }

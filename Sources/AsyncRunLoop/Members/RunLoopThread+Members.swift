@@ -67,8 +67,9 @@ extension RunLoopThread {
   /// first time. Any thread. Traps if the source is on another loop.
   /// - Throws: `SystemCallError` with `EBADF` when the descriptor is not open, `EPERM` when it
   ///   cannot be polled (a regular file or directory), or what epoll reports when called on the
-  ///   loop thread. From other threads, a failure that only epoll can detect invalidates the
-  ///   source and reports `[.error]` to its handler on the loop thread.
+  ///   loop thread. A thrown error means the add did not happen: the source stays valid, on no
+  ///   loop, and may be added again. From other threads, a failure that only epoll can detect
+  ///   invalidates the source and reports `[.error]` to its handler on the loop thread.
   public func add(_ source: DescriptorSource, to mode: RunLoopMode = .default) throws(SystemCallError) {
     // On the loop thread of a running loop the add is applied here and epoll's own answer
     // (EBADF, EPERM) is returned: checking first would cost every add a system call more.
@@ -231,8 +232,10 @@ extension LoopObserver {
 }
 
 extension DescriptorSource {
-  /// A registration epoll refuses is returned to a caller waiting on the loop thread; otherwise
-  /// nobody waits for an answer: the handler is told `[.error]`. Either way the source is dropped.
+  /// A registration epoll refuses is returned to a caller waiting on the loop thread, and the
+  /// source stays valid: the add did not happen, as when another thread's add is refused by its
+  /// `fstat` check. Otherwise nobody waits for an answer: the handler is told `[.error]`, and the
+  /// source is invalidated.
   func applyAdd(on core: LoopCore, record: MemberRecord, mode: RunLoopMode, callerWaits: Bool) -> SystemCallError? {
     do throws(SystemCallError) {
       try core.applyAdd(self, record, to: mode)
@@ -248,10 +251,19 @@ extension DescriptorSource {
         return true
       }
       guard isCurrent else { return callerWaits ? error : nil }
-      if !callerWaits { fire(.error, on: core.shared) }
+      guard !callerWaits else {
+        // Left as an add and a removal here leave it: on no loop, valid, free to be added again
+        // (once its descriptor can be polled), to this loop or another.
+        withBinding { binding in
+          binding.forget(core.shared, restoringLastLoop: core.shared)
+          binding.loopLetGo(core.shared)
+        }
+        return error
+      }
+      fire(.error, on: core.shared)
       withBinding { $0.forget(core.shared, restoringLastLoop: core.shared) }
       invalidate()
-      return callerWaits ? error : nil
+      return nil
     }
   }
 }
