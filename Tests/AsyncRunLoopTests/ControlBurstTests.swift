@@ -138,4 +138,45 @@ struct ControlBurstTests {
     }
     #expect(log == ["schedule", "cancel", "schedule", "cancel"])
   }
+
+  /// "At most 256 per pass" holds for the pass as a whole, not for each of its calls that apply
+  /// changes (the run's start, step 2, each work point, the one after the wake): 1,000 adds sent
+  /// while the loop runs a block are applied 256 per one-pass run nested in that block (a run
+  /// whose time limit has passed makes exactly one pass).
+  @Test func aBurstSentWhileTheLoopIsHeldIsAppliedAtMostABudgetPerPass() async throws {
+    let budget = LoopCore.controlsPerPass
+    let total = 1_000
+    let perPass = await execOnNewThread { () -> [Int] in
+      let loop = try! RunLoopThread(name: "burst-budget")
+      defer { loop.shutdownAndWait() }
+      let scheduled = AtomicCounter()
+      let sources = (0..<total).map { _ in
+        InputSource(schedule: { _, _, _ in scheduled.increment() }, cancel: { _, _ in }, perform: { _ in })
+      }
+      let blockStarted = TestGate()
+      let sent = TestGate()
+      let finished = TestGate()
+      let counted = Guarded<[Int]>([])
+      loop.perform {
+        blockStarted.open()
+        _ = sent.wait(timeout: .seconds(20 * watchdogScale))
+        var before = scheduled.current
+        for _ in 0..<(total / budget + 3) {
+          _ = loop.run(mode: .default, until: .now)
+          let now = scheduled.current
+          counted.withLock { $0.append(now - before) }
+          before = now
+        }
+        finished.open()
+      }
+      _ = blockStarted.wait(timeout: .seconds(20 * watchdogScale))
+      for source in sources { loop.add(source) }  // all wait in the inbox
+      sent.open()
+      _ = finished.wait(timeout: .seconds(20 * watchdogScale))  // (a block performed now would run in those runs)
+      for source in sources { source.invalidate() }
+      return counted.snapshot
+    }
+    let expected = [budget, budget, budget, total - 3 * budget, 0, 0]
+    #expect(perPass == expected, "changes applied per one-pass run: \(perPass)")
+  }
 }

@@ -62,6 +62,11 @@ final class LoopCore {
   @exclusivity(unchecked) var controlDepth = 0
   /// The sequence number of the last change applied (changes are applied in order).
   @exclusivity(unchecked) var appliedThrough: UInt64 = 0
+  /// How many more changes the current pass's bounded calls may apply: every bounded call of one
+  /// pass (the run's start, step 2, each work point, the one after the wake) shares it, so a pass
+  /// applies at most `controlsPerPass` however many calls it makes. Reset when a run begins and
+  /// after each pass; a nested run keeps its own and gives the outer pass back what it had.
+  @exclusivity(unchecked) var passControlBudget = LoopCore.controlsPerPass
   /// An applied batch kept (emptied, small) to hand the inbox its next array with capacity.
   @exclusivity(unchecked) var spareControlBatch: [SequencedChange] = []
 
@@ -196,17 +201,19 @@ final class LoopCore {
   /// they were sent, before any block or job collected with them runs. A change that runs the loop
   /// nested (a schedule routine, say) has the nested run continue this same queue.
   ///
-  /// `bounded` (the pass's own calls) applies at most `controlsPerPass`: a burst of 100k removals
-  /// from another thread is spread over passes (each one ends quickly, so timers and descriptors
-  /// keep their turn) instead of one pass that takes 100 ms. While changes wait, the pass runs no
-  /// block or job (they may have been sent after those changes) and does not sleep.
+  /// `bounded` (the pass's own calls) draws on `passControlBudget`, which every bounded call of
+  /// one pass shares: a pass applies at most `controlsPerPass`, so a burst of 100k removals from
+  /// another thread is spread over passes (each one ends quickly, so timers and descriptors keep
+  /// their turn) instead of one pass that takes 100 ms. While changes wait, the pass runs no block
+  /// or job (they may have been sent after those changes) and does not sleep.
   ///
   /// `through` stops before the first change with a later sequence number (see
   /// `sequenceOfWaitingChanges`).
   func applyControls(afterWake: Bool = false, bounded: Bool = false, through: UInt64 = UInt64.max) {
     collectInbox(afterWake: afterWake)
     guard hasWaitingControls else { return }
-    var budget = bounded ? Self.controlsPerPass : Int.max
+    var budget = bounded ? passControlBudget : Int.max
+    guard budget > 0 else { return }
     controlDepth += 1
     // What was collected, and no more: a change that arrives meanwhile was sent after this call
     // began, so it need not come before what follows the call (a loop-thread add, say), and
@@ -224,6 +231,7 @@ final class LoopCore {
         controlIndex = 0
       }
       budget -= 1
+      if bounded { passControlBudget = budget }  // before the callout: a nested run restores it
       apply(change)
     }
     controlDepth -= 1
@@ -276,7 +284,7 @@ final class LoopCore {
   /// What an applied change's slot holds until the queue empties.
   private static var appliedChange: SequencedChange { SequencedChange(sequence: 0, change: .applied) }
 
-  /// The most registration changes one bounded `applyControls` applies.
+  /// The most registration changes one pass applies (its bounded `applyControls` calls together).
   static let controlsPerPass = 256
 
   // MARK: Work points

@@ -33,6 +33,10 @@ extension LoopCore {
         if runDepth == 0 { leaveOutermostRun() }
       }
     }
+    // The run's first pass begins here (its changes come before entry): one budget for both.
+    let outerPassBudget = passControlBudget
+    defer { passControlBudget = outerPassBudget }
+    passControlBudget = Self.controlsPerPass
     applyControls(bounded: true)
     let contents = modeTable.contents(for: mode)
     var run = RunContext(
@@ -90,6 +94,7 @@ extension LoopCore {
       let firedScheduledJobs = fireEveryModeTimers(besides: run.contents)
       runWork(in: mode, applyingControls: firedTimers || firedScheduledJobs)
       if let result = endOfPass(run, handledSource: handledSource) { return result }
+      passControlBudget = Self.controlsPerPass
     }
   }
 
