@@ -4,19 +4,15 @@ import AsyncRunLoop
 // on loops that also hold 0, 1k, 10k or 100k idle members, the sizes interleaved in one process
 // (and 0 again at the end, to show drift). Public API only.
 
-/// A wake-rtt or timer-lateness peer whose loop also holds `count` idle members: half (at most
-/// `maximumSources`) never-signalled input sources, the rest far-future timers, added (on the
-/// loop thread) before the first measurement. The loop's shutdown in `close` invalidates them.
+/// A wake-rtt or timer-lateness peer whose loop also holds `count` idle members: half
+/// never-signalled input sources, the rest far-future timers, added (on the loop thread) before
+/// the first measurement. The loop's shutdown in `close` invalidates them.
 final class FilledLoopSession: LatencySession {
-  /// On a core whose source removal scans the mode's sources, invalidating 50k sources at
-  /// shutdown took ~20 s (measured with the pre-issue-13 core), so larger fills get more timers.
-  static let maximumSources = 10_000
-
   private let inner: any LatencySession
 
   init(count: Int, inner: any LatencySession, loop: RunLoopThread) {
     self.inner = inner
-    let sourceCount = min(count / 2, Self.maximumSources)
+    let sourceCount = count / 2
     let timers = IdleMembers(.timer, count: count - sourceCount)
     let sources = IdleMembers(.inputSource, count: sourceCount)
     _ = timedOnLoop(loop) {
@@ -73,8 +69,7 @@ enum FillScenarios {
       peers: prefixed(wake, "wake-rtt") + prefixed(timer, "timer-lateness"),
       notes: [
         "wake-rtt (as in wake-rtt, asyncrunloop peer) and 1 ms LoopTimer lateness (as asyncrunloop-looptimer)"
-          + " on loops holding n idle members: n/2 idle input sources (at most"
-          + " \(FilledLoopSession.maximumSources)), the rest far-future timers",
+          + " on loops holding n idle members: n/2 idle input sources, the rest far-future timers",
         "sizes \(sizes.map(ChurnScenarios.label).joined(separator: ", ")) interleaved in one process;"
           + " medians over \(mode.repetitions) repetitions",
       ])
