@@ -119,7 +119,33 @@ enum TargetReport {
         label: "hop-allocations asyncrunloop per round trip", bound: .atMost(0),
         measure: { figure($0, "hop-allocations", "asyncrunloop")?.value }),
     ]
-    + churnTargets
+    + churnTargets + fillTargets
+
+  /// Issue 13: a loop does not get slower as it fills up. For each `fill` latency (wake-rtt,
+  /// timer-lateness, descriptor-rtt), p50 with the most idle members over p50 with 1k, and with 1k
+  /// over an empty loop (the step a first thousand members may add).
+  private static let fillTargets: [Target] = ["wake-rtt", "timer-lateness", "descriptor-rtt"].flatMap { latency in
+    [(true, "largest n / 1k"), (false, "1k / 0")].map { (fromThousand: Bool, name: String) in
+      Target(
+        label: "fill \(latency) p50 \(name) idle members", bound: .atMost(1.2),
+        measure: { results in
+          // Peers "wake-rtt idle-1k", ..., by their count; "-again" is the drift check.
+          guard let fill = results.first(where: { $0.name == "fill" }) else { return nil }
+          let counts: [(n: Int, name: String)] = fill.peers.compactMap { peer in
+            let prefix = "\(latency) idle-"
+            guard peer.name.hasPrefix(prefix), !peer.name.hasSuffix("-again") else { return nil }
+            let label = peer.name.dropFirst(prefix.count)
+            let n = label.hasSuffix("k") ? Int(label.dropLast()).map { $0 * 1_000 } : Int(label)
+            return n.map { ($0, peer.name) }
+          }.sorted { $0.n < $1.n }
+          guard let thousand = counts.first(where: { $0.n == 1_000 }), let largest = counts.last,
+            largest.n > 1_000, let empty = counts.first(where: { $0.n == 0 })
+          else { return nil }
+          let (top, bottom) = fromThousand ? (largest.name, thousand.name) : (thousand.name, empty.name)
+          return ratio("fill", top, bottom, \.p50)(results)
+        })
+    }
+  }
 
   /// The churn peers whose name starts with `prefix`, as figures, by their member count `n`.
   private static func churnFigures(_ results: [ScenarioResult], prefix: String) -> [(n: Double, figure: Figure)] {
