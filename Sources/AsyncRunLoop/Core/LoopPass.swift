@@ -43,7 +43,9 @@ extension LoopCore {
       contents: contents, deadline: deadline, returnAfterSourceHandled: returnAfterSourceHandled,
       keepsAlive: keepsAlive, shouldEnd: shouldEnd, readySources: spareReadyBuffers.popLast() ?? [])
     defer { spareReadyBuffers.append(run.readySources) }
-    if isFinished(run) { return .finished }  // no entry/exit told
+    // No entry/exit told. A shutdown ends every run `.stopped`, also one that a block of its
+    // drain starts in a mode it emptied.
+    if isFinished(run) { return shared.isShutDown ? .stopped : .finished }
     notifyObservers(contents, .entry)  // 1
     let result = runPasses(&run)
     notifyObservers(contents, .exit)  // 10

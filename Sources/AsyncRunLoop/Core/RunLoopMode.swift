@@ -44,7 +44,7 @@ public struct RunLoopMode: Hashable, Sendable, RawRepresentable, ExpressibleBySt
 
 /// Why a call to `RunLoopThread.run` returned (see "One pass of the loop").
 public enum RunLoopRunResult: Sendable, Equatable, CustomStringConvertible {
-  /// The mode held nothing to watch (no sources, no timers).
+  /// The mode held nothing to watch (no sources, no timers), and the loop is not shutting down.
   case finished
   /// `stop()` was called, or the loop is shutting down (`shutdown()` ends every run of the loop
   /// this way, at every nesting level).
