@@ -77,7 +77,16 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
     case reaped
   }
 
+  /// Unique among every loop this process ever made (never reused, unlike an object's address):
+  /// what a member's binding names the loop its last sent change went to with
+  /// (`MemberBinding.lastSentSequence(on:)`).
+  let serial: UInt64
+
+  /// The next `serial`.
+  private static let serials = Atomic<UInt64>(1)
+
   init(name: String, ownsThread: Bool, isMainLoop: Bool, poller: EpollPoller) {
+    serial = Self.serials.wrappingAdd(1, ordering: .relaxed).oldValue
     self.name = name
     self.ownsThread = ownsThread
     self.isMainLoop = isMainLoop

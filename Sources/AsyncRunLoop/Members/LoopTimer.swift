@@ -159,10 +159,13 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     let target: (loop: LoopShared, record: MemberRecord)? = lock.withLock {
       fireDateNs = date.nanoseconds
       fireDateVersion &+= 1
-      // (On the loop thread the call applies at once, after the pending one: it always goes.)
-      guard let target = state.binding.loopAndRecord,
-        pendingReschedule !== target.record || target.loop.isOnLoopThread
-      else { return nil }
+      guard let target = state.binding.loopAndRecord else { return nil }
+      // On the loop thread the call applies at once (after the pending one): it always goes, and
+      // leaves nothing pending. (Marking it pending there left the mark behind when the timer's
+      // add was still waiting behind a burst: the loop had nothing to re-time yet, so nothing
+      // cleared it, and every later call from another thread sent nothing.)
+      if target.loop.isOnLoopThread { return target }
+      guard pendingReschedule !== target.record else { return nil }
       pendingReschedule = target.record
       return target
     }

@@ -66,12 +66,24 @@ struct MemberBinding {
   /// (`SignalState` keeps their routines until every loop that was sent an add has had them).
   private(set) var pendingJoins = 0
   /// The inbox's sequence number of the last add or removal another thread sent for this member
-  /// (under this lock): a loop-thread call nested in the loop's application of changes applies
-  /// the queue only as far as this (`RunLoopThread.bind`).
-  private(set) var lastSentSequence: UInt64 = 0
+  /// (under this lock), and the `serial` of the loop whose inbox numbered it: a loop-thread call
+  /// nested in the loop's application of changes applies the queue only as far as this
+  /// (`LoopCore.changeBindingInOrder`). A number from another loop's inbox means nothing here:
+  /// compared with this loop's numbers it applied a whole waiting burst in one callout.
+  private var lastSentSequence: UInt64 = 0
+  private var lastSentLoopSerial: UInt64 = 0
 
-  /// Another thread sent an add or a removal of this member to its loop (under this lock).
-  mutating func noteSent(_ sequence: UInt64) { lastSentSequence = sequence }
+  /// Another thread sent an add or a removal of this member to `loop` (under this lock).
+  mutating func noteSent(_ sequence: UInt64, to loop: LoopShared) {
+    lastSentSequence = sequence
+    lastSentLoopSerial = loop.serial
+  }
+
+  /// The number of the last add or removal another thread sent for this member to `loop`; 0 when
+  /// the last one went to another loop (or none was sent).
+  func lastSentSequence(on loop: LoopShared) -> UInt64 {
+    lastSentLoopSerial == loop.serial ? lastSentSequence : 0
+  }
 
   /// The loop the member is on and its record there, if it is on one.
   var loopAndRecord: (loop: LoopShared, record: MemberRecord)? {

@@ -168,7 +168,7 @@ extension RunLoopThread {
           if !boundHereBefore { binding.forget(shared, restoringLastLoop: lastLoop) }
           return .refusedTerminated
         }
-        binding.noteSent(sequence)
+        binding.noteSent(sequence, to: shared)
         return .sent(wake)
       case .refused:
         return .ignored
@@ -201,7 +201,7 @@ extension RunLoopThread {
       guard let record = binding.unbind(from: shared, mode: mode) else { return nil }
       // Refused: the loop has terminated and detached every member already.
       guard let (wake, sequence) = shared.sendNumbered(.remove(record, mode)) else { return nil }
-      binding.noteSent(sequence)
+      binding.noteSent(sequence, to: shared)
       return wake
     }
     if let wake { perform(wake) }
@@ -296,9 +296,11 @@ extension LoopCore {
       if let sentBefore { applyControls(through: sentBefore) }
       return result
     }
-    let sentBefore = member.withBinding { $0.lastSentSequence }
+    let sentBefore = member.withBinding { $0.lastSentSequence(on: shared) }
     if sentBefore > appliedThrough { applyControls(through: sentBefore) }
-    let (result, sentSince) = member.withBinding { binding in (change(&binding), binding.lastSentSequence) }
+    let (result, sentSince) = member.withBinding { binding in
+      (change(&binding), binding.lastSentSequence(on: shared))
+    }
     if sentSince > appliedThrough { applyControls(through: sentSince) }
     return result
   }
