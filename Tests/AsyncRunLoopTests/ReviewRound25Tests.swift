@@ -322,10 +322,7 @@ enum R25Callout: String, CaseIterable, Sendable, CustomTestStringConvertible {
   /// loop runs only the default mode meanwhile. Without the budget the three changes are applied in
   /// one pass and the member never fires in the default mode; with the removal left to a later
   /// pass, it must not either (the removal was made, the member's side changed at the call).
-  @Test(
-    .disabled(
-      "bug: a member moved from the default mode to another, behind the budget, still fires in the default mode"),
-    arguments: R25MovedKind.allCases)
+  @Test(arguments: R25MovedKind.allCases)
   func aMemberMovedToAnotherModeBehindTheBudgetDoesNotFireInTheOldMode(kind: R25MovedKind) throws {
     let outcome = try Self.moveBehind(fillers: 300, kind: kind)
     #expect(outcome?.before == 0, "fired in the mode it was removed from")
@@ -344,6 +341,42 @@ enum R25Callout: String, CaseIterable, Sendable, CustomTestStringConvertible {
   /// Held loop: adds the member to the default mode, sends `fillers` adds, then moves the member
   /// to another mode; runs the default mode, then the other mode one pass. Returns how often the
   /// member fired before, and after, the other mode ran.
+  /// The same rule when the member stays on the loop: a timer in `.default` and another mode (by
+  /// name, or through `.common`) is made due and then removed from `.default` (or from `.common`)
+  /// behind a held burst of 300 changes. The pass that applies the first 256 runs `.default` with
+  /// the timer still held there: it must not fire there (the removal was made), and fires once when
+  /// the other mode runs.
+  @Test(arguments: [false, true])
+  func aTimerRemovedFromOneOfItsModesBehindTheBudgetDoesNotFireThere(throughCommon: Bool) throws {
+    let other: RunLoopMode = "r25-kept-other"
+    let outcome = try withWatchdogSync(timeout: .seconds(20), "removed from one mode") { () -> [Int] in
+      let loop = try RunLoopThread(name: "r25-kept")
+      defer { loop.shutdownAndWait() }
+      let fired = AtomicCounter()
+      let timer = LoopTimer(after: .seconds(3_600)) { _ in fired.increment() }
+      let named: RunLoopMode = throughCommon ? .common : .default
+      loop.add(timer, to: named)
+      loop.add(timer, to: other)
+      try loop.performAndWait {}  // both adds applied
+      let sources = (0..<300).map { _ in R25Source() }
+      let release = blockLoop(loop)
+      timer.setFireDate(.now)  // applied by the first pass, which then fires .default's due timers
+      for counted in sources { loop.add(counted.source) }
+      loop.remove(timer, from: named)
+      release.open()
+      try loop.performAndWait {}
+      try loop.performAndWait {}
+      let inDefault = fired.current
+      try loop.performAndWait { _ = loop.run(mode: other, until: .now) }
+      let inOther = fired.current - inDefault
+      timer.invalidate()
+      for counted in sources { counted.source.invalidate() }
+      try loop.performAndWait {}
+      return [inDefault, inOther]
+    }
+    #expect(outcome == [0, 1], "[fired in .default, fired in the other mode]")
+  }
+
   private static func moveBehind(fillers: Int, kind: R25MovedKind) throws -> (before: Int, after: Int)? {
     let other: RunLoopMode = "r25-moved-other"
     return try withWatchdogSync(timeout: .seconds(20), "moved \(kind)") { () -> (before: Int, after: Int) in

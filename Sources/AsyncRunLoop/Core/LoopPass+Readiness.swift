@@ -29,12 +29,13 @@ extension LoopCore {
       unknownTokensThisWait.insert(token)
       return false
     }
-    guard record.isIn(contents) else {
+    guard let claim = record.claim(in: contents) else {
       setArmed(record, false)  // level-triggered: would fire forever in a mode that ignores it
       return false
     }
-    source.fire(DescriptorEvents(rawValue: events), on: shared)
-    return true
+    // (Removed from this mode by a call the loop has not applied yet: not told; the removal,
+    // on its way, silences it if the mode keeps running.)
+    return source.fire(DescriptorEvents(rawValue: events), on: shared, record: record, in: claim)
   }
 
   /// Arms the readiness registrations of `contents`' mode after a mode switch (lazy: the loop

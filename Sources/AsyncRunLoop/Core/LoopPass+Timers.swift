@@ -28,7 +28,7 @@ extension LoopCore {
         continue
       }
       fired = true
-      fire(record, first.element.timer, firedAt: first.deadline)
+      fire(record, first.element.timer, firedAt: first.deadline, in: contents)
     }
     for (entry, record) in setAside where entry.element.heapSlot < 0 && record.isAttached {
       // Still this mode's entry of the timer (not removed, or replaced by a remove and re-add)
@@ -62,16 +62,17 @@ extension LoopCore {
   /// made by a callout further out that removed the timer and added it again, or the timer was
   /// moved here from a callout on another loop) is not run: its entry stays out of the heap until
   /// that callout returns and re-times it.
-  func fire(_ record: MemberRecord, _ timer: LoopTimer, firedAt fireDate: Int64) {
+  func fire(_ record: MemberRecord, _ timer: LoopTimer, firedAt fireDate: Int64, in contents: ModeContents) {
+    guard let claim = record.claim(in: contents) else { return }  // (popped from this mode's heap)
     record.isFiring = true
-    let outcome = timer.fire(on: shared, dueAt: fireDate)
+    let outcome = timer.fire(on: shared, dueAt: fireDate, record: record, in: claim)
     record.isFiring = false
     let after: LoopTimer.AfterFire
     let recordHere: MemberRecord?
     switch outcome {
     case .ran(let left, let record):
       (after, recordHere) = (left, record)
-    case .busy:
+    case .busy, .leftMode:
       return
     case .skipped:
       if record.isAttached && timer.isBound(to: shared) { pushTimerEntries(record) }  // back at its date

@@ -204,9 +204,9 @@ extension LoopCore {
     for bucket in contents.observerBuckets {
       for (slot, entry) in bucket.slots.enumerated() {
         guard let record = entry, let observer = record.attachedObserver, observer.activities.contains(activity),
-          record.observerSlot(in: contents) == slot
+          record.observerSlot(in: contents) == slot, let claim = record.claim(in: contents)
         else { continue }
-        observer.notify(activity, on: shared)
+        observer.notify(activity, on: shared, record: record, in: claim)
       }
     }
   }

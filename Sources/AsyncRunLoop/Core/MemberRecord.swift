@@ -165,6 +165,16 @@ final class MemberRecord: TimerEntry {
     attachedMember = nil
   }
 
+  /// How the record is in `contents`' mode (nil when it is not): what a callout there checks
+  /// against the member's binding (`MemberBinding.keeps`).
+  @inline(__always)
+  func claim(in contents: ModeContents) -> ModeClaim? {
+    for entry in modes where entry.contents === contents {
+      return ModeClaim(mode: contents.mode, byName: entry.byName, viaCommon: entry.viaCommon)
+    }
+    return nil
+  }
+
   /// Whether `contents` holds the member.
   @inline(__always)
   func isIn(_ contents: ModeContents) -> Bool {
@@ -254,6 +264,15 @@ struct MemberKey: Hashable {
 /// One mode holding a member: the member's slot in that mode's ordered observer list (-1 for
 /// the other kinds), and a timer's entry in that mode's heap: the record itself
 /// (`usesRecordEntry`, at most one membership per record) or an entry object of its own.
+/// Why a record is in one mode, as the loop sees it: the mode was named when the member was added
+/// (`byName`), or it is in the common set and the member was added to `.common` (`viaCommon`),
+/// or both. A pure value.
+struct ModeClaim {
+  let mode: RunLoopMode
+  let byName: Bool
+  let viaCommon: Bool
+}
+
 struct Membership {
   let contents: ModeContents
   /// 32 bits, with the flags after it, keep a membership at 24 bytes (one is inline in every

@@ -114,4 +114,13 @@ public final class DescriptorSource: LoopMember, @unchecked Sendable {  // Safet
     let current = lock.withLock { state.callout(on: loop) }
     current?(self, events)
   }
+
+  /// Loop thread: delivers readiness events that `loop` found for `record`, in the mode `claim`
+  /// describes; returns false (and tells nobody) when the source was invalidated, left `loop`, or
+  /// was removed from that mode by a call the loop has not applied yet.
+  func fire(_ events: DescriptorEvents, on loop: LoopShared, record: MemberRecord, in claim: ModeClaim) -> Bool {
+    guard let current = lock.withLock({ state.callout(on: loop, for: record, in: claim) }) else { return false }
+    current(self, events)
+    return true
+  }
 }

@@ -95,12 +95,12 @@ public final class LoopObserver: LoopMember, @unchecked Sendable {  // Safety: p
   /// False once invalidated. Any thread.
   public var isValid: Bool { lock.withLock { state.binding.isValid } }
 
-  /// Loop thread of `loop`: tells the observer (unless it was invalidated, left `loop`, or its
-  /// callout is running: a run nested in it skips it); a one-shot observer invalidates itself
-  /// afterwards.
-  func notify(_ activity: LoopActivity, on loop: LoopShared) {
+  /// Loop thread of `loop`: tells the observer (unless it was invalidated, left `loop` or the mode
+  /// the loop holds `record` in as `claim` says, or its callout is running: a run nested in it
+  /// skips it); a one-shot observer invalidates itself afterwards.
+  func notify(_ activity: LoopActivity, on loop: LoopShared, record: MemberRecord, in claim: ModeClaim) {
     let current: (@Sendable (LoopObserver, LoopActivity) -> Void)? = lock.withLock {
-      guard !isFiring, let callout = state.callout(on: loop) else { return nil }
+      guard !isFiring, let callout = state.callout(on: loop, for: record, in: claim) else { return nil }
       isFiring = true
       return callout
     }

@@ -243,6 +243,10 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     /// Not run: invalidated, no longer on the loop, or moved later (by a `setFireDate` the loop
     /// has not applied yet: it fires at the new date, never early).
     case skipped
+    /// Not run: removed from the mode the loop fired it in (or from the loop, or moved to a new
+    /// record there), by a call whose removal the loop has not applied yet. The entry stays out of
+    /// that mode's heap: the removal on its way takes the timer out of the mode.
+    case leftMode
     /// Not run: a callout of the timer is running now, further out on this thread (the callout
     /// removed the timer and added it again, so a nested run found a new record due) or on
     /// another loop (the callout moved it there). Callouts never overlap: the loop keeps the
@@ -251,19 +255,24 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     case busy
   }
 
-  /// Runs the handler if the timer is still valid and on `loop`, its fire date is not later than
-  /// `dueAt` (the date of the heap entry the loop popped), and no callout of it is running. Loop
+  /// Runs the handler if the timer is still valid and on `loop`, still in the mode the loop holds
+  /// `record` in as `claim` says, its fire date is not later than `dueAt` (the date of the heap
+  /// entry the loop popped), and no callout of it is running. Loop
   /// thread of `loop`. While it runs, `invalidateAndWait()` from another thread waits for it to
   /// end.
   ///
   /// The callout's end and what it leaves the timer with (`afterFire`: the next date, or a
   /// one-shot timer invalidated) are one critical section: a loop that deferred the timer
   /// meanwhile, and is told only after it, never sees the date that just fired.
-  func fire(on loop: LoopShared, dueAt deadline: Int64) -> FireOutcome {
+  func fire(on loop: LoopShared, dueAt deadline: Int64, record: MemberRecord, in claim: ModeClaim) -> FireOutcome {
     lock.lock()
     guard let current = state.callout(on: loop), fireDateNs <= deadline else {
       lock.unlock()
       return .skipped
+    }
+    guard state.binding.keeps(record, claim, on: loop) else {
+      lock.unlock()
+      return .leftMode
     }
     if let running = firingLoop {
       if running !== loop && !deferredLoops.contains(where: { $0 === loop }) { deferredLoops.append(loop) }

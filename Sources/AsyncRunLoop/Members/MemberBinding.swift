@@ -97,6 +97,17 @@ struct MemberBinding {
   /// False once invalidated.
   var isValid: Bool { phase != .invalidated }
 
+  /// Loop thread of `loop`: whether the calls made so far still have `record` in the mode of
+  /// `claim` (the way the loop holds it there). A removal made on another thread changed the
+  /// binding at the call, but the loop applies it later (behind a burst of changes, passes later)
+  /// and holds the record in that mode until then: no callout of the member may start there
+  /// meanwhile, as none would had the removal been applied at once.
+  @inline(__always)
+  func keeps(_ record: MemberRecord, _ claim: ModeClaim, on loop: LoopShared) -> Bool {
+    guard self.loop === loop, boundRecord === record else { return false }
+    return (claim.byName && modes.contains(claim.mode)) || (claim.viaCommon && modes.contains(.common))
+  }
+
   enum BindAction {
     /// Bound (or already bound here): send the add to the loop, with this record.
     case accepted(MemberRecord)
@@ -209,6 +220,9 @@ struct ModeNames {
 
   var isEmpty: Bool { first == nil }
 
+  @inline(__always)
+  func contains(_ mode: RunLoopMode) -> Bool { first == mode || (!others.isEmpty && others.contains(mode)) }
+
   /// Adds `mode`; false when it was there already.
   mutating func insert(_ mode: RunLoopMode) -> Bool {
     if first == mode || others.contains(mode) { return false }
@@ -268,6 +282,14 @@ struct CalloutMemberState<Callout> {
   /// away, makes no callout there any more).
   @inline(__always)
   func callout(on loop: LoopShared) -> Callout? { binding.loop === loop ? callout : nil }
+
+  /// The callout, if the member is valid, on `loop`, and still in the mode the loop holds
+  /// `record` in as `claim` says (`MemberBinding.keeps`): a member removed from that mode, whose
+  /// removal the loop has not applied yet, makes no callout there.
+  @inline(__always)
+  func callout(on loop: LoopShared, for record: MemberRecord, in claim: ModeClaim) -> Callout? {
+    binding.keeps(record, claim, on: loop) ? callout : nil
+  }
 
   /// Marks the member invalid (no callout starts after this) and takes its closures; the first
   /// call only.
