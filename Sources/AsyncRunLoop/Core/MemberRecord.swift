@@ -168,12 +168,7 @@ final class MemberRecord: TimerEntry {
   /// How the record is in `contents`' mode (nil when it is not): what a callout there checks
   /// against the member's binding (`MemberBinding.keeps`).
   @inline(__always)
-  func claim(in contents: ModeContents) -> ModeClaim? {
-    for entry in modes where entry.contents === contents {
-      return ModeClaim(mode: contents.mode, byName: entry.byName, viaCommon: entry.viaCommon)
-    }
-    return nil
-  }
+  func claim(in contents: ModeContents) -> ModeClaim? { modes.claim(in: contents) }
 
   /// Whether `contents` holds the member.
   @inline(__always)
@@ -322,6 +317,20 @@ struct MembershipList: RandomAccessCollection {
 
   mutating func append(_ membership: Membership) {
     if head == nil { head = membership } else { tail.append(membership) }
+  }
+
+  /// How the membership in `contents` claims its mode, or nil: read in place (iterating copies
+  /// each membership, retaining its references, on every callout).
+  @inline(__always)
+  func claim(in contents: ModeContents) -> ModeClaim? {
+    if head?.contents === contents {
+      return ModeClaim(
+        mode: contents.mode, byName: head.unsafelyUnwrapped.byName, viaCommon: head.unsafelyUnwrapped.viaCommon)
+    }
+    for index in tail.indices where tail[index].contents === contents {
+      return ModeClaim(mode: contents.mode, byName: tail[index].byName, viaCommon: tail[index].viaCommon)
+    }
+    return nil
   }
 
   mutating func remove(at position: Int) {
