@@ -259,13 +259,20 @@ struct MemberKey: Hashable {
 /// One mode holding a member: the member's slot in that mode's ordered observer list (-1 for
 /// the other kinds), and a timer's entry in that mode's heap: the record itself
 /// (`usesRecordEntry`, at most one membership per record) or an entry object of its own.
-/// Why a record is in one mode, as the loop sees it: the mode was named when the member was added
-/// (`byName`), or it is in the common set and the member was added to `.common` (`viaCommon`),
-/// or both. A pure value.
+/// A mode the loop holds a record in, as a callout there checks it against the member's binding
+/// (`MemberBinding.keeps`): its name, and whether it is in the common set (then a member added to
+/// `.common` is in it too). Only the mode counts, not the way the loop holds the record there: a
+/// member re-added by the other way (by name instead of through `.common`, say) behind a burst is
+/// still in the mode, though the loop has not applied that add yet. A pure value.
 struct ModeClaim {
   let mode: RunLoopMode
-  let byName: Bool
-  let viaCommon: Bool
+  let modeIsCommon: Bool
+
+  @inline(__always)
+  init(_ contents: ModeContents) {
+    mode = contents.mode
+    modeIsCommon = contents.isInCommonSet
+  }
 }
 
 struct Membership {
@@ -319,17 +326,12 @@ struct MembershipList: RandomAccessCollection {
     if head == nil { head = membership } else { tail.append(membership) }
   }
 
-  /// How the membership in `contents` claims its mode, or nil: read in place (iterating copies
-  /// each membership, retaining its references, on every callout).
+  /// The claim of the membership in `contents`, or nil when there is none: read in place
+  /// (iterating copies each membership, retaining its references, on every callout).
   @inline(__always)
   func claim(in contents: ModeContents) -> ModeClaim? {
-    if head?.contents === contents {
-      return ModeClaim(
-        mode: contents.mode, byName: head.unsafelyUnwrapped.byName, viaCommon: head.unsafelyUnwrapped.viaCommon)
-    }
-    for index in tail.indices where tail[index].contents === contents {
-      return ModeClaim(mode: contents.mode, byName: tail[index].byName, viaCommon: tail[index].viaCommon)
-    }
+    if head?.contents === contents { return ModeClaim(contents) }
+    for index in tail.indices where tail[index].contents === contents { return ModeClaim(contents) }
     return nil
   }
 

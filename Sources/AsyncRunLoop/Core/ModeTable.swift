@@ -32,6 +32,9 @@ final class ModeContents {
   /// Those timers' pending fire dates, one entry per timer (removed or moved in O(log n)).
   @exclusivity(unchecked) var timers = IndexedTimerHeap<TimerEntry>()
 
+  /// The mode is in the loop's common set (which only grows): a member added to `.common` is in it.
+  @exclusivity(unchecked) var isInCommonSet = false
+
   init(mode: RunLoopMode) { self.mode = mode }
 
   /// A mode with no sources and no timers gives the run nothing to wait for.
@@ -176,6 +179,7 @@ final class ModeTable {
       contents = existing
     } else {
       contents = ModeContents(mode: mode)
+      contents.isInCommonSet = commonModes.contains(mode)
       contentsByMode[mode] = contents
       if mode == .everyMode { everyModeContents = contents }
     }
@@ -304,6 +308,7 @@ final class ModeTable {
   func addToCommonModes(_ mode: RunLoopMode) -> [MemberRecord] {
     guard mode != .common, mode != .everyMode, commonModes.insert(mode).inserted else { return [] }
     let contents = contents(for: mode)
+    contents.isInCommonSet = true
     guard commonCount > 0 else { return [] }
     return commonRecordsInOrder().filter { insert($0, into: contents, viaCommon: true) }
   }

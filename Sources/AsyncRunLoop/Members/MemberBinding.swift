@@ -65,25 +65,20 @@ struct MemberBinding {
   /// each such loop will still schedule the member. Counted for every kind; custom sources use it
   /// (`SignalState` keeps their routines until every loop that was sent an add has had them).
   private(set) var pendingJoins = 0
-  /// The inbox's sequence number of the last add or removal another thread sent for this member
-  /// (under this lock), and the `serial` of the loop whose inbox numbered it: a loop-thread call
-  /// nested in the loop's application of changes applies the queue only as far as this
-  /// (`LoopCore.changeBindingInOrder`). A number from another loop's inbox means nothing here:
-  /// compared with this loop's numbers it applied a whole waiting burst in one callout.
-  private var lastSentSequence: UInt64 = 0
-  private var lastSentLoopSerial: UInt64 = 0
+  /// Per loop, the inbox's sequence number of the last add or removal another thread sent for
+  /// this member there (under this lock): a loop-thread call nested in the loop's application of
+  /// changes applies the queue only as far as this (`LoopCore.changeBindingInOrder`). Kept per
+  /// loop: a member removed from loop A (the removal waiting there) and then sent to B still has
+  /// that removal to come first on A, and a number from another loop's inbox means nothing on A
+  /// (compared with A's numbers it applied a whole waiting burst in one callout).
+  private var sent = SentSequences()
 
   /// Another thread sent an add or a removal of this member to `loop` (under this lock).
-  mutating func noteSent(_ sequence: UInt64, to loop: LoopShared) {
-    lastSentSequence = sequence
-    lastSentLoopSerial = loop.serial
-  }
+  mutating func noteSent(_ sequence: UInt64, to loop: LoopShared) { sent.note(sequence, serial: loop.serial) }
 
   /// The number of the last add or removal another thread sent for this member to `loop`; 0 when
-  /// the last one went to another loop (or none was sent).
-  func lastSentSequence(on loop: LoopShared) -> UInt64 {
-    lastSentLoopSerial == loop.serial ? lastSentSequence : 0
-  }
+  /// none was sent there.
+  func lastSentSequence(on loop: LoopShared) -> UInt64 { sent.last(serial: loop.serial) }
 
   /// The loop the member is on and its record there, if it is on one.
   var loopAndRecord: (loop: LoopShared, record: MemberRecord)? {
@@ -98,14 +93,16 @@ struct MemberBinding {
   var isValid: Bool { phase != .invalidated }
 
   /// Loop thread of `loop`: whether the calls made so far still have `record` in the mode of
-  /// `claim` (the way the loop holds it there). A removal made on another thread changed the
-  /// binding at the call, but the loop applies it later (behind a burst of changes, passes later)
-  /// and holds the record in that mode until then: no callout of the member may start there
-  /// meanwhile, as none would had the removal been applied at once.
+  /// `claim`: named, or in the common set with `.common` named (whichever way the loop holds it
+  /// there now). A removal made on another thread changed the binding at the call, but the loop
+  /// applies it later (behind a burst of changes, passes later) and holds the record in that mode
+  /// until then: no callout of the member may start there meanwhile, as none would had the removal
+  /// been applied at once. (False only while such a removal is on its way: the loop then drops
+  /// the record from the mode.)
   @inline(__always)
   func keeps(_ record: MemberRecord, _ claim: ModeClaim, on loop: LoopShared) -> Bool {
     guard self.loop === loop, boundRecord === record else { return false }
-    return (claim.byName && modes.contains(claim.mode)) || (claim.viaCommon && modes.contains(.common))
+    return modes.contains(claim.mode) || (claim.modeIsCommon && modes.contains(.common))
   }
 
   enum BindAction {
@@ -206,6 +203,34 @@ struct MemberBinding {
     case .invalidated:
       return (nil, nil, false)
     }
+  }
+}
+
+/// A member's last sent sequence number per loop (by the loop's never-reused `serial`): nearly
+/// always for one loop, stored inline; the loops it was sent to before that are kept after it, at
+/// most `othersLimit` (the oldest is forgotten: a member that left it for that many loops while
+/// its change there still waited is the only one that loses its place on it). Pure.
+struct SentSequences {
+  private var serial: UInt64 = 0
+  private var sequence: UInt64 = 0
+  private var others: [(serial: UInt64, sequence: UInt64)] = []
+  static let othersLimit = 16
+
+  mutating func note(_ sequence: UInt64, serial: UInt64) {
+    if self.serial != serial && self.serial != 0 {
+      // Another loop than the last: the last one's number joins the others (a loop's newest only).
+      if !others.isEmpty { others.removeAll { $0.serial == self.serial || $0.serial == serial } }
+      if others.count == Self.othersLimit { others.removeFirst() }
+      others.append((self.serial, self.sequence))
+    }
+    self.serial = serial
+    self.sequence = sequence
+  }
+
+  func last(serial: UInt64) -> UInt64 {
+    if self.serial == serial { return sequence }
+    guard !others.isEmpty else { return 0 }
+    return others.last { $0.serial == serial }?.sequence ?? 0
   }
 }
 
