@@ -208,12 +208,18 @@ final class LoopCore {
   /// or job (they may have been sent after those changes) and does not sleep.
   ///
   /// `through` stops before the first change with a later sequence number (see
-  /// `sequenceOfWaitingChanges`).
-  func applyControls(afterWake: Bool = false, bounded: Bool = false, through: UInt64 = UInt64.max) {
+  /// `sequenceOfWaitingChanges`). `stoppingAtSignals` (step 2) also stops before the first change
+  /// sent after a signal that was collected and waits to fire: a signal waits only for the changes
+  /// sent before it, and step 4 fires it in this pass instead of after another budget of changes
+  /// (the rest of the budget goes to the work points after it).
+  func applyControls(
+    afterWake: Bool = false, bounded: Bool = false, through: UInt64 = UInt64.max, stoppingAtSignals: Bool = false
+  ) {
     collectInbox(afterWake: afterWake)
     guard hasWaitingControls else { return }
     var budget = bounded ? passControlBudget : Int.max
     guard budget > 0 else { return }
+    let through = stoppingAtSignals ? min(through, oldestCollectedSignal) : through
     controlDepth += 1
     // What was collected, and no more: a change that arrives meanwhile was sent after this call
     // began, so it need not come before what follows the call (a loop-thread add, say), and
@@ -264,6 +270,13 @@ final class LoopCore {
     ChunkedQueue.recycle(&controlBatches[0], asSpare: &spareControlBatch)
     controlBatches.removeFirst(controlBatchIndex)
     controlBatchIndex = 0
+  }
+
+  /// The sequence number of the oldest signal collected and not fired yet (`UInt64.max`: none).
+  /// Signals are collected in the order they were sent, after those kept from a nested run or
+  /// another mode (numbered 0: they wait for no change).
+  private var oldestCollectedSignal: UInt64 {
+    spareSignalled.first { $0.sequence > 0 }?.sequence ?? UInt64.max
   }
 
   /// Inside the application of changes: a callout of one of them is running.

@@ -104,7 +104,7 @@ extension LoopCore {
   /// in another mode may have silenced them), then observers are told beforeTimers.
   @inline(__always)
   private func beginPass(_ run: RunContext) {
-    applyControls(bounded: true)
+    applyControls(bounded: true, stoppingAtSignals: true)
     armDescriptors(for: run.contents)
     notifyObservers(run.contents, .beforeTimers)
   }
