@@ -37,7 +37,8 @@ extension LoopCore {
     let outerPassBudget = passControlBudget
     defer { passControlBudget = outerPassBudget }
     passControlBudget = Self.controlsPerPass
-    applyControls(bounded: true)
+    // (Up to a signal collected and not fired yet, as step 2: it fires in this run's first pass.)
+    applyControls(bounded: true, stoppingAtSignals: true)
     let contents = modeTable.contents(for: mode)
     var run = RunContext(
       contents: contents, deadline: deadline, returnAfterSourceHandled: returnAfterSourceHandled,
