@@ -28,7 +28,12 @@ extension LoopCore {
         continue
       }
       fired = true
-      fire(record, first.element.timer, firedAt: first.deadline, in: contents)
+      if !fire(record, first.element.timer, firedAt: first.deadline, in: contents) {
+        // Refused in this mode (a removal from it is on its way): back in the heap after this
+        // loop, never lost. The removal takes it out; if the timer stays in the mode after all,
+        // it fires on a later pass.
+        setAside.append((first, record))
+      }
     }
     for (entry, record) in setAside where entry.element.heapSlot < 0 && record.isAttached {
       // Still this mode's entry of the timer (not removed, or replaced by a remove and re-add)
@@ -62,8 +67,11 @@ extension LoopCore {
   /// made by a callout further out that removed the timer and added it again, or the timer was
   /// moved here from a callout on another loop) is not run: its entry stays out of the heap until
   /// that callout returns and re-times it.
-  func fire(_ record: MemberRecord, _ timer: LoopTimer, firedAt fireDate: Int64, in contents: ModeContents) {
-    guard let claim = record.claim(in: contents) else { return }  // (popped from this mode's heap)
+  /// Returns false when the timer refused to fire in `contents`' mode (`.leftMode`): its entry
+  /// goes back into that heap (the caller puts it back).
+  @discardableResult
+  func fire(_ record: MemberRecord, _ timer: LoopTimer, firedAt fireDate: Int64, in contents: ModeContents) -> Bool {
+    guard let claim = record.claim(in: contents) else { return true }  // (popped from this mode's heap)
     record.isFiring = true
     let outcome = timer.fire(on: shared, dueAt: fireDate, record: record, in: claim)
     record.isFiring = false
@@ -72,11 +80,13 @@ extension LoopCore {
     switch outcome {
     case .ran(let left, let record):
       (after, recordHere) = (left, record)
-    case .busy, .leftMode:
-      return
+    case .busy:
+      return true
+    case .leftMode:
+      return false
     case .skipped:
       if record.isAttached && timer.isBound(to: shared) { pushTimerEntries(record) }  // back at its date
-      return
+      return true
     }
     let current: MemberRecord? = record.isAttached ? record : recordHere
     switch after {
@@ -87,6 +97,7 @@ extension LoopCore {
       detach(record)
       if let current { detach(current) }
     }
+    return true
   }
 
   /// Makes a timer's heap entries match its fire date and modes: each mode's entry is moved to

@@ -244,8 +244,8 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     /// has not applied yet: it fires at the new date, never early).
     case skipped
     /// Not run: removed from the mode the loop fired it in (or from the loop, or moved to a new
-    /// record there), by a call whose removal the loop has not applied yet. The entry stays out of
-    /// that mode's heap: the removal on its way takes the timer out of the mode.
+    /// record there), by a call whose removal the loop has not applied yet. The entry goes back
+    /// into that mode's heap as it was: the removal on its way takes it out.
     case leftMode
     /// Not run: a callout of the timer is running now, further out on this thread (the callout
     /// removed the timer and added it again, so a nested run found a new record due) or on
