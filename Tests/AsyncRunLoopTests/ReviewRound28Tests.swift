@@ -16,15 +16,8 @@ private func r28Fillers(_ count: Int) -> [InputSource] { (0..<count).map { _ in 
   /// Removing a mode by name takes the member out of that mode, also while it is in `.common`
   /// (README, "Members: one lifecycle"): once the burst is applied the timer is in `.default`
   /// (through `.common`) and not in M. It must not fire in M (the removal was made before the
-  /// passes that held it there), and fires exactly once when `.default` runs. It does in most
-  /// runs; in about 1 of 12 under load (`--repetitions 60`, ASYNC_RUN_LOOP_STRESS=3, both CPUs
-  /// busy) it ends `[0, 0, 1]`: still valid, its binding still holds its record on the loop, but
-  /// the record is detached and in no mode, as if the removal from M had been applied before the
-  /// add to `.common` (or the add lost). Cause not found yet.
-  @Test(
-    .disabled(
-      "bug: intermittent (about 1 run in 12 under load): the timer ends valid and bound to the loop while the loop has detached its record, so it never fires"
-    ))
+  /// passes that held it there), and fires exactly once when `.default` runs.
+  @Test
   func aTimerWhoseModeJoinsTheCommonSetBehindTheBudgetStillFires() throws {
     let mode: RunLoopMode = "r28-joins-common"
     let outcome = try withWatchdogSync(timeout: .seconds(20), "joins common") { () -> [Int] in
@@ -60,9 +53,10 @@ private func r28Fillers(_ count: Int) -> [InputSource] { (0..<count).map { _ in 
       let inMode = fired.current
       loop.perform(inModes: [mode]) { loop.stop() }
       _ = runEnded.wait(timeout: .seconds(20))
-      // A block runs before step 9 of its pass: the second one's pass begins after the timers of
-      // the first one's pass fired.
-      try loop.performAndWait {}
+      // Blocks run at work points before step 9, so two of them can both run before the pass
+      // that fires the timer in `.default` reaches it: wait for the fire (a timer lost for good
+      // fails here, after the wait's limit).
+      waitUntil(timeout: .seconds(10), "the fire in .default") { fired.current >= 1 }
       try loop.performAndWait {}
       let result = [inMode, fired.current, timer.isValid ? 1 : 0]
       timer.invalidate()
@@ -118,9 +112,10 @@ private func r28Fillers(_ count: Int) -> [InputSource] { (0..<count).map { _ in 
       let inMode = fired.current
       loop.perform(inModes: [mode]) { loop.stop() }
       _ = runEnded.wait(timeout: .seconds(20))
-      // A block runs before step 9 of its pass: the second one's pass begins after the timers of
-      // the first one's pass fired.
-      try loop.performAndWait {}
+      // Blocks run at work points before step 9, so two of them can both run before the pass
+      // that fires the timer in `.default` reaches it: wait for the fire (a timer lost for good
+      // fails here, after the wait's limit).
+      waitUntil(timeout: .seconds(10), "the fire in .default") { fired.current >= 1 }
       try loop.performAndWait {}
       let result = [inMode, fired.current, timer.isValid ? 1 : 0]
       timer.invalidate()
