@@ -172,10 +172,7 @@ final class MemberRecord: TimerEntry {
 
   /// Whether `contents` holds the member.
   @inline(__always)
-  func isIn(_ contents: ModeContents) -> Bool {
-    for entry in modes where entry.contents === contents { return true }
-    return false
-  }
+  func isIn(_ contents: ModeContents) -> Bool { modes.claim(in: contents) != nil }
 
   /// An observer's slot in `contents` (see `ModeContents.insertObserver`), nil when not in it.
   func observerSlot(in contents: ModeContents) -> Int? {
