@@ -207,7 +207,7 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
     // The drain runs jobs on this thread, like a run: a `shutdown()` racing it must not hand them
     // to the fallback meanwhile, and a run nested in one of them is not the outermost.
     _ = shared.inboxLock.withLock {
-      shared.inbox.threadIsInRun = true
+      shared.inbox.setThreadIsInRun(true)
       return shared.inbox.beginShutdown()
     }
     core.runDepth += 1

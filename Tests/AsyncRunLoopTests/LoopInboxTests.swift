@@ -70,15 +70,12 @@ struct LoopInboxTests {
     #expect(first && !second)  // twice: a no-op
     #expect(blockWhileDraining == nil)
     #expect(controlWhileDraining != nil)
-    guard case .keepDraining = inbox.terminate(force: false) else {
-      Issue.record("a waiting control must keep the loop draining")
-      return
-    }
+    let finishedWithAControlWaiting = inbox.finishDrain(force: false)
+    #expect(!finishedWithAControlWaiting, "a waiting control must keep the loop draining")
     inbox.controls.removeAll()
-    guard case .terminated(let leftover) = inbox.terminate(force: false) else {
-      Issue.record("an idle inbox must terminate")
-      return
-    }
+    let finishedWhenIdle = inbox.finishDrain(force: false)
+    #expect(finishedWhenIdle, "an idle inbox must finish its drain")
+    let leftover = inbox.terminate()
     let controlAfterTermination = inbox.control(.custom { _ in })
     let signalAfterTermination = inbox.signal(MemberRecord())
     #expect(leftover.isEmpty)
@@ -103,10 +100,8 @@ struct LoopInboxTests {
     #expect(beforeTheCap != nil)
     #expect(afterTheCap == nil)
     #expect(inbox.controls.count == 2)
-    guard case .keepDraining = inbox.terminate(force: false) else {
-      Issue.record("the accepted changes must keep the loop draining")
-      return
-    }
+    let finished = inbox.finishDrain(force: false)
+    #expect(!finished, "the accepted changes must keep the loop draining")
   }
 
   /// A burst of changes fills fixed chunks (no array that grows, and is copied, under the lock);

@@ -9,14 +9,19 @@ extension LoopCore {
 
   /// Loop thread, after the last run: detaches every member (cancel routines run here, closures
   /// are released, async consumers end), then runs every job, block and change that was accepted,
-  /// in rounds, until a round leaves the inbox empty; the loop is marked terminated in the same
-  /// critical section that finds it empty, so no job or change can slip in between and be
-  /// stranded. Blocks are refused once shutdown has begun; jobs and registration changes are still
-  /// accepted (an awaiting task must not hang; a member added now is detached in the next round),
-  /// and if producers outpace the drain for `shutdownDrainRounds` rounds or
-  /// `shutdownDrainNanoseconds` the loop terminates anyway: it refuses what comes later (but
-  /// invalidations, see `LoopInbox.control`), applies the changes it accepted and hands the
-  /// remaining jobs, in order, to the fallback executor.
+  /// in rounds, until a round leaves the inbox empty. Blocks are refused once shutdown has begun;
+  /// jobs and registration changes are still accepted (an awaiting task must not hang; a member
+  /// added now is detached in the next round), and if producers outpace the drain for
+  /// `shutdownDrainRounds` rounds or `shutdownDrainNanoseconds` the drain ends anyway: it refuses
+  /// later changes (but invalidations, see `LoopInbox.control`).
+  ///
+  /// Then the loop is *finishing* (`LoopLifecycle`): in the same critical section that found the
+  /// inbox empty (or hit the cap) it stops accepting changes, and jobs that arrive are held. This
+  /// thread applies the changes accepted before that and detaches what they added — its last
+  /// callouts — and only then *terminates*: the jobs left over and held are handed, in order, to
+  /// the fallback executor under the lock (later arrivals queue behind them). So no job of the loop
+  /// runs elsewhere while this thread still calls out, and from the hand-over on this thread no
+  /// longer counts as isolated to the loop.
   func drainForShutdown() {
     var round = 0
     let start = LoopClock.monotonicNanoseconds()
@@ -31,24 +36,9 @@ extension LoopCore {
       let force =
         round >= Self.shutdownDrainRounds
         || LoopClock.monotonicNanoseconds() - start >= Self.shutdownDrainNanoseconds
-      let (finished, handedOver): (Bool, Bool) = shared.inboxLock.withLock {
-        switch shared.inbox.terminate(force: force) {
-        case .keepDraining:
-          return (false, false)
-        case .terminated(let leftovers):
-          // Under the lock (a non-blocking enqueue): a job enqueued after this goes to the
-          // fallback behind these. The warning is printed after the lock is released.
-          let local = localJobs[localJobIndex...]
-          for job in local + leftovers { FallbackExecution.dispatch(job.job, role: job.role, for: loop) }
-          return (true, !local.isEmpty || !leftovers.isEmpty)
-        }
-      }
-      if handedOver { FallbackExecution.warnOnce(for: loop) }
-      if finished { break }
+      if shared.inboxLock.withLock({ shared.inbox.finishDrain(force: force) }) { break }
     }
     hasTerminated = true  // a member added here from now on (by a cancel routine below) is refused
-    localJobs.removeAll()
-    localJobIndex = 0
     // Changes that arrived after the last round's look (the inbox refuses them from now on).
     applyControls()
     detachEveryMember()
@@ -56,6 +46,21 @@ extension LoopCore {
     livePerformCount = 0
     deferredSignalled.removeAll()
     spareSignalled.removeAll()
+    // The last callout is made: hand the jobs over (the ones this thread took and did not run
+    // first, then those still queued and held).
+    let local = localJobs[localJobIndex...]
+    localJobs.removeAll()
+    localJobIndex = 0
+    let handedOver: Bool = shared.inboxLock.withLock {
+      let held = shared.inbox.terminate()
+      shared.jobsLeftThread.store(true, ordering: .releasing)
+      // Under the lock (a non-blocking enqueue): a job enqueued after this goes to the fallback
+      // behind these. The warning is printed after the lock is released.
+      for job in local { FallbackExecution.dispatch(job.job, role: job.role, for: loop) }
+      for job in held { FallbackExecution.dispatch(job.job, role: job.role, for: loop) }
+      return !local.isEmpty || !held.isEmpty
+    }
+    if handedOver { FallbackExecution.warnOnce(for: loop) }
   }
 
   /// Invalidates every member on this loop and detaches its record here — also the records of

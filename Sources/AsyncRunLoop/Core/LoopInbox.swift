@@ -32,25 +32,35 @@ struct SequencedChange {
 /// inbox before sleeping) or a wake-up is already on its way. Only the producer that flips
 /// it from false to true wakes the loop, so a busy loop costs producers no syscall at all.
 struct LoopInbox {
+  /// The loop's life: what arrivals become, who runs jobs (see `LoopLifecycle`).
+  private(set) var life: LoopLifecycle
+
+  init(kind: LoopLifecycle.Kind = .ownsThread) {
+    life = LoopLifecycle(kind: kind)
+  }
+
+  /// The phase, coarsely: `.terminated` from the end of the drain's last round on.
   enum Lifecycle {
-    /// Accepting work.
     case active
-    /// `shutdown()` was called: jobs are still accepted and run (nothing is lost) while the loop
-    /// drains; the loop thread is finishing.
     case shuttingDown
-    /// The loop thread has finished. Jobs go to the fallback executor; performs are refused.
     case terminated
   }
 
-  private(set) var lifecycle = Lifecycle.active
-  /// A shut-down loop whose thread is not running it (a `RunLoopThread.current` loop, drained
-  /// only when its thread exits) sends its jobs to the fallback executor from now on, as a
-  /// terminated loop does, so that no awaiting task waits for that thread (see `divertJobs`).
-  private(set) var jobsDiverted = false
-  /// A loop that does not own its thread (and is not the main loop): its thread is inside a run
-  /// now, where it may be running a job. Only then may the thread run jobs; outside a run, every
-  /// job the loop accepted is here in `jobs` (the core puts back what a run left over).
-  var threadIsInRun = false
+  var lifecycle: Lifecycle {
+    switch life.phase {
+    case .active: return .active
+    case .shuttingDown: return .shuttingDown
+    case .finishing, .terminated: return .terminated
+    }
+  }
+
+  /// The loop's jobs run on the fallback executor (see `LoopLifecycle.jobsLeftThread`).
+  var jobsDiverted: Bool { life.jobsLeftThread }
+
+  /// A current loop's thread enters or leaves its outermost run (see `LoopLifecycle`).
+  mutating func setThreadIsInRun(_ inRun: Bool) {
+    life.setThreadIsInRun(inRun)
+  }
   /// Executor jobs, oldest first, with the role they were enqueued in.
   var jobs = ChunkedQueue<LoopJob>()
   /// Blocks from `perform`, oldest first.
@@ -108,14 +118,16 @@ struct LoopInbox {
 
   /// A job arrives (executor enqueue).
   mutating func enqueue(_ job: LoopJob) -> JobAction {
-    if jobsDiverted { return .runElsewhere }
-    switch lifecycle {
-    case .active, .shuttingDown:
+    switch life.jobRoute {
+    case .queue:
       var job = job
       job.sequence = nextSequence()
       jobs.append(job)  // shutting down: the draining loop still runs it
       return .accepted(requestWake())
-    case .terminated:
+    case .hold:
+      jobs.append(job)  // the finishing loop hands it over at termination, behind the others
+      return .accepted(.none)
+    case .fallback:
       return .runElsewhere  // nobody will run it here; never drop a job
     }
   }
@@ -123,15 +135,11 @@ struct LoopInbox {
   /// A block arrives; nil once shutdown has begun (the block is refused: a caller that keeps
   /// performing must not keep the draining loop alive forever). Blocks accepted before run.
   mutating func perform(_ request: PerformRequest) -> WakeAction? {
-    switch lifecycle {
-    case .active:
-      var request = request
-      request.sequence = nextSequence()
-      performs.append(request)
-      return requestWake()
-    case .shuttingDown, .terminated:
-      return nil
-    }
+    guard life.acceptsBlocks else { return nil }
+    var request = request
+    request.sequence = nextSequence()
+    performs.append(request)
+    return requestWake()
   }
 
   /// While shutting down, changes arriving at or after this monotonic time are refused (the
@@ -143,32 +151,22 @@ struct LoopInbox {
     refusesChangesFrom != Int64.max && LoopClock.monotonicNanoseconds() >= refusesChangesFrom
   }
 
-  /// A registration change arrives from another thread; nil once terminated, or once the drain's
-  /// time cap has passed (`refusesChangesFrom`) — except an invalidation, which the drain still
-  /// takes until it terminates: refused, the member's closing work (a `CommandSource` delivering
-  /// what it holds) would be dropped by a loop still able to do it. Their number is bounded: one
-  /// per member that was on this loop, and adds are refused by then.
+  /// A registration change arrives from another thread; nil when the loop refuses it (see
+  /// `LoopLifecycle.acceptsChange`). Invalidations accepted after the cap are bounded: one per
+  /// member that was on this loop, and adds are refused by then.
   mutating func control(_ change: RegistrationChange) -> WakeAction? {
-    switch lifecycle {
-    case .shuttingDown where drainCapHasPassed && !change.isInvalidation:
-      return nil
-    case .active, .shuttingDown:
-      controls.append(SequencedChange(sequence: nextSequence(), change: change))
-      return requestWake()
-    case .terminated:
+    guard life.acceptsChange(isInvalidation: change.isInvalidation, drainCapHasPassed: drainCapHasPassed) else {
       return nil
     }
+    controls.append(SequencedChange(sequence: nextSequence(), change: change))
+    return requestWake()
   }
 
   /// A source was signalled.
   mutating func signal(_ source: MemberRecord) -> WakeAction {
-    switch lifecycle {
-    case .active, .shuttingDown:
-      signalled.append(SignalledRecord(record: source, sequence: nextSequence()))
-      return requestWake()
-    case .terminated:
-      return .none  // its loop is gone; the signal is meaningless
-    }
+    guard life.acceptsSignals else { return .none }  // its loop is gone; the signal is meaningless
+    signalled.append(SignalledRecord(record: source, sequence: nextSequence()))
+    return requestWake()
   }
 
   /// `stop()`: remembered until a run consumes it.
@@ -183,47 +181,41 @@ struct LoopInbox {
     return requestWake()
   }
 
-  /// `shutdown()`: returns true for the first call only.
+  /// `shutdown()` (or a current loop's thread exiting): returns true for the first call only.
   mutating func beginShutdown() -> (first: Bool, wake: WakeAction) {
-    switch lifecycle {
-    case .active:
-      lifecycle = .shuttingDown
-      stopRequested = true
-      return (true, requestWake())
-    case .shuttingDown, .terminated:
-      return (false, .none)  // shutdown twice: no-op
-    }
+    guard life.beginShutdown() else { return (false, .none) }  // shutdown twice: no-op
+    stopRequested = true
+    return (true, requestWake())
   }
 
-  /// A shut-down loop whose thread is not in a run (see `threadIsInRun`) stops running jobs on
-  /// that thread: returns the jobs accepted so far (oldest first), which the caller hands to the
-  /// fallback executor before releasing the lock (so later arrivals, which go there too, queue
-  /// behind them). nil, and nothing changes, unless shutting down with the thread out of a run
-  /// and jobs not diverted yet.
+  /// A shut-down current loop whose thread is out of a run stops running jobs on that thread:
+  /// returns the jobs accepted so far (oldest first), which the caller hands to the fallback
+  /// executor before releasing the lock (so later arrivals, which go there too, queue behind
+  /// them). nil, and nothing changes, unless `LoopLifecycle.divertIfOutOfRun` says so.
   mutating func divertJobs() -> [LoopJob]? {
-    guard lifecycle == .shuttingDown, !threadIsInRun, !jobsDiverted else { return nil }
-    jobsDiverted = true
+    guard life.divertIfOutOfRun() else { return nil }
     defer { jobs.removeAll() }
     return jobs.elements
   }
 
-  enum TerminateAction {
-    /// Work is still waiting: drain another round.
-    case keepDraining
-    /// Terminated. These jobs (oldest first) arrived too fast to drain: the caller hands them to
-    /// the fallback executor before releasing the lock, so later arrivals queue behind them.
-    case terminated(leftoverJobs: [LoopJob])
+  /// The draining loop finished a round: true (finishing: the loop makes its last callouts, see
+  /// `LoopLifecycle`) when nothing is left, or (`force`) after the drain's cap even if producers
+  /// keep sending jobs; false when another round must run. Jobs that arrive from now on are held
+  /// for `terminate()`.
+  mutating func finishDrain(force: Bool) -> Bool {
+    let idle = jobs.isEmpty && performs.isEmpty && controls.isEmpty
+    guard life.finishDrain(idle: idle, force: force) else { return false }
+    signalled.removeAll()  // every source is invalidated already
+    return true
   }
 
-  /// The draining loop finished a round: terminate when nothing is left, or (`force`) after the
-  /// last round even if producers keep sending jobs.
-  mutating func terminate(force: Bool) -> TerminateAction {
-    let idle = jobs.isEmpty && performs.isEmpty && controls.isEmpty
-    guard idle || force else { return .keepDraining }  // more to run: another round
-    lifecycle = .terminated  // from now on jobs go to the fallback, blocks are refused
-    signalled.removeAll()  // every source is invalidated already
+  /// The finishing loop made its last callout: returns the jobs held (oldest first), which the
+  /// caller hands to the fallback executor before releasing the lock, so later arrivals queue
+  /// behind them. From now on jobs go to the fallback.
+  mutating func terminate() -> [LoopJob] {
+    guard life.terminate() else { return [] }  // diverted already: nothing is held here
     defer { jobs.removeAll() }
-    return .terminated(leftoverJobs: jobs.elements)
+    return jobs.elements
   }
 
   /// Whether anything is waiting for the loop (it must not sleep). `ignoringJobs`: the loop is

@@ -56,7 +56,7 @@ extension LoopCore {
   /// A current loop's thread enters a run: from now on it may run jobs (see
   /// `LoopInbox.threadIsInRun`).
   private func enterOutermostRun() {
-    shared.inboxLock.withLock { shared.inbox.threadIsInRun = true }
+    shared.inboxLock.withLock { shared.inbox.setThreadIsInRun(true) }
   }
 
   /// A current loop's thread leaves its outermost run: the jobs the run took and did not run go
@@ -69,7 +69,7 @@ extension LoopCore {
       shared.inbox.jobs.prepend(leftover)
       localJobs.removeAll(keepingCapacity: true)
       localJobIndex = 0
-      shared.inbox.threadIsInRun = false
+      shared.inbox.setThreadIsInRun(false)
       return shared.divertJobsLocked(for: loop)
     }
     diverted.finish(for: loop)

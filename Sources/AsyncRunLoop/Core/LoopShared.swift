@@ -25,16 +25,23 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
 
   /// The loop's name (also its thread's name, truncated to 15 bytes by the kernel).
   let name: String
+  /// Who runs the loop's thread (see `LoopLifecycle.Kind`).
+  let kind: LoopLifecycle.Kind
   /// True for loops created with `init(name:)`: they run on a thread of their own until shutdown.
-  let ownsThread: Bool
-  let isMainLoop: Bool
+  var ownsThread: Bool { kind == .ownsThread }
+  var isMainLoop: Bool { kind == .main }
   let poller: EpollPoller
 
   // `@exclusivity(unchecked)`: a dynamic exclusivity check costs a thread-local lookup per access,
   // which after a wake-up was the largest user-space item left in the wake-rtt profile. `inbox`
   // is only touched under `inboxLock`, and no access spans a call out.
   let inboxLock = PthreadLock.make()
-  @exclusivity(unchecked) var inbox = LoopInbox()
+  @exclusivity(unchecked) var inbox: LoopInbox
+  /// `inbox.life.jobsLeftThread`, readable without the lock (`isIsolatingCurrentContext` asks it
+  /// on every isolation check). Set under `inboxLock` before the first job is handed to the
+  /// fallback (releasing), so a thread that sees a job of the loop run there sees it true
+  /// (acquiring).
+  let jobsLeftThread = Atomic<Bool>(false)
   /// True from a change's arrival in the inbox until the loop takes it (both under `inboxLock`):
   /// lets a call on the loop thread skip the lock when no change from another thread waits. A
   /// change whose send happened before that call set it before (release), so the call sees it
@@ -88,8 +95,8 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   init(name: String, ownsThread: Bool, isMainLoop: Bool, poller: EpollPoller) {
     serial = Self.serials.wrappingAdd(1, ordering: .relaxed).oldValue
     self.name = name
-    self.ownsThread = ownsThread
-    self.isMainLoop = isMainLoop
+    kind = isMainLoop ? .main : ownsThread ? .ownsThread : .current
+    inbox = LoopInbox(kind: kind)
     self.poller = poller
   }
 
@@ -178,7 +185,7 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   /// thread drains it only when the thread exits, so once it is shut down its jobs leave that
   /// thread whenever the thread is out of a run (`LoopInbox.divertJobs`), instead of waiting, with
   /// the tasks that await them, for as long as the thread lives.
-  var divertsJobsAtShutdown: Bool { !ownsThread && !isMainLoop }
+  var divertsJobsAtShutdown: Bool { kind == .current }
 
   /// Under `inboxLock`: for a loop that diverts its jobs, what must not wait for its thread to exit
   /// either, keyed by its owner, run when the jobs are diverted: a sleep pending on its timers
@@ -208,7 +215,8 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   /// and sends later ones there too; the hand-offs are to be run. Call `finish` on the result once
   /// the lock is released.
   func divertJobsLocked(for loop: RunLoopThread) -> DivertedJobs {
-    guard divertsJobsAtShutdown, let jobs = inbox.divertJobs() else { return DivertedJobs() }
+    guard let jobs = inbox.divertJobs() else { return DivertedJobs() }
+    jobsLeftThread.store(true, ordering: .releasing)
     for job in jobs { FallbackExecution.dispatch(job.job, role: job.role, for: loop) }
     defer { divertHandOffs.removeAll() }
     return DivertedJobs(handedJobs: !jobs.isEmpty, handOffs: Array(divertHandOffs.values))
@@ -230,8 +238,10 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
     _ = inboxLock.withLock { divertHandOffs.removeValue(forKey: ObjectIdentifier(owner)) }
   }
 
-  /// The loop's jobs go to the fallback now (see `divertJobsLocked`). Any thread.
-  var hasDivertedJobs: Bool { inboxLock.withLock { inbox.jobsDiverted } }
+  /// Code on the loop's thread counts as isolated to the loop: its jobs have not left the thread
+  /// (see `LoopLifecycle`). Any thread (meaningful on the loop's thread).
+  @inline(__always)
+  var loopThreadIsIsolated: Bool { !jobsLeftThread.load(ordering: .acquiring) }
 
   /// True once shutdown began. Any thread.
   var isShutDown: Bool { inboxLock.withLock { inbox.lifecycle != .active } }

@@ -58,37 +58,55 @@ extension RunLoopThread {
   ///   method that runs the loop nested with `run(mode:until:)`) is nested in that job: like any
   ///   run there it runs no jobs until the job returns.
   ///
-  /// Cancelling the task ends the run (it returns `.stopped`). For the main loop, the main thread
-  /// must be running it (`runMainLoop()`).
+  /// Cancelling the task ends the run (it returns `.stopped`); cancelled before the run started,
+  /// it returns `.stopped` at once and the run never starts. For the main loop, the main thread
+  /// must be running it (`runMainLoop()`). On a `RunLoopThread.current` loop shut down while its
+  /// thread is out of a run (or when it leaves the run it is in), a run that has not started
+  /// throws `RunLoopError.shutDown` at once instead of waiting for the thread to exit.
   /// - Parameters: as `run(mode:until:returnAfterSourceHandled:)`.
   /// - Returns: Why the run ended.
-  /// - Throws: `RunLoopError.shutDown` when the loop has shut down and refused the run.
+  /// - Throws: `RunLoopError.shutDown` when the loop has shut down and refused the run, or gave it
+  ///   up before it started (above).
   @discardableResult
   public func runModal(
     mode: RunLoopMode, until deadline: LoopClock.Instant = .distantFuture, returnAfterSourceHandled: Bool = false
   ) async throws(RunLoopError) -> RunLoopRunResult {
     precondition(mode != .common, "AsyncRunLoop: .common is a set of modes; run one of its modes instead")
-    let ending = ModalRunEnding()
+    let request = ModalRunRequest()
     let result: Result<RunLoopRunResult, RunLoopError> = await withTaskCancellationHandler {
-      await withCheckedContinuation {
-        (continuation: CheckedContinuation<Result<RunLoopRunResult, RunLoopError>, Never>) in
-        let request = PerformRequest(modes: [], anyMode: true) { [self] in
-          let result = core.run(
+      await withCheckedContinuation { continuation in
+        guard request.suspend(continuation) else { return }  // cancelled already: .stopped
+        requestModalRun(request) { [self] in
+          core.run(
             mode: mode, deadline: deadline.nanoseconds, returnAfterSourceHandled: returnAfterSourceHandled,
-            keepsAlive: false, shouldEnd: { ending.isRequested })
-          continuation.resume(returning: .success(result))
+            keepsAlive: false, shouldEnd: { request.isEndRequested })
         }
-        guard let wake = shared.inboxLock.withLock({ shared.inbox.perform(request) }) else {
-          continuation.resume(returning: .failure(.shutDown(loop: name)))
-          return
-        }
-        perform(wake)
       }
     } onCancel: {
-      ending.request()
-      wakeUp()
+      if request.cancel() { wakeUp() }
     }
     return try result.get()
+  }
+
+  /// Performs `run` for `request` in whatever mode the loop runs. A current loop shut down while
+  /// its thread is out of a run (now, or when it leaves its run) releases the caller with
+  /// `RunLoopError.shutDown` instead of keeping it until the thread exits (`LoopLifecycle`).
+  private func requestModalRun(_ request: ModalRunRequest, _ run: @escaping @Sendable () -> RunLoopRunResult) {
+    let shutDown = RunLoopError.shutDown(loop: name)
+    let handsOff = shared.divertsJobsAtShutdown
+    if handsOff, !shared.registerHandOff(request, { request.abandon(shutDown) }) {
+      return request.abandon(shutDown)  // its jobs left already: it will not run the loop for us
+    }
+    let block = PerformRequest(modes: [], anyMode: true) { [shared] in
+      if handsOff { shared.unregisterHandOff(request) }
+      guard request.start() else { return }  // the caller was resumed (cancelled, or abandoned)
+      request.finish(.success(run()))
+    }
+    guard let wake = shared.inboxLock.withLock({ shared.inbox.perform(block) }) else {
+      if handsOff { shared.unregisterHandOff(request) }
+      return request.finish(.failure(shutDown))
+    }
+    perform(wake)
   }
 
   /// `runModal(mode:until:returnAfterSourceHandled:)` for at most `duration`.
@@ -99,12 +117,4 @@ extension RunLoopThread {
     try await runModal(
       mode: mode, until: .now.advanced(by: duration), returnAfterSourceHandled: returnAfterSourceHandled)
   }
-}
-
-/// The cancellation flag of one `runModal` (set by the task's cancellation handler, read by the
-/// loop between passes).
-final class ModalRunEnding: Sendable {
-  private let requested = LockedValue(false)
-  var isRequested: Bool { requested.withLock { $0 } }
-  func request() { requested.withLock { $0 = true } }
 }

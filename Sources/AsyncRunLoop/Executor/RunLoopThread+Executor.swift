@@ -61,16 +61,19 @@ extension RunLoopThread: SerialExecutor, TaskExecutor {
   /// True on this loop's thread (or the fallback running this loop's late jobs), false elsewhere:
   /// a definite answer for code that asks the loop directly. Any thread.
   ///
-  /// Once a shut-down `RunLoopThread.current` loop sends its jobs to the fallback (see
-  /// `shutdown()`), only the fallback is isolated to it: its thread answers false from then on (in
-  /// its own code, in runs it starts and in the drain when it exits), so that code there cannot
-  /// assume the isolation of an actor whose jobs run on the fallback meanwhile.
+  /// At every moment a loop's jobs run in one place, and only that place counts as isolated.
+  /// Until shutdown has drained the loop, that is the loop's thread. Once its jobs leave for the
+  /// fallback — when an owned or the main loop terminates, after its thread's last callout, or when
+  /// a shut-down `RunLoopThread.current` loop's thread is out of a run (see `shutdown()`) — only the
+  /// fallback is isolated to it: the thread answers false from then on (in its own code, in runs it
+  /// starts and in the drain when it exits), so that code there cannot assume the isolation of an
+  /// actor whose jobs run on the fallback meanwhile.
   ///
   /// Actors on the loop do not use this identity (see `asUnownedSerialExecutor()`); the runtime
   /// asks their executor role, which answers true or nil (see
   /// `LoopSerialExecutor.isIsolatingCurrentContext()`).
   public func isIsolatingCurrentContext() -> Bool? {
-    if isOnLoopThread { return !shared.divertsJobsAtShutdown || !shared.hasDivertedJobs }
+    if isOnLoopThread { return shared.loopThreadIsIsolated }
     return FallbackExecution.isRunning(for: self)
   }
 
