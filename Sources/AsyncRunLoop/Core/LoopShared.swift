@@ -196,6 +196,34 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   /// later does for the same owner finds it done.
   var divertHandOffs: [ObjectIdentifier: @Sendable () -> Void] = [:]
 
+  /// Under `inboxLock`: how to end each async sequence made on a loop that diverts its jobs, run
+  /// when they are diverted (see `registerSequenceEnding`). Entries whose sequence is gone are
+  /// pruned when the list has doubled since the last pruning, so it never outgrows twice the
+  /// sequences alive.
+  private var sequenceEndings: [SequenceEnding] = []
+  private var sequenceEndingsPruneAt = 64
+
+  struct SequenceEnding {
+    weak var owner: AnyObject?
+    let end: @Sendable () -> Void
+  }
+
+  /// Registers how to end `owner`, a sequence of this loop, when its jobs are diverted: its consumer
+  /// gets what was accepted, then the end, without waiting for the thread to detach it (a detach
+  /// later finds it ended). False when they were diverted already: the caller ends it now. Any
+  /// thread.
+  func registerSequenceEnding(_ owner: AnyObject, _ end: @escaping @Sendable () -> Void) -> Bool {
+    inboxLock.withLock {
+      guard !inbox.jobsDiverted else { return false }
+      if sequenceEndings.count >= sequenceEndingsPruneAt {
+        sequenceEndings.removeAll { $0.owner == nil }
+        sequenceEndingsPruneAt = max(64, 2 * sequenceEndings.count)
+      }
+      sequenceEndings.append(SequenceEnding(owner: owner, end: end))
+      return true
+    }
+  }
+
   /// What diverting the jobs left to do once the inbox lock is released.
   struct DivertedJobs {
     /// Jobs were handed to the fallback: warn (once per loop).
@@ -218,8 +246,12 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
     guard let jobs = inbox.divertJobs() else { return DivertedJobs() }
     jobsLeftThread.store(true, ordering: .releasing)
     for job in jobs { FallbackExecution.dispatch(job.job, role: job.role, for: loop) }
-    defer { divertHandOffs.removeAll() }
-    return DivertedJobs(handedJobs: !jobs.isEmpty, handOffs: Array(divertHandOffs.values))
+    defer {
+      divertHandOffs.removeAll()
+      sequenceEndings.removeAll()
+    }
+    let endings = sequenceEndings.compactMap { $0.owner == nil ? nil : $0.end }
+    return DivertedJobs(handedJobs: !jobs.isEmpty, handOffs: Array(divertHandOffs.values) + endings)
   }
 
   /// Registers what `owner` (a pending sleep, a blocked caller) does if the jobs are diverted

@@ -158,7 +158,7 @@ extension RunLoopThread {
       !modes.isEmpty, "AsyncRunLoop: an ActivitySequence on loop '\(name)' needs at least one mode in 'modes'")
     let sequence = ActivitySequence(loop: self, activities: activities, order: order, bufferLimit: bufferLimit)
     for mode in modes { add(sequence.observer, to: mode) }
-    if isShutDown { sequence.invalidate() }  // it may never reach the loop: end it now
+    adoptSequence(sequence) { sequence.invalidate() }
     return sequence
   }
 }

@@ -192,7 +192,7 @@ extension RunLoopThread {
       sequence.invalidate()
       throw error
     }
-    if isShutDown { sequence.invalidate() }  // it may never reach the loop: end it now
+    adoptSequence(sequence) { sequence.invalidate() }
     return sequence
   }
 }

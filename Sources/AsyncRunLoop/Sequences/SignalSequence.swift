@@ -169,7 +169,7 @@ extension RunLoopThread {
     precondition(!modes.isEmpty, "AsyncRunLoop: a SignalSequence on loop '\(name)' needs at least one mode in 'modes'")
     let sequence = SignalSequence(loop: self, order: order, onSchedule: onSchedule, onCancel: onCancel)
     for mode in modes { add(sequence.source, to: mode) }
-    if isShutDown { sequence.invalidate() }  // it may never reach the loop: end it now
+    adoptSequence(sequence) { sequence.invalidate() }
     return sequence
   }
 }

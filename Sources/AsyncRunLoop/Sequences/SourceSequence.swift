@@ -214,7 +214,7 @@ extension RunLoopThread {
     let sequence = SourceSequence<Element>(
       loop: self, buffering: buffering, order: order, onSchedule: onSchedule, onCancel: onCancel)
     for mode in modes { add(sequence.source, to: mode) }
-    if isShutDown { sequence.invalidate() }  // it may never reach the loop: end it now
+    adoptSequence(sequence) { sequence.invalidate() }
     return sequence
   }
 }

@@ -178,7 +178,7 @@ extension RunLoopThread {
     let sequence = TimerSequence(
       loop: self, firstDue: firstDue, interval: interval, tolerance: tolerance, missedTicks: missedTicks)
     for mode in modes { add(sequence.timer, to: mode) }
-    if isShutDown { sequence.invalidate() }  // it may never reach the loop: end it now
+    adoptSequence(sequence) { sequence.invalidate() }
     return sequence
   }
 }

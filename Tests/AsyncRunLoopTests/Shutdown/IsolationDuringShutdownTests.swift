@@ -49,9 +49,10 @@ private actor YieldingActor: LoopActor {
 }
 
 /// Isolation is exact at every moment of shutdown: a loop's jobs run in one place at a time. An
-/// owned loop whose drain is cut short by its cap hands its leftover jobs to the fallback only
-/// after its thread's last callout, so no callout on the loop's thread counts as isolated once a
-/// job of the loop has run elsewhere.
+/// owned loop whose drain is cut short by its cap (an actor that always has a job waiting, adds
+/// still arriving) applies the changes it accepted and detaches what they added — callouts — and
+/// hands its leftover jobs to the fallback only after the last of them, so no callout on the
+/// loop's thread counts as isolated once a job of the loop has run elsewhere.
 @Suite(.timeLimit(.minutes(5)))
 struct IsolationDuringShutdownTests {
   @Test func noCalloutCountsAsIsolatedOnceTheLoopsJobsRunElsewhere() async throws {
@@ -67,8 +68,15 @@ struct IsolationDuringShutdownTests {
       let adder = ExecThread {
         var kept: [CommandSource<Int>] = []
         while adding.load(ordering: .relaxed) {
+          // A cancel routine that takes a while (2 ms) and claims isolation before and after:
+          // a job of the loop that runs elsewhere meanwhile is seen.
           let commands = CommandSource<Int>(
-            cancel: { _, loop in if loop.isIsolatingCurrentContext() == true { order.calloutClaimedIsolation() } }
+            cancel: { _, loop in
+              guard loop.isIsolatingCurrentContext() == true else { return }
+              order.calloutClaimedIsolation()
+              usleep(2000)
+              if loop.isIsolatingCurrentContext() == true { order.calloutClaimedIsolation() }
+            }
           ) { _ in
             if loop.isIsolatingCurrentContext() == true { order.calloutClaimedIsolation() }
           }
@@ -76,6 +84,7 @@ struct IsolationDuringShutdownTests {
           commands.post(1)
           kept.append(commands)
           if kept.count > 4096 { kept.removeFirst(2048) }
+          usleep(300)  // steady adds: some always arrive during the drain's last round
         }
       }
       // Let the actor and the adds run, then shut down: the drain meets the cap (the actor
