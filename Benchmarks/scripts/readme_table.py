@@ -3,17 +3,20 @@
 
 Usage: python3 Benchmarks/scripts/readme_table.py RESULTS.json [--measured-at TEXT] [--output OUT.md]
        python3 Benchmarks/scripts/readme_table.py RESULTS.json --headline
+       python3 Benchmarks/scripts/readme_table.py RESULTS.json --verify README.md
 
 The Markdown file (default: RESULTS.json with .md instead) holds the headline table, every
 scenario and peer, and the targets as the run checked them. Each latency peer gets p50 / p99 in
 µs and its p50 ratio to the scenario's floor (floor-epoll, or floor-timerfd for the timer
 scenario, or the Foundation peer for main-rtt); figures get their value and unit. The JSON does
 not record the commit it was measured at: pass it with --measured-at. `--headline` prints only
-the five-row headline table (the README's). Nothing is typed by hand: paste the output as it is.
+the five-row headline table (the README's); `--verify FILE` checks that FILE holds that table
+exactly (CI runs it on the README). Nothing is typed by hand: paste the output as it is.
 """
 import argparse
 import json
 import os
+import sys
 
 FLOORS = {"timer-1ms-lateness": "floor-timerfd", "main-rtt": "mainactor-foundation-runloop"}
 # The headline: our peer in each latency scenario against its floor and the best other peer.
@@ -93,10 +96,17 @@ def main():
     parser.add_argument("--measured-at", default="", help="the commit and date of the run")
     parser.add_argument("--output", help="the Markdown file to write")
     parser.add_argument("--headline", action="store_true", help="print only the headline table")
+    parser.add_argument("--verify", metavar="FILE", help="check that FILE contains the headline table")
     args = parser.parse_args()
     report = json.load(open(args.json))
     if args.headline:
         print(headline(report))
+        return
+    if args.verify:
+        if headline(report) not in open(args.verify, encoding="utf-8").read():
+            sys.exit(f"{args.verify} does not hold the headline table of {args.json} as generated "
+                     f"(python3 {sys.argv[0]} {args.json} --headline)")
+        print(f"{args.verify} holds the headline table of {args.json}")
         return
     measured = f" Measured at {args.measured_at}." if args.measured_at else ""
     load = report["load_avg_1m"]
