@@ -305,6 +305,9 @@ enum TargetReport {
     verdicts.filter { $0.outcome.map { !$0.value.isNaN && !$0.met } ?? false }.count
   }
 
+  /// How many missed targets the summary names (the rest are counted).
+  private static let summaryMissedLimit = 10
+
   /// The headline scenarios and the floor each is matched against (main-rtt has none).
   private static let headline: [(scenario: String, floor: String?)] = [
     ("wake-rtt", "floor-epoll"), ("actor-rtt", "floor-epoll"), ("stream-rtt", "floor-epoll"),
@@ -344,8 +347,11 @@ enum TargetReport {
       "targets: \(measured.count - missed.count) met, \(missed.count) missed"
         + (verdicts.count > measured.count ? ", \(verdicts.count - measured.count) not measured" : "")
         + " (--details for every table and target)")
-    for verdict in missed {
+    for verdict in missed.prefix(summaryMissedLimit) {
       lines.append("   missed: \(verdict.label) (\(verdict.bound))")
+    }
+    if missed.count > summaryMissedLimit {
+      lines.append("   … and \(missed.count - summaryMissedLimit) more missed (--details lists every target)")
     }
     return lines.joined(separator: "\n")
   }
