@@ -24,7 +24,7 @@ enum BenchmarkDriver {
     let seconds = Double(monotonicNanoseconds() - started) / 1e9
     let loadAfter = loadAverage()
     let verdicts = TargetReport.evaluate(results)
-    print(TargetReport.render(verdicts))
+    print(options.details ? TargetReport.render(verdicts) : TargetReport.summary(results, verdicts))
     print(
       "total time: \(String(format1: seconds)) s; load average (1 min) at the end: "
         + "\(loadAfter.map { formatFixed($0, decimals: 2) } ?? "?")")
@@ -39,7 +39,7 @@ enum BenchmarkDriver {
       guard writeFile(path, CDFPlot.render(results, mode: options.mode, pin: pin.name)) else { return 1 }
       progress("wrote \(path)")
     }
-    return 0
+    return options.check && TargetReport.missedCount(verdicts) > 0 ? 1 : 0
   }
 
   private static func writeFile(_ path: String, _ contents: String) -> Bool {

@@ -108,10 +108,14 @@ struct Options: Sendable {
   var jsonPath: String?
   var plotPath: String?
   var only: Set<String>?
+  /// Print every scenario's table and every target, not only the summary.
+  var details = false
+  /// Exit with status 1 when a target is missed (a run that measures nothing still exits 0).
+  var check = false
 
   static let usage = """
     usage: AsyncRunLoopBenchmarks [--quick | --smoke] [--pin none|same|split] [--json PATH]
-                                  [--plot PATH.svg] [--only scenario[,scenario]]
+                                  [--plot PATH.svg] [--only scenario[,scenario]] [--details] [--check]
       --quick   under 60 s on 2 cores        (default: full mode, under 5 minutes)
       --smoke   a few seconds, tiny samples: proves every scenario runs (CI)
       --pin     same (default): both sides on CPU 0; split: client on CPU 0, server (and the main
@@ -120,6 +124,8 @@ struct Options: Sendable {
       --json    write the results as JSON
       --plot    write a latency CDF per scenario as SVG
       --only    run only these scenarios
+      --details print every scenario's table and every target (default: a short summary)
+      --check   exit with status 1 when a target is missed (default: 0 whatever was measured)
     scenarios: \(Scenario.allNames.joined(separator: ", "))
     """
 
@@ -147,6 +153,8 @@ struct Options: Sendable {
         let names = value(argument).split(separator: ",").map(String.init)
         for name in names where !Scenario.allNames.contains(name) { fail("unknown scenario '\(name)'") }
         options.only = Set(names)
+      case "--details": options.details = true
+      case "--check": options.check = true
       case "--help", "-h":
         print(usage)
         exit(0)

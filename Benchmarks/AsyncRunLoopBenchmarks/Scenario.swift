@@ -36,7 +36,7 @@ enum Scenario {
 
   static var allNames: [String] { (standard + extra).map(\.name) }
 
-  /// Runs the selected scenarios in order, printing each table as it completes.
+  /// Runs the selected scenarios in order, printing each table as it completes (with `--details`).
   static func runSelected(_ context: BenchmarkContext) -> [ScenarioResult] {
     let selected =
       context.options.only == nil
@@ -45,8 +45,10 @@ enum Scenario {
     for scenario in selected {
       let result = scenario.run(context)
       results.append(result)
-      print(TableFormatter.render(result))
-      fflush(nil)
+      if context.options.details {
+        print(TableFormatter.render(result))
+        fflush(nil)
+      }
     }
     return results
   }

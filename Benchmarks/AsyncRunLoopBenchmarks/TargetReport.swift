@@ -299,4 +299,60 @@ enum TargetReport {
     }
     return lines.joined(separator: "\n")
   }
+
+  /// How many targets were measured and missed.
+  static func missedCount(_ verdicts: [Verdict]) -> Int {
+    verdicts.filter { $0.outcome.map { !$0.value.isNaN && !$0.met } ?? false }.count
+  }
+
+  /// How many missed targets the summary names (the rest are counted).
+  private static let summaryMissedLimit = 10
+
+  /// The headline scenarios and the floor each is matched against (main-rtt has none).
+  private static let headline: [(scenario: String, floor: String?)] = [
+    ("wake-rtt", "floor-epoll"), ("actor-rtt", "floor-epoll"), ("stream-rtt", "floor-epoll"),
+    ("timer-1ms-lateness", "floor-timerfd"), ("main-rtt", nil),
+  ]
+
+  /// The default output: each headline scenario's p50 (ours, its floor, the best other peer, and
+  /// the ratios), then how many targets were met and missed, naming the missed ones.
+  static func summary(_ results: [ScenarioResult], _ verdicts: [Verdict]) -> String {
+    var lines = [
+      "", "== headline (p50 µs; ratios: ours over the floor and over the best peer)",
+      "   \(padRight("scenario", 20))\(padLeft("ours", 8))\(padLeft("floor", 9))  \(padRight("best peer", 40))"
+        + "\(padLeft("÷ floor", 8))\(padLeft("÷ peer", 8))",
+    ]
+    for (scenario, floorName) in headline {
+      guard let ours = latency(results, scenario, "asyncrunloop") else { continue }
+      let floor = floorName.flatMap { latency(results, scenario, $0) }
+      let peers = results.first { $0.name == scenario }?.peers ?? []
+      let best = peers.compactMap { peer -> (name: String, p50: Double)? in
+        guard !peer.name.hasPrefix("asyncrunloop"), !peer.name.hasPrefix("floor-"),
+          case .latency(let summary, _) = peer.outcome
+        else { return nil }
+        return (peer.name, summary.p50)
+      }.min { $0.p50 < $1.p50 }
+      let floorText = floor.map { formatFixed($0.p50, decimals: 2) } ?? "-"
+      let bestText = best.map { "\(formatFixed($0.p50, decimals: 2)) \($0.name)" } ?? "-"
+      let floorRatio = floor.map { formatFixed(ours.p50 / $0.p50, decimals: 2) + "×" } ?? ""
+      let peerRatio = best.map { formatFixed(ours.p50 / $0.p50, decimals: 2) + "×" } ?? ""
+      lines.append(
+        "   \(padRight(scenario, 20))\(padLeft(formatFixed(ours.p50, decimals: 2), 8))\(padLeft(floorText, 9))  "
+          + "\(padRight(bestText, 40))\(padLeft(floorRatio, 8))\(padLeft(peerRatio, 8))")
+    }
+    let measured = verdicts.filter { $0.outcome.map { !$0.value.isNaN } ?? false }
+    let missed = measured.filter { !($0.outcome?.met ?? true) }
+    lines.append("")
+    lines.append(
+      "targets: \(measured.count - missed.count) met, \(missed.count) missed"
+        + (verdicts.count > measured.count ? ", \(verdicts.count - measured.count) not measured" : "")
+        + " (--details for every table and target)")
+    for verdict in missed.prefix(summaryMissedLimit) {
+      lines.append("   missed: \(verdict.label) (\(verdict.bound))")
+    }
+    if missed.count > summaryMissedLimit {
+      lines.append("   … and \(missed.count - summaryMissedLimit) more missed (--details lists every target)")
+    }
+    return lines.joined(separator: "\n")
+  }
 }
