@@ -9,8 +9,8 @@ extension RunLoopThread {
     /// Sleep until `embeddingDescriptor` is readable or `deadline` passes (nil: no deadline),
     /// then make a pass.
     case wait(deadline: LoopClock.Instant?)
-    /// The loop has shut down: stop hosting it (a pass still drains the main loop; see the
-    /// article).
+    /// The loop has shut down: make one last pass (for the main loop it drains the loop; see
+    /// the article) and stop hosting it.
     case shutDown
   }
 
@@ -94,7 +94,11 @@ extension LoopCore {
     let run = RunContext(
       contents: contents, deadline: Int64.max, returnAfterSourceHandled: false, keepsAlive: false,
       shouldEnd: nil, readySources: [])
+    // A run about to sleep (this is called from its `beforeWaiting` observer) armed the timerfd
+    // for its own time limit too: keep that if it comes first. A stale one costs one extra pass.
+    let armedByRun = poller.timerDeadline.flatMap { $0 > LoopClock.monotonicNanoseconds() ? $0 : nil }
     armTimerfd(run)
+    if let armedByRun, armedByRun < poller.timerDeadline ?? Int64.max { poller.setTimer(deadline: armedByRun) }
     // What the loop holds that the inbox does not know about (as `mustNotSleep`, without the
     // "mode is empty" case: an empty mode waits for work like any other).
     if hasWaitingControls || hasRunnableJobs || !spareSignalled.isEmpty || hasDeferredSource(in: contents)
