@@ -30,7 +30,7 @@ let package = Package(
     ),
     .executableTarget(
       name: "AsyncRunLoopBenchmarks",
-      dependencies: ["AsyncRunLoop", "CAsyncRunLoop"],
+      dependencies: ["AsyncRunLoop", "AsyncRunLoopFoundation", "CAsyncRunLoop"],
       path: "Benchmarks/AsyncRunLoopBenchmarks",
       swiftSettings: strictSettings
     ),
