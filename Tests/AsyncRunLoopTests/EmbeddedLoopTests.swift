@@ -196,4 +196,29 @@ private let expectedStep = HostStep(waitedBefore: true, readableBeforeWork: fals
     #expect(outcome?.1 == .stopped)
     #expect(outcome?.2 == .shutDown)
   }
+
+  @Test func aPassFromInsideACalloutIsANestedRunThatServesTheLoop() throws {
+    let order = Guarded<[String]>([])
+    let outcome = try withWatchdogSync("a pass nested in a callout") { () -> [String] in
+      let loop = RunLoopThread.current
+      loop.beginEmbedding()
+      defer { loop.endEmbedding() }
+      let inner = InputSource { _ in order.withLock { $0.append("inner") } }
+      let outer = InputSource { _ in
+        order.withLock { $0.append("outer-begins") }
+        inner.signal()
+        // A host callback running inside this handler makes a pass: a nested run.
+        loop.runEmbeddedPass()
+        order.withLock { $0.append("outer-ends") }
+      }
+      loop.add(inner)
+      loop.add(outer)
+      outer.signal()
+      loop.runEmbeddedPass()
+      inner.invalidate()
+      outer.invalidate()
+      return order.snapshot
+    }
+    #expect(outcome == ["outer-begins", "inner", "outer-ends"])
+  }
 }
