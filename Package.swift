@@ -11,7 +11,8 @@ let strictSettings: [SwiftSetting] =
 let package = Package(
   name: "AsyncRunLoop",
   products: [
-    .library(name: "AsyncRunLoop", targets: ["AsyncRunLoop"])
+    .library(name: "AsyncRunLoop", targets: ["AsyncRunLoop"]),
+    .library(name: "AsyncRunLoopFoundation", targets: ["AsyncRunLoopFoundation"]),
   ],
   targets: [
     // System headers that Glibc's Swift module does not expose (epoll, eventfd, timerfd,
@@ -22,9 +23,15 @@ let package = Package(
       dependencies: ["CAsyncRunLoop"],
       swiftSettings: strictSettings
     ),
+    // The bridge to Foundation's run loops: the only target that imports Foundation/CoreFoundation.
+    .target(
+      name: "AsyncRunLoopFoundation",
+      dependencies: ["AsyncRunLoop"],
+      swiftSettings: strictSettings
+    ),
     .executableTarget(
       name: "AsyncRunLoopBenchmarks",
-      dependencies: ["AsyncRunLoop", "CAsyncRunLoop"],
+      dependencies: ["AsyncRunLoop", "AsyncRunLoopFoundation", "CAsyncRunLoop"],
       path: "Benchmarks/AsyncRunLoopBenchmarks",
       swiftSettings: strictSettings
     ),
@@ -41,6 +48,19 @@ let package = Package(
       name: "MainLoopFixture",
       dependencies: ["AsyncRunLoop", "CAsyncRunLoop"],
       path: "Tests/MainLoopFixture",
+      swiftSettings: strictSettings
+    ),
+    // A process whose main thread runs Foundation's and our main loops bridged;
+    // AsyncRunLoopFoundationTests launch it per scenario (Foundation stays out of MainLoopFixture).
+    .executableTarget(
+      name: "FoundationBridgeFixture",
+      dependencies: ["AsyncRunLoop", "AsyncRunLoopFoundation"],
+      path: "Tests/FoundationBridgeFixture",
+      swiftSettings: strictSettings
+    ),
+    .testTarget(
+      name: "AsyncRunLoopFoundationTests",
+      dependencies: ["AsyncRunLoop", "AsyncRunLoopFoundation", "FoundationBridgeFixture"],
       swiftSettings: strictSettings
     ),
     // Test harness settings applied before the test binary's main (see the file's comment).

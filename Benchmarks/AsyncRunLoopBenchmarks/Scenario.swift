@@ -31,7 +31,8 @@ enum Scenario {
 
   /// Run only when named with `--only`.
   static let extra: [(name: String, run: Runner)] = [
-    ("foundation-wake-routes", WakeScenarios.foundationRoutes)
+    ("foundation-wake-routes", WakeScenarios.foundationRoutes),
+    ("bridged-foundation-rtt", BridgedFoundationScenarios.bridgedFoundationRTT),
   ]
 
   static var allNames: [String] { (standard + extra).map(\.name) }

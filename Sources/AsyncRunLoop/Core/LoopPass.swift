@@ -138,7 +138,7 @@ extension LoopCore {
   /// Whether a signalled source waits in `deferredSignalled` although it is in this mode: it
   /// joined the mode after step 4 of this pass, already signalled. Its signal is kept only here,
   /// not in the inbox, so sleeping would strand it until some other wake-up.
-  private func hasDeferredSource(in contents: ModeContents) -> Bool {
+  func hasDeferredSource(in contents: ModeContents) -> Bool {
     guard !deferredSignalled.isEmpty, !deferredAreElsewhere(than: contents) else { return false }
     return deferredSignalled.contains { $0.isIn(contents) }
   }
@@ -289,7 +289,7 @@ extension LoopCore {
 
   /// Arms the timerfd for the earlier of the mode's next timer (delayed by at most its
   /// tolerance, never past the next timer's date) and the run's deadline.
-  private func armTimerfd(_ run: RunContext) {
+  func armTimerfd(_ run: RunContext) {
     var wake = run.deadline == Int64.max ? nil : run.deadline as Int64?
     for contents in [run.contents, modeTable.everyModeContents] {
       guard let contents, let first = contents.timers.first else { continue }

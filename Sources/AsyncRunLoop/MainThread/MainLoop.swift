@@ -48,8 +48,9 @@ extension RunLoopThread {
   public static var isMainThread: Bool { MainThread.isCurrent }
 
   /// True while the main thread runs the main loop: inside `runMainLoop()`, or inside any
-  /// `RunLoopThread.main.run(...)` in a common mode (the modes that drain the main queue). Any
-  /// thread. `runOnMainAndWait` refuses to wait when this is false.
+  /// `RunLoopThread.main.run(...)` in a common mode (the modes that drain the main queue), or
+  /// while a host loop embeds it (`beginEmbedding()`). Any thread. `runOnMainAndWait` refuses to
+  /// wait when this is false.
   public static var isMainLoopRunning: Bool { MainLoopControl.isRunning }
 }
 
@@ -170,6 +171,10 @@ enum MainLoopControl {
 
   static var isRunning: Bool { state.withLock { $0.isRunning } }
 
+  /// Whether `runMainLoop()` or a run of the main loop is active (hosting aside): a drain after
+  /// an embedded pass waits for them.
+  static var isRunningItself: Bool { state.withLock { $0.isServing || $0.runDepth > 0 } }
+
   static func beginServing() -> MainLoopState<any AbandonableWait>.BeginAction {
     state.withLock { $0.beginServing() }
   }
@@ -178,6 +183,15 @@ enum MainLoopControl {
 
   static func endServing() {
     for waiter in state.withLock({ $0.endServing() }) { waiter.abandon() }
+  }
+
+  /// A host loop began embedding the main loop (`beginEmbedding()`): the main thread serves it
+  /// from now on, so blocked callers may wait.
+  static func beginHosting() { state.withLock { $0.hostingBegan() } }
+
+  /// A host loop stopped embedding the main loop.
+  static func endHosting() {
+    for waiter in state.withLock({ $0.hostingEnded() }) { waiter.abandon() }
   }
 
   static func requestStop() {
@@ -211,6 +225,8 @@ struct MainLoopState<Waiter> {
   private(set) var runDepth = 0
   /// `runMainLoop()` is active.
   private(set) var isServing = false
+  /// Host loops embedding the main loop now (`beginEmbedding()` calls not yet ended).
+  private(set) var hostDepth = 0
   /// `stopMainLoop()` was called and has not ended `runMainLoop()` yet.
   private(set) var isStopPending = false
   /// Callers blocked in `runOnMainAndWait`, by ticket.
@@ -218,7 +234,7 @@ struct MainLoopState<Waiter> {
   private var nextTicket: UInt64 = 0
 
   /// Whether the main thread serves the main loop now (so a blocked caller will be served).
-  var isRunning: Bool { isServing || runDepth > 0 }
+  var isRunning: Bool { isServing || runDepth > 0 || hostDepth > 0 }
 
   enum BeginAction: Equatable {
     /// Run the loop.
@@ -250,6 +266,17 @@ struct MainLoopState<Waiter> {
   /// `runMainLoop()` ends: returns the waiters to abandon (nobody will serve them).
   mutating func endServing() -> [Waiter] {
     isServing = false
+    return takeWaitersIfStopped()
+  }
+
+  /// A host loop began embedding the main loop.
+  mutating func hostingBegan() {
+    hostDepth += 1
+  }
+
+  /// A host loop stopped embedding it: returns the waiters to abandon if nothing serves it now.
+  mutating func hostingEnded() -> [Waiter] {
+    hostDepth -= 1
     return takeWaitersIfStopped()
   }
 

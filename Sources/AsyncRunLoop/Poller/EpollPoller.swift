@@ -82,6 +82,13 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
     }
   }
 
+  /// The epoll instance a host loop polls for readability when it embeds this loop (see
+  /// `RunLoopThread+Embedding`). Changes only when `rebuild` replaces the set. Loop thread.
+  var pollableDescriptor: Int32 { epollDescriptor }
+
+  /// The absolute CLOCK_MONOTONIC time the timerfd is armed for, nil when disarmed. Loop thread.
+  var timerDeadline: Int64? { armedTimerDeadline }
+
   /// Whether the timerfd is armed (a timer or a run's time limit will wake the loop). Loop thread.
   var isTimerArmed: Bool { armedTimerDeadline != nil }
 

@@ -1,0 +1,163 @@
+import CoreFoundation
+import Dispatch
+import Foundation
+
+#if canImport(Glibc)
+  import Glibc
+#elseif canImport(Darwin)
+  import Darwin
+#endif
+
+/// A Foundation run-loop thread as a Swift `SerialExecutor` and `TaskExecutor`: jobs run on that
+/// thread, between its run loop's timers, sources and performed blocks, in the order they were
+/// enqueued.
+///
+/// Jobs reach the thread as blocks (`CFRunLoopPerformBlock` in the common modes, then
+/// `CFRunLoopWakeUp`; Foundation's `RunLoop.perform` alone does not wake a sleeping loop), one
+/// block per burst. So they run while the thread runs its run loop (`RunLoop.current.run()`,
+/// `CFRunLoopRun()`, `run(mode:before:)`) in the default mode or another common mode; during a
+/// modal run in a private mode they wait, as `@MainActor` work does on the main thread.
+///
+/// Pin an actor to it:
+///
+/// ```swift
+/// let executor = CFRunLoopExecutor.startThread(name: "network")
+/// actor Connection {
+///   nonisolated var unownedExecutor: UnownedSerialExecutor { executor.asUnownedSerialExecutor() }
+/// }
+/// ```
+///
+/// `shutdown()` loses no job: every job accepted before the final drain ran runs on the thread;
+/// jobs enqueued after it run, in order, on a serial fallback queue (isolated to this executor
+/// there too).
+public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked Sendable {  // Safety: proof below
+  // Safety: `runLoop`, `thread`, `ownsThread`, `fallback` and `fallbackKey` are immutable after
+  // init (a CFRunLoop may be used from any thread for PerformBlock, WakeUp and Stop, the calls
+  // made here from other threads); the mutable state is `inbox`, under its own lock.
+  private let runLoop: CFRunLoop
+  private let thread: pthread_t
+  private let ownsThread: Bool
+  private let inbox = BridgeLock(CFRunLoopExecutorInbox<UnownedJob>())
+  private let fallback: DispatchQueue
+  private let fallbackKey = DispatchSpecificKey<Bool>()
+
+  /// The executor of the calling thread's run loop. That thread must run its run loop for jobs to
+  /// run (see the type's comment); create it on the thread, then run the loop. Any thread.
+  public convenience init() {
+    self.init(ownsThread: false)
+  }
+
+  private init(ownsThread: Bool) {
+    runLoop = CFRunLoopGetCurrent()
+    thread = pthread_self()
+    self.ownsThread = ownsThread
+    fallback = DispatchQueue(label: "AsyncRunLoopFoundation.CFRunLoopExecutor.fallback")
+    fallback.setSpecific(key: fallbackKey, value: true)
+  }
+
+  /// Starts a Foundation `Thread` named `name` that runs its run loop (in the default mode)
+  /// until `shutdown()`, and returns its executor once the thread is running. Any thread.
+  public static func startThread(name: String) -> CFRunLoopExecutor {
+    let started = BridgeLock<CFRunLoopExecutor?>(nil)
+    let ready = DispatchSemaphore(value: 0)
+    let thread = Thread {
+      let executor = CFRunLoopExecutor(ownsThread: true)
+      started.withLock { $0 = executor }
+      ready.signal()
+      executor.runUntilTerminated()
+    }
+    thread.name = name
+    thread.start()
+    ready.wait()
+    guard let executor = started.withLock({ $0 }) else { preconditionFailure("unreachable: the thread publishes it") }
+    return executor
+  }
+
+  /// The owned thread's body: runs its run loop until the final drain stops it. A source that
+  /// never fires keeps the default mode from being empty (CF returns at once from an empty mode).
+  private func runUntilTerminated() {
+    var context = CFRunLoopSourceContext()
+    context.perform = { _ in }
+    guard let keepAlive = CFRunLoopSourceCreate(nil, 0, &context) else {
+      preconditionFailure("AsyncRunLoopFoundation: CFRunLoopSourceCreate failed")
+    }
+    CFRunLoopAddSource(runLoop, keepAlive, CFPlatform.commonModes)
+    while inbox.withLock({ $0.lifecycle }) != .terminated {
+      _ = CFRunLoopRunInMode(CFPlatform.defaultMode, 1e9, false)
+    }
+    CFRunLoopSourceInvalidate(keepAlive)
+  }
+
+  // MARK: Executor
+
+  /// Any thread.
+  public func enqueue(_ job: consuming ExecutorJob) {
+    let unowned = UnownedJob(job)
+    switch inbox.withLock({ $0.enqueue(unowned) }) {
+    case .none: break
+    case .scheduleDrain: scheduleDrain()
+    case .runElsewhere: fallback.async { self.run(unowned) }
+    }
+  }
+
+  public func asUnownedSerialExecutor() -> UnownedSerialExecutor {
+    UnownedSerialExecutor(ordinary: self)
+  }
+
+  public func asUnownedTaskExecutor() -> UnownedTaskExecutor {
+    UnownedTaskExecutor(ordinary: self)
+  }
+
+  /// True on the executor's thread, and on its fallback queue after shutdown; nil — "unknown", so
+  /// the runtime calls `checkIsolated()`, which traps with a message naming the thread —
+  /// elsewhere. Any thread.
+  public func isIsolatingCurrentContext() -> Bool? {
+    isOnExecutor ? true : nil
+  }
+
+  /// Traps unless called on the executor's thread (or its fallback queue after shutdown).
+  public func checkIsolated() {
+    precondition(
+      isOnExecutor, "AsyncRunLoopFoundation: expected to run on the CFRunLoopExecutor's thread, but ran elsewhere")
+  }
+
+  private var isOnExecutor: Bool {
+    pthread_equal(pthread_self(), thread) != 0 || DispatchQueue.getSpecific(key: fallbackKey) == true
+  }
+
+  private func run(_ job: UnownedJob) {
+    job.runSynchronously(isolatedTo: asUnownedSerialExecutor(), taskExecutor: asUnownedTaskExecutor())
+  }
+
+  // MARK: Draining on the thread
+
+  private func scheduleDrain() {
+    CFRunLoopPerformBlock(runLoop, CFPlatform.performMode(CFPlatform.commonModes)) { self.drain() }
+    CFRunLoopWakeUp(runLoop)
+  }
+
+  /// On the thread: runs the jobs queued now, in order; schedules another drain for those that
+  /// arrive meanwhile (the run loop serves its timers and sources in between).
+  private func drain() {
+    for job in inbox.withLock({ $0.takeJobs() }) { run(job) }
+    if inbox.withLock({ $0.finishDrain() }) { scheduleDrain() }
+  }
+
+  // MARK: Shutdown
+
+  /// Ends the executor: a final block on the thread runs every job accepted until the queue is
+  /// empty, and from then on jobs run on the fallback queue; a thread made by `startThread`
+  /// then leaves its run loop and exits. Any thread; idempotent; does not wait.
+  public func shutdown() {
+    guard inbox.withLock({ $0.beginShutdown() }) else { return }
+    CFRunLoopPerformBlock(runLoop, CFPlatform.performMode(CFPlatform.commonModes)) { self.finalDrain() }
+    CFRunLoopWakeUp(runLoop)
+  }
+
+  private func finalDrain() {
+    while !inbox.withLock({ $0.terminateIfIdle() }) {
+      for job in inbox.withLock({ $0.takeJobs() }) { run(job) }
+    }
+    if ownsThread { CFRunLoopStop(runLoop) }
+  }
+}

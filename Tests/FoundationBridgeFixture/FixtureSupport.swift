@@ -1,0 +1,69 @@
+import AsyncRunLoop
+import Foundation
+
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+// Support for the Foundation bridge fixture: a process whose main thread runs Foundation's and
+// AsyncRunLoop's main loops, bridged. AsyncRunLoopFoundationTests launch it once per scenario; a
+// scenario prints what it checked and exits 0, or prints "FAIL: …" to stderr and exits 1. A
+// watchdog alarm kills a hung scenario.
+
+/// Writes a line to stdout, unbuffered.
+func say(_ line: String) {
+  FileHandle.standardOutput.write(Data((line + "\n").utf8))
+}
+
+/// Fails the scenario: prints the reason to stderr and exits 1.
+func fail(_ message: String, file: StaticString = #fileID, line: UInt = #line) -> Never {
+  FileHandle.standardError.write(Data("FAIL: \(message) (\(file):\(line))\n".utf8))
+  exit(1)
+}
+
+/// Fails the scenario unless `condition` holds.
+func check(_ condition: Bool, _ message: @autoclosure () -> String, file: StaticString = #fileID, line: UInt = #line) {
+  if !condition { fail(message(), file: file, line: line) }
+}
+
+/// True on the process's main thread (thread id == process id, asked of the kernel).
+var isOnMainThread: Bool { RunLoopThread.isMainThread }
+
+/// Kills the process with SIGALRM after `seconds`.
+func startWatchdog(seconds: UInt32 = 60) {
+  alarm(seconds)
+}
+
+/// A value shared between threads, under a pthread mutex.
+final class Locked<Value>: @unchecked Sendable {
+  // Safety: `value` is only touched between pthread_mutex_lock and pthread_mutex_unlock of `mutex`.
+  private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
+  private var value: Value
+
+  init(_ value: Value) {
+    self.value = value
+    pthread_mutex_init(mutex, nil)
+  }
+
+  func withLock<T>(_ body: (inout Value) throws -> T) rethrows -> T {
+    pthread_mutex_lock(mutex)
+    defer { pthread_mutex_unlock(mutex) }
+    return try body(&value)
+  }
+
+  var snapshot: Value { withLock { $0 } }
+}
+
+/// The process's CPU time (user + system), in nanoseconds.
+func processCPUNanoseconds() -> Int64 {
+  var usage = rusage()
+  getrusage(Int32(RUSAGE_SELF.rawValue), &usage)
+  let user = Int64(usage.ru_utime.tv_sec) * 1_000_000_000 + Int64(usage.ru_utime.tv_usec) * 1000
+  let system = Int64(usage.ru_stime.tv_sec) * 1_000_000_000 + Int64(usage.ru_stime.tv_usec) * 1000
+  return user + system
+}
+
+/// Starts a raw thread running `body`.
+func startThread(_ body: @escaping @Sendable () -> Void) {
+  Thread { body() }.start()
+}
