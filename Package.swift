@@ -34,6 +34,15 @@ let package = Package(
       path: "Examples/MainThreadDelegate",
       swiftSettings: strictSettings
     ),
+    // An `async` main on the main loop through AsyncRunLoopExecutorFactory. The flag makes the
+    // compiler honour the program's `DefaultExecutorFactory` on Linux (Swift 6.3.1 ignores it
+    // otherwise); SwiftPM allows unsafeFlags on a root package's targets.
+    .executableTarget(
+      name: "AsyncMainExample",
+      dependencies: ["AsyncRunLoop", "CAsyncRunLoop"],
+      path: "Examples/AsyncMain",
+      swiftSettings: strictSettings + [.unsafeFlags(["-Xfrontend", "-disable-availability-checking"])]
+    ),
     // A process whose main thread runs the main loop; MainLoopProcessTests launch it per scenario
     // (Swift Testing runs tests, and exit-test bodies, on pool threads, never the main thread).
     .executableTarget(

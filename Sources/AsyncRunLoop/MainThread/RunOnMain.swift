@@ -33,6 +33,7 @@ public func runOnMain(_ body: @escaping @MainActor () -> Void) {
     MainActor.assumeIsolated(body)
     return
   }
+  MainQueueService.diagnoseLostMainQueue("runOnMain")
   DispatchQueue.main.async { MainActor.assumeIsolated(body) }
 }
 
@@ -50,6 +51,7 @@ public nonisolated(nonsending) func runOnMain<T: Sendable, E: Error>(
   _ body: @MainActor () throws(E) -> T
 ) async throws(E) -> T {
   if RunLoopThread.isMainThread { return try runInlineOnMain(body) }
+  MainQueueService.diagnoseLostMainQueue("await runOnMain")
   return try await runOnMainActor(body)
 }
 
@@ -68,6 +70,7 @@ public nonisolated(nonsending) func runOnMain<T: Sendable, E: Error>(
 ///   running the block); otherwise what `body` throws.
 public func runOnMainAndWait<T: Sendable, E: Error>(_ body: @escaping @MainActor () throws(E) -> T) throws -> T {
   if RunLoopThread.isMainThread { return try runInlineOnMain(body) }
+  MainQueueService.diagnoseLostMainQueue("runOnMainAndWait")
   let waiter = MainCallWaiter<T>()
   guard let ticket = MainLoopControl.register(waiter) else {
     throw RunLoopError.wouldDeadlock(
