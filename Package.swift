@@ -51,6 +51,14 @@ let package = Package(
       path: "Tests/MainLoopFixture",
       swiftSettings: strictSettings
     ),
+    // An `async` main on AsyncRunLoopExecutorFactory; AsyncMainOnMainLoopTests launch it per
+    // scenario. The flag as for AsyncMainExample.
+    .executableTarget(
+      name: "AsyncMainFixture",
+      dependencies: ["AsyncRunLoop", "CAsyncRunLoop"],
+      path: "Tests/AsyncMainFixture",
+      swiftSettings: strictSettings + [.unsafeFlags(["-Xfrontend", "-disable-availability-checking"])]
+    ),
     // Test harness settings applied before the test binary's main (see the file's comment).
     .target(name: "CTestHarness", path: "Tests/CTestHarness"),
     .testTarget(
@@ -58,6 +66,7 @@ let package = Package(
       // The executables are dependencies so that `swift test` builds them next to the test binary.
       dependencies: [
         "AsyncRunLoop", "CAsyncRunLoop", "CTestHarness", "MainLoopFixture", "MainThreadDelegateExample",
+        "AsyncMainFixture", "AsyncMainExample",
       ],
       swiftSettings: strictSettings
     ),

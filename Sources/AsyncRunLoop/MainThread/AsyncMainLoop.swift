@@ -27,7 +27,7 @@ import CAsyncRunLoop
 @MainActor
 public func runMainLoop() async {
   precondition(
-    MainLoopExecutor.isServingAsyncMain,
+    MainLoopExecutor.isInstalled,
     """
     AsyncRunLoop: await runMainLoop() needs the main loop as the program's main executor: declare \
     `typealias DefaultExecutorFactory = AsyncRunLoopExecutorFactory` in the @main type (with \

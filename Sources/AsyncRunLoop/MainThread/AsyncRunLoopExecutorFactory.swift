@@ -29,7 +29,10 @@
 @_spi(ExperimentalCustomExecutors)
 public struct AsyncRunLoopExecutorFactory: ExecutorFactory {
   /// The main loop as the main actor's executor (the same instance every time). Any thread.
-  public static var mainExecutor: any MainExecutor { MainLoopExecutor.shared }
+  public static var mainExecutor: any MainExecutor {
+    MainLoopExecutor.markInstalled()  // the runtime asks once, as the program starts
+    return MainLoopExecutor.shared
+  }
 
   /// The platform's global executor, unchanged: tasks that are not isolated to the main actor (or
   /// to an actor on a loop) run on the global pool as in any program. Any thread.

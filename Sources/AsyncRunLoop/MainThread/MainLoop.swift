@@ -48,9 +48,10 @@ extension RunLoopThread {
   /// cheap: after a thread's first call, one thread-local read.
   public static var isMainThread: Bool { MainThread.isCurrent }
 
-  /// True while the main thread runs the main loop: inside `runMainLoop()`, or inside any
-  /// `RunLoopThread.main.run(...)` in a common mode (the modes that drain the main queue). Any
-  /// thread. `runOnMainAndWait` refuses to wait when this is false.
+  /// True while the main thread runs the main loop: inside `runMainLoop()`, inside any
+  /// `RunLoopThread.main.run(...)` in a common mode (the modes that drain the main queue), or for
+  /// the whole life of an `async` main on `AsyncRunLoopExecutorFactory` once its first `await`
+  /// gave the main thread to the loop. Any thread. To wait for it, see `waitUntilMainLoopRuns()`.
   public static var isMainLoopRunning: Bool { MainLoopControl.isRunning }
 }
 
@@ -126,12 +127,14 @@ public func runMainLoop() {
   }
   if loop.isShutDown {
     loop.core.drainForShutdown()
+    MainLoopControl.endServing()
   } else {
-    // A stop ends the run between passes, possibly with main-queue blocks queued before the
-    // stop still waiting: run them now, so that nothing accepted before stopMainLoop() is lost.
+    // Blocked callers whose blocks have not started are released first (their blocks are then
+    // skipped). A stop ends the run between passes, possibly with main-queue blocks queued before
+    // the stop still waiting: run them now, so that nothing accepted before stopMainLoop() is lost.
+    MainLoopControl.endServing()
     MainQueueService.drainAcceptedBlocks()
   }
-  MainLoopControl.endServing()
 }
 
 /// Makes `runMainLoop()` return: stops the main loop's current run (if the main thread is in a
@@ -216,9 +219,18 @@ enum MainLoopControl {
     state.withLock { $0.beginAsyncServing() }
   }
 
-  /// Registers a blocked caller; nil when the main loop is not running (waiting would hang).
+  /// Registers a blocked caller; nil when waiting could hang: the main loop is shut down, the
+  /// main queue was given away (`dispatchMain()`), or the main loop ran and is not running now.
   static func register(_ waiter: any AbandonableWait) -> UInt64? {
-    state.withLock { $0.register(waiter) }
+    if RunLoopThread.mainIfCreated?.isShutDown == true || MainQueueService.isMainQueueLost { return nil }
+    return state.withLock { $0.register(waiter) }
+  }
+
+  /// Why waiting for the main loop could hang (see `register`), or nil when it is or will be served.
+  static var waitRefusal: String? {
+    if RunLoopThread.mainIfCreated?.isShutDown == true { return "the main loop is shut down" }
+    if MainQueueService.isMainQueueLost { return "dispatchMain() gave the main queue to pool threads" }
+    return state.withLock { $0.hasRun && !$0.isRunning } ? "the main loop ran and has stopped" : nil
   }
 
   static func unregister(_ ticket: UInt64) {
@@ -240,6 +252,8 @@ struct MainLoopState<Waiter> {
   private(set) var runDepth = 0
   /// `runMainLoop()` is active.
   private(set) var isServing = false
+  /// The main loop has run (served, or a run in a common mode entered) at least once.
+  private(set) var hasRun = false
   /// `stopMainLoop()` was called and has not ended `runMainLoop()` yet.
   private(set) var isStopPending = false
   /// An `await runMainLoop()` waits for a stop (an `async` main on the executor factory).
@@ -268,6 +282,7 @@ struct MainLoopState<Waiter> {
       return .returnAtOnce
     }
     isServing = true  // served from now until endServing()
+    hasRun = true
     return .serve
   }
 
@@ -298,6 +313,7 @@ struct MainLoopState<Waiter> {
   /// A run in a common mode started on the main thread.
   mutating func runEntered() {
     runDepth += 1
+    hasRun = true
   }
 
   enum ExitAction {
@@ -342,9 +358,10 @@ struct MainLoopState<Waiter> {
   }
 
   /// A caller wants to block until the main thread runs its block: a ticket, or nil when the main
-  /// loop is not running (the caller would wait forever).
+  /// loop ran and is not running now (it stopped: the caller could wait forever). Before the main
+  /// loop first runs, callers wait for it to start (threads started during setup).
   mutating func register(_ waiter: Waiter) -> UInt64? {
-    guard isRunning else { return nil }  // nobody serves the main queue: refuse to wait
+    guard isRunning || !hasRun else { return nil }  // it stopped: refuse to wait
     nextTicket += 1
     waiters[nextTicket] = waiter
     return nextTicket

@@ -1,5 +1,6 @@
 import CAsyncRunLoop
 import Glibc
+import Synchronization
 @_spi(ExperimentalCustomExecutors) import _Concurrency
 
 /// The main actor's executor when a program installs `AsyncRunLoopExecutorFactory`: the main loop
@@ -27,6 +28,15 @@ public final class MainLoopExecutor: MainExecutor, @unchecked Sendable {  // Saf
 
   /// True while the runtime's `run()` serves the main loop: an `async` main with the factory.
   static var isServingAsyncMain: Bool { shared.runs.withLock { $0.isServingForever } }
+
+  /// Set when the runtime took this executor from `AsyncRunLoopExecutorFactory` (the program
+  /// declared the factory). Relaxed: a once-only flag set at startup, before any task runs.
+  private static let installed = Atomic<Bool>(false)
+
+  /// True when the program runs on `AsyncRunLoopExecutorFactory`. Any thread.
+  static var isInstalled: Bool { installed.load(ordering: .relaxed) }
+
+  static func markInstalled() { installed.store(true, ordering: .relaxed) }
 
   /// Queues a main-actor job on the main queue. Any thread; it runs on the main thread when the
   /// main loop next serves the main queue (it always does while an `async` main runs).

@@ -6,9 +6,7 @@ import Synchronization
 /// `runOnMain` bodies and main-actor jobs wait), and how a program that lost the main queue is
 /// told so.
 enum MainQueueService {
-  /// Main thread only: the depth of main-queue drains on the main thread's stack. A drain never
-  /// starts inside another (a block that runs the loop nested must not have other main-queue
-  /// blocks start inside it, as the main actor's isolation requires).
+  /// Main thread only: the depth of main-queue drains on the main thread's stack.
   /// Relaxed: read and written by the main thread only; atomic just to be `Sendable`.
   private static let drainDepth = Atomic<Int>(0)
 
@@ -16,17 +14,19 @@ enum MainQueueService {
   /// Relaxed: a once-only flag; a second racing printer would print a duplicate line, no more.
   private static let warnedLostMainQueue = Atomic<Bool>(false)
 
-  /// Main thread: drains the main queue once — every block queued before this call, in queue
-  /// order — unless a drain is already on the stack. `descriptor` is the queue's wake-up eventfd.
+  /// Main thread, from the main-queue source: drains the main queue once — every block queued
+  /// before this call, in queue order. Inside a block of an outer drain (a nested run started by
+  /// a main-queue block or main-actor job) libdispatch runs nothing, so no main-actor job starts
+  /// inside another; the wake-up is still consumed, so the nested run does not spin, and
+  /// libdispatch signals again when the outer drain ends with work left.
   static func drain(_ descriptor: Int32) {
-    guard drainDepth.load(ordering: .relaxed) == 0 else { return }  // inside a block of a drain
     // libdispatch writes the eventfd when the queue goes from empty to non-empty and after a
     // drain that left work behind, but never reads it: we reset it *before* draining, so a
     // block queued during the drain makes it readable again (checked on Linux, Swift 6.3.1).
     _ = SystemCall.drainCounter(descriptor)
-    drainDepth.store(1, ordering: .relaxed)
+    drainDepth.add(1, ordering: .relaxed)
     _dispatch_main_queue_callback_4CF(nil)
-    drainDepth.store(0, ordering: .relaxed)
+    drainDepth.subtract(1, ordering: .relaxed)
   }
 
   /// Main thread, as `runMainLoop()` returns: runs every block queued on the main queue before
@@ -34,7 +34,7 @@ enum MainQueueService {
   /// main queue is not the main thread's (after `dispatchMain()`) or a drain is on the stack.
   static func drainAcceptedBlocks() {
     let descriptor = _dispatch_get_main_queue_handle_4CF()
-    guard descriptor >= 0 else { return }
+    guard descriptor >= 0, drainDepth.load(ordering: .relaxed) == 0 else { return }
     drain(descriptor)
   }
 

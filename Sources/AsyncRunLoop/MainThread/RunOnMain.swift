@@ -60,14 +60,19 @@ public nonisolated(nonsending) func runOnMain<T: Sendable, E: Error>(
 /// thread it runs inline, so it never deadlocks on itself. For plain threads (loop threads, your
 /// own pthreads); from async code prefer `await runOnMain`, which does not block a thread.
 ///
-/// Ordered like `runOnMain`. When the main loop is not running it throws instead of hanging: the
-/// block is queued only while `RunLoopThread.isMainLoopRunning`, and if the main loop stops
-/// running before the block started, the block never runs and the caller gets the error.
-/// (It cannot see other deadlocks, e.g. the main thread blocked waiting for this thread.)
+/// Ordered like `runOnMain`. Before the main loop first runs (threads started during setup), it
+/// waits for the main thread to start it (`runMainLoop()`, or an `async` main on
+/// `AsyncRunLoopExecutorFactory`). It throws instead of hanging when the main loop can no longer
+/// serve it: the main loop is shut down; the main queue was given away (`dispatchMain()` was
+/// called, by an `async` main without the factory or by the program); or the main loop ran and
+/// has stopped (after `runMainLoop()` returned, the main thread is doing something else). If the
+/// main loop stops running before the block started, the block never runs and the caller gets
+/// the error. (It cannot see other deadlocks, e.g. the main thread blocked waiting for this
+/// thread.)
 /// - Parameter body: Main-actor isolated; runs on the main thread.
 /// - Returns: What `body` returns.
-/// - Throws: `RunLoopError.wouldDeadlock` when the main loop is not running (or stops before
-///   running the block); otherwise what `body` throws.
+/// - Throws: `RunLoopError.wouldDeadlock` when the main loop can no longer run the block (see
+///   above); otherwise what `body` throws.
 public func runOnMainAndWait<T: Sendable, E: Error>(_ body: @escaping @MainActor () throws(E) -> T) throws -> T {
   if RunLoopThread.isMainThread { return try runInlineOnMain(body) }
   MainQueueService.diagnoseLostMainQueue("runOnMainAndWait")
@@ -75,9 +80,9 @@ public func runOnMainAndWait<T: Sendable, E: Error>(_ body: @escaping @MainActor
   guard let ticket = MainLoopControl.register(waiter) else {
     throw RunLoopError.wouldDeadlock(
       """
-      runOnMainAndWait on thread \(carl_gettid()) would wait forever: the main loop is not running. \
-      Start it with runMainLoop() at the end of a synchronous main, or use runOnMain (fire and \
-      forget) or await runOnMain.
+      runOnMainAndWait on thread \(carl_gettid()) would wait forever: the main loop is not running and \
+      cannot start (it ran and stopped, it is shut down, or dispatchMain() gave the main queue away). \
+      Use runOnMain (fire and forget) or await runOnMain, or keep the main loop running.
       """)
   }
   defer { MainLoopControl.unregister(ticket) }
