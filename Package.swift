@@ -27,6 +27,14 @@ let package = Package(
       path: "Benchmarks/AsyncRunLoopBenchmarks",
       swiftSettings: strictSettings
     ),
+    // main-rtt's factory route: an async main on AsyncRunLoopExecutorFactory, launched by the
+    // benchmark (the flag as for AsyncMainExample).
+    .executableTarget(
+      name: "MainRTTAsyncMain",
+      dependencies: ["AsyncRunLoop"],
+      path: "Benchmarks/MainRTTAsyncMain",
+      swiftSettings: strictSettings + [.unsafeFlags(["-Xfrontend", "-disable-availability-checking"])]
+    ),
     // The delegate-wrapper idiom (FORCE_MAIN_THREAD): delegate callouts always on the main thread.
     .executableTarget(
       name: "MainThreadDelegateExample",

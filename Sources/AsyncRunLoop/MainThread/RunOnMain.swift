@@ -7,7 +7,7 @@ import Dispatch
 // reordering against the caller's own code), and otherwise hands it to the main dispatch queue.
 //
 // Why the main dispatch queue and not `RunLoopThread.main.perform`: on Linux, Swift's main
-// executor *is* the main dispatch queue, so `@MainActor` jobs (`Task { @MainActor in … }`,
+// executor *is* the main dispatch queue (the platform's, and `MainLoopExecutor` queues there too), so `@MainActor` jobs (`Task { @MainActor in … }`,
 // `await MainActor.run`, calls into main-actor-isolated code) are queued there too. Going through
 // the same FIFO queue keeps one thread's `runOnMain` calls, `DispatchQueue.main.async` blocks and
 // MainActor jobs in the order that thread made them. The main loop drains that queue in its common
@@ -16,19 +16,36 @@ import Dispatch
 
 /// Runs `body` on the main thread, the FORCE_MAIN_THREAD way: inline, before this returns, when
 /// called on the main thread; otherwise queued for the main thread and this returns at once.
-/// Any thread.
+/// Any thread; synchronous code only.
+///
+/// The same as `runOnMainWithoutWaiting(_:)`. It is unavailable in async code, where
+/// `runOnMain` is the awaiting form that returns the body's value: so
+/// `let size = await runOnMain { window.size }` always gets the size, and can never silently
+/// resolve to this form (it would in top-level async code) — to fire and forget from async code,
+/// say so with `runOnMainWithoutWaiting { … }`.
+/// - Parameter body: Main-actor isolated; runs on the main thread, where
+///   `MainActor.assumeIsolated` holds.
+@available(
+  *, noasync,
+  message:
+    "in async code `await runOnMain { … }` returns the body's value; to fire and forget, use runOnMainWithoutWaiting"
+)
+public func runOnMain(_ body: @escaping @MainActor () -> Void) {
+  runOnMainWithoutWaiting(body)
+}
+
+/// Runs `body` on the main thread without waiting for it, the FORCE_MAIN_THREAD way: inline,
+/// before this returns, when called on the main thread; otherwise queued for the main thread and
+/// this returns at once. Any thread, sync or async code.
 ///
 /// Calls made from one thread run in the order they were made, also relative to that thread's
 /// `DispatchQueue.main.async` blocks and `@MainActor` jobs. A queued body runs when the main
-/// thread runs the main loop in a common mode (`runMainLoop()`); if it never does, it never runs.
-/// On the main thread the body runs now, ahead of blocks the main thread queued earlier — the
-/// macro's semantics.
-///
-/// From async code this name resolves to the awaiting `runOnMain` (write `await`); to fire and
-/// forget from async code, use `Task { @MainActor in … }`.
+/// thread runs the main loop in a common mode (`runMainLoop()`, or an `async` main on
+/// `AsyncRunLoopExecutorFactory`); if it never does, it never runs. On the main thread the body
+/// runs now, ahead of blocks the main thread queued earlier — the macro's semantics.
 /// - Parameter body: Main-actor isolated; runs on the main thread, where
 ///   `MainActor.assumeIsolated` holds.
-public func runOnMain(_ body: @escaping @MainActor () -> Void) {
+public func runOnMainWithoutWaiting(_ body: @escaping @MainActor () -> Void) {
   if RunLoopThread.isMainThread {
     MainActor.assumeIsolated(body)
     return
