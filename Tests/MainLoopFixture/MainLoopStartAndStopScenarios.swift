@@ -88,19 +88,17 @@ func lostMainQueueScenario() {
       say("runOnMainAndWait refused: \(error)")
     }
     let done = Locked(0)
+    let offMain = Locked(0)
     for _ in 0..<3 {
       runOnMain {
-        let count = done.withLock {
-          $0 += 1
-          return $0
-        }
-        if count == 3 {
-          say("3 runOnMain bodies ran, the last on the main thread: \(isOnMainThread)")
-          say("lost-main-queue ok")
-          exit(0)
-        }
+        if !isOnMainThread { offMain.withLock { $0 += 1 } }
+        done.withLock { $0 += 1 }
       }
     }
+    waitUntil("the runOnMain bodies") { done.current == 3 }
+    say("3 runOnMain bodies ran, \(offMain.current) of them off the main thread")
+    say("lost-main-queue ok")
+    exit(0)  // from this thread: it is never joined (the main thread is in dispatchMain)
   }
   dispatchMain()
 }
