@@ -35,12 +35,29 @@ let package = Package(
       path: "Benchmarks/AsyncRunLoopBenchmarks",
       swiftSettings: strictSettings
     ),
+    // main-rtt's factory route: an async main on AsyncRunLoopExecutorFactory, launched by the
+    // benchmark (the flag as for AsyncMainExample).
+    .executableTarget(
+      name: "MainRTTAsyncMain",
+      dependencies: ["AsyncRunLoop"],
+      path: "Benchmarks/MainRTTAsyncMain",
+      swiftSettings: strictSettings + [.unsafeFlags(["-Xfrontend", "-disable-availability-checking"])]
+    ),
     // The delegate-wrapper idiom (FORCE_MAIN_THREAD): delegate callouts always on the main thread.
     .executableTarget(
       name: "MainThreadDelegateExample",
       dependencies: ["AsyncRunLoop"],
       path: "Examples/MainThreadDelegate",
       swiftSettings: strictSettings
+    ),
+    // An `async` main on the main loop through AsyncRunLoopExecutorFactory. The flag makes the
+    // compiler honour the program's `DefaultExecutorFactory` on Linux (Swift 6.3.1 ignores it
+    // otherwise); SwiftPM allows unsafeFlags on a root package's targets.
+    .executableTarget(
+      name: "AsyncMainExample",
+      dependencies: ["AsyncRunLoop", "CAsyncRunLoop"],
+      path: "Examples/AsyncMain",
+      swiftSettings: strictSettings + [.unsafeFlags(["-Xfrontend", "-disable-availability-checking"])]
     ),
     // A process whose main thread runs the main loop; MainLoopProcessTests launch it per scenario
     // (Swift Testing runs tests, and exit-test bodies, on pool threads, never the main thread).
@@ -63,6 +80,14 @@ let package = Package(
       dependencies: ["AsyncRunLoop", "AsyncRunLoopFoundation", "FoundationBridgeFixture"],
       swiftSettings: strictSettings
     ),
+    // An `async` main on AsyncRunLoopExecutorFactory; AsyncMainOnMainLoopTests launch it per
+    // scenario. The flag as for AsyncMainExample.
+    .executableTarget(
+      name: "AsyncMainFixture",
+      dependencies: ["AsyncRunLoop", "CAsyncRunLoop"],
+      path: "Tests/AsyncMainFixture",
+      swiftSettings: strictSettings + [.unsafeFlags(["-Xfrontend", "-disable-availability-checking"])]
+    ),
     // Test harness settings applied before the test binary's main (see the file's comment).
     .target(name: "CTestHarness", path: "Tests/CTestHarness"),
     .testTarget(
@@ -70,6 +95,7 @@ let package = Package(
       // The executables are dependencies so that `swift test` builds them next to the test binary.
       dependencies: [
         "AsyncRunLoop", "CAsyncRunLoop", "CTestHarness", "MainLoopFixture", "MainThreadDelegateExample",
+        "AsyncMainFixture", "AsyncMainExample",
       ],
       swiftSettings: strictSettings
     ),

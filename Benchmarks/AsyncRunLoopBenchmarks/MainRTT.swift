@@ -90,14 +90,27 @@ enum MainScenarios {
         "a plain thread runs a closure on the main thread and gets its result; µs per round trip",
         "the main thread alternates between runMainLoop() and Foundation's RunLoop.main before each batch",
         "extras: asyncrunloop-await-runOnMain has the Foundation peer's shape (task + await);"
-          + " dispatch-main-sync-foundation-runloop is the plain-thread route without AsyncRunLoop",
+          + " dispatch-main-sync-foundation-runloop is the plain-thread route without AsyncRunLoop;"
+          + " asyncrunloop-factory-mainactor is that shape in an async main on AsyncRunLoopExecutorFactory"
+          + " (a child process, MainRTTAsyncMain)",
       ],
       peers: [
         PeerSpec(name: "asyncrunloop", open: { RunOnMainAndWaitRTT(driver: driver) }),
         PeerSpec(name: "mainactor-foundation-runloop", open: { MainActorRunRTT(driver: driver) }),
         PeerSpec(name: "asyncrunloop-await-runOnMain", open: { AwaitRunOnMainRTT(driver: driver) }),
         PeerSpec(name: "dispatch-main-sync-foundation-runloop", open: { DispatchMainSyncRTT(driver: driver) }),
+        factoryPeer(),
       ],
       mode: context.mode)
+  }
+
+  /// The factory route's peer, when its executable was built.
+  static func factoryPeer() -> PeerSpec<any LatencySession> {
+    guard let executable = FactoryMainActorRTT.executable else {
+      return PeerSpec(
+        name: "asyncrunloop-factory-mainactor", open: nil,
+        unavailableReason: "not built: swift build -c release --product MainRTTAsyncMain")
+    }
+    return PeerSpec(name: "asyncrunloop-factory-mainactor", open: { FactoryMainActorRTT(executable: executable) })
   }
 }

@@ -43,13 +43,16 @@ struct MainLoopStateTests {
     #expect(afterConsumed, "the stop was consumed")
   }
 
-  @Test func waitersAreRefusedWhenNothingRunsTheMainLoop() {
+  @Test func waitersWaitForTheFirstRunAndAreRefusedOnceTheLoopStopped() {
     var state = State()
-    let early = state.register("early")
-    #expect(early == nil)
+    let early = state.register("early, before the main loop ever ran")
+    #expect(early != nil)
     state.runEntered()
     let duringRawRun = state.register("during a raw run")
     #expect(duringRawRun != nil)
+    _ = state.runExited()
+    let afterStop = state.register("after the main loop ran and stopped")
+    #expect(afterStop == nil)
   }
 
   @Test func waitersAreAbandonedWhenTheLastRawRunEnds() {

@@ -49,27 +49,12 @@ func valuesScenario() {
   say("values returned and errors rethrown")
 }
 
-/// When the main loop is not running, runOnMainAndWait throws instead of hanging, and its body
-/// never runs: before the loop ever ran, after it stopped, and when it stops while a caller waits.
-/// A stop requested before runMainLoop() makes it return at once.
+/// When the main loop has stopped running, runOnMainAndWait throws instead of hanging, and its
+/// body never runs: after it stopped, and when it stops while a caller waits. A stop requested
+/// before runMainLoop() makes it return at once.
 func notRunningScenario() {
   check(!RunLoopThread.isMainLoopRunning, "running before runMainLoop()")
   let bodyRan = Locked(false)
-  let refusal = Locked<String?>(nil)
-  PlainThread {
-    do {
-      try runOnMainAndWait { bodyRan.withLock { $0 = true } }
-    } catch RunLoopError.wouldDeadlock(let message) {
-      refusal.withLock { $0 = message }
-    } catch {
-      fail("unexpected error \(error)")
-    }
-  }.join()
-  check(
-    refusal.current?.contains("the main loop is not running") == true,
-    "no refusal: \(String(describing: refusal.current))")
-  say("refused before the loop ran: \(refusal.current!)")
-
   stopMainLoop()
   runMainLoop()  // the remembered stop: returns at once
   say("a stop requested before runMainLoop() made it return at once")
@@ -104,6 +89,23 @@ func notRunningScenario() {
   check(message.contains("stopped running before the block ran"), "a waiting caller got: \(message)")
   check(!RunLoopThread.isMainLoopRunning, "running after runMainLoop() returned")
   say("a waiting caller was released: \(message)")
+
+  // Once the main loop has run and stopped, a new caller is refused at once (before the first
+  // run, callers wait for it instead: see the early-waiters scenario).
+  let refusal = Locked<String?>(nil)
+  PlainThread {
+    do {
+      try runOnMainAndWait { bodyRan.withLock { $0 = true } }
+    } catch RunLoopError.wouldDeadlock(let message) {
+      refusal.withLock { $0 = message }
+    } catch {
+      fail("unexpected error \(error)")
+    }
+  }.join()
+  check(
+    refusal.current?.contains("the main loop is not running") == true,
+    "no refusal: \(String(describing: refusal.current))")
+  say("refused after the loop ran and stopped: \(refusal.current!)")
 
   // Running the loop again reaches the abandoned block: it is skipped.
   RunLoopThread.main.add(LoopTimer(after: .milliseconds(50)) { _ in stopMainLoop() }, to: .common)

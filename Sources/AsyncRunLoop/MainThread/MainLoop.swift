@@ -12,10 +12,11 @@ import Glibc
 /// main dispatch queue) run on the real main thread, interleaved with the loop's sources and timers.
 ///
 /// Starting it: call `runMainLoop()` at the end of a *synchronous* main (top-level code without
-/// `await`, or `static func main()` of an `@main` type). An async main gives the main thread away
-/// at its first suspension (it calls `dispatchMain()`: libdispatch then drains the main queue on
-/// pool threads, as it does for any program that calls `dispatchMain()`), so only its code before
-/// the first `await` runs on the main thread. Measured on Linux with Swift 6.3.1.
+/// `await`, or `static func main()` of an `@main` type), or make an `async` main run on it with
+/// `AsyncRunLoopExecutorFactory` (see the AsyncMain article) and `await runMainLoop()`. Without
+/// the factory an async main gives the main thread away at its first suspension (it calls
+/// `dispatchMain()`: libdispatch then drains the main queue on pool threads), so only its code
+/// before the first `await` runs on the main thread. Measured on Linux with Swift 6.3.1.
 extension RunLoopThread {
   private static let mainStorage: LockedValue<RunLoopThread?> = LockedValue(nil)
 
@@ -47,10 +48,11 @@ extension RunLoopThread {
   /// cheap: after a thread's first call, one thread-local read.
   public static var isMainThread: Bool { MainThread.isCurrent }
 
-  /// True while the main thread runs the main loop: inside `runMainLoop()`, or inside any
-  /// `RunLoopThread.main.run(...)` in a common mode (the modes that drain the main queue), or
-  /// while a host loop embeds it (`beginEmbedding()`). Any thread. `runOnMainAndWait` refuses to
-  /// wait when this is false.
+  /// True while the main thread runs the main loop: inside `runMainLoop()`, inside any
+  /// `RunLoopThread.main.run(...)` in a common mode (the modes that drain the main queue), while a
+  /// host loop embeds it (`beginEmbedding()`), or for the whole life of an `async` main on
+  /// `AsyncRunLoopExecutorFactory` once its first `await` gave the main thread to the loop. Any
+  /// thread. To wait for it, see `waitUntilMainLoopRuns()`.
   public static var isMainLoopRunning: Bool { MainLoopControl.isRunning }
 }
 
@@ -76,8 +78,13 @@ extension RunLoopThread {
 /// }
 /// ```
 ///
-/// An async main may call it only before its first `await` (after that it runs on pool threads);
-/// a synchronous main is the robust choice.
+/// In an `async` main, write `await runMainLoop()` with `AsyncRunLoopExecutorFactory` installed
+/// (see the AsyncMain article); this blocking form traps there, as it would hold the main actor.
+/// Without the factory an async main may call it only before its first `await` (after that it
+/// runs on pool threads).
+///
+/// When it returns after `stopMainLoop()`, every main-queue block accepted before the stop has
+/// run (see `stopMainLoop()`).
 ///
 /// Traps with a clear message when called on another thread (including from an async main after
 /// its first `await`) or while `runMainLoop()` is already running (for a nested run use
@@ -91,12 +98,22 @@ public func runMainLoop() {
     main (top-level code without `await`, or a non-async `static func main()`). After an async \
     main's first `await`, or after dispatchMain(), code runs on pool threads, not the main thread.
     """)
+  precondition(
+    !MainLoopExecutor.isServingAsyncMain,
+    """
+    AsyncRunLoop: runMainLoop() was called in an async main that runs on AsyncRunLoopExecutorFactory: \
+    there the main loop already runs, and a blocking call would hold the main actor. Write \
+    `await runMainLoop()` to wait for stopMainLoop().
+    """)
   let loop = RunLoopThread.main
   switch MainLoopControl.beginServing() {
   case .serve:
     break
   case .returnAtOnce:
-    return  // stopMainLoop() was called before: the stop is consumed by this call
+    // stopMainLoop() was called before: the stop is consumed by this call, after the blocks
+    // queued before it ran.
+    MainQueueService.drainAcceptedBlocks()
+    return
   case .alreadyServing:
     preconditionFailure(
       """
@@ -109,14 +126,28 @@ public func runMainLoop() {
     if loop.isShutDown || result == .finished { break }
     if !MainLoopControl.continueServing() { break }
   }
-  if loop.isShutDown { loop.core.drainForShutdown() }
-  MainLoopControl.endServing()
+  if loop.isShutDown {
+    loop.core.drainForShutdown()
+    MainLoopControl.endServing()
+  } else {
+    // Blocked callers whose blocks have not started are released first (their blocks are then
+    // skipped). A stop ends the run between passes, possibly with main-queue blocks queued before
+    // the stop still waiting: run them now, so that nothing accepted before stopMainLoop() is lost.
+    MainLoopControl.endServing()
+    MainQueueService.drainAcceptedBlocks()
+  }
 }
 
 /// Makes `runMainLoop()` return: stops the main loop's current run (if the main thread is in a
 /// nested run, that run and every enclosing one end) and `runMainLoop()` does not start another.
 /// If `runMainLoop()` is not running, the stop is remembered and the next `runMainLoop()` returns
-/// at once. Any thread. To stop a run you started with `RunLoopThread.main.run(...)`, use
+/// at once. Any thread.
+///
+/// Nothing accepted before the stop is lost: every `runOnMain` body, `DispatchQueue.main` block
+/// and main-actor job queued before this call (by this thread, or by any thread whose call
+/// finished before this one started) has run when `runMainLoop()` returns — as Cocoa's
+/// `CFRunLoopStop` leaves the main queue's blocks to run, not to vanish. In an `async` main on
+/// `AsyncRunLoopExecutorFactory`, it ends `await runMainLoop()` the same way. To stop a run you started with `RunLoopThread.main.run(...)`, use
 /// `RunLoopThread.main.stop()`.
 public func stopMainLoop() {
   MainLoopControl.requestStop()
@@ -140,11 +171,7 @@ enum MainLoopControl {
     let descriptor = _dispatch_get_main_queue_handle_4CF()
     guard descriptor >= 0 else { return }
     let mainQueue = DescriptorSource(descriptor: descriptor, interest: .readable) { _, _ in
-      // libdispatch writes the eventfd when the queue goes from empty to non-empty and after a
-      // drain that left work behind, but never reads it: we reset it *before* draining, so a
-      // block queued during the drain makes it readable again (checked on Linux, Swift 6.3.1).
-      SystemCall.drainCounter(descriptor)
-      _dispatch_main_queue_callback_4CF(nil)
+      MainQueueService.drain(descriptor)
     }
     do {
       try loop.add(mainQueue, to: .common)
@@ -198,12 +225,26 @@ enum MainLoopControl {
     switch state.withLock({ $0.requestStop() }) {
     case .stopLoop: RunLoopThread.mainIfCreated?.stop()
     case .remembered: break
+    case .endAsyncRun: AsyncMainLoopRun.end()
     }
   }
 
-  /// Registers a blocked caller; nil when the main loop is not running (waiting would hang).
+  static func beginAsyncServing() -> MainLoopState<any AbandonableWait>.BeginAction {
+    state.withLock { $0.beginAsyncServing() }
+  }
+
+  /// Registers a blocked caller; nil when waiting could hang: the main loop is shut down, the
+  /// main queue was given away (`dispatchMain()`), or the main loop ran and is not running now.
   static func register(_ waiter: any AbandonableWait) -> UInt64? {
-    state.withLock { $0.register(waiter) }
+    if RunLoopThread.mainIfCreated?.isShutDown == true || MainQueueService.isMainQueueLost { return nil }
+    return state.withLock { $0.register(waiter) }
+  }
+
+  /// Why waiting for the main loop could hang (see `register`), or nil when it is or will be served.
+  static var waitRefusal: String? {
+    if RunLoopThread.mainIfCreated?.isShutDown == true { return "the main loop is shut down" }
+    if MainQueueService.isMainQueueLost { return "dispatchMain() gave the main queue to pool threads" }
+    return state.withLock { $0.hasRun && !$0.isRunning } ? "the main loop ran and has stopped" : nil
   }
 
   static func unregister(_ ticket: UInt64) {
@@ -227,8 +268,12 @@ struct MainLoopState<Waiter> {
   private(set) var isServing = false
   /// Host loops embedding the main loop now (`beginEmbedding()` calls not yet ended).
   private(set) var hostDepth = 0
+  /// The main loop has run (served, hosted, or a run in a common mode entered) at least once.
+  private(set) var hasRun = false
   /// `stopMainLoop()` was called and has not ended `runMainLoop()` yet.
   private(set) var isStopPending = false
+  /// An `await runMainLoop()` waits for a stop (an `async` main on the executor factory).
+  private(set) var isAsyncServing = false
   /// Callers blocked in `runOnMainAndWait`, by ticket.
   private(set) var waiters: [UInt64: Waiter] = [:]
   private var nextTicket: UInt64 = 0
@@ -253,6 +298,18 @@ struct MainLoopState<Waiter> {
       return .returnAtOnce
     }
     isServing = true  // served from now until endServing()
+    hasRun = true
+    return .serve
+  }
+
+  /// `await runMainLoop()` starts (the main loop already runs: it waits for a stop).
+  mutating func beginAsyncServing() -> BeginAction {
+    if isServing || isAsyncServing { return .alreadyServing }  // one runMainLoop at a time
+    if isStopPending {
+      isStopPending = false  // the remembered stop ends this call
+      return .returnAtOnce
+    }
+    isAsyncServing = true  // until the next requestStop()
     return .serve
   }
 
@@ -272,6 +329,7 @@ struct MainLoopState<Waiter> {
   /// A host loop began embedding the main loop.
   mutating func hostingBegan() {
     hostDepth += 1
+    hasRun = true
   }
 
   /// A host loop stopped embedding it: returns the waiters to abandon if nothing serves it now.
@@ -283,6 +341,7 @@ struct MainLoopState<Waiter> {
   /// A run in a common mode started on the main thread.
   mutating func runEntered() {
     runDepth += 1
+    hasRun = true
   }
 
   enum ExitAction {
@@ -312,18 +371,25 @@ struct MainLoopState<Waiter> {
     case stopLoop
     /// `runMainLoop()` is not active: the next one returns at once.
     case remembered
+    /// End the waiting `await runMainLoop()` (the stop is consumed by it).
+    case endAsyncRun
   }
 
   /// `stopMainLoop()`.
   mutating func requestStop() -> StopAction {
+    if isAsyncServing && !isServing {
+      isAsyncServing = false  // this stop ends the await
+      return .endAsyncRun
+    }
     isStopPending = true
     return isServing ? .stopLoop : .remembered  // not serving: remembered for the next runMainLoop
   }
 
   /// A caller wants to block until the main thread runs its block: a ticket, or nil when the main
-  /// loop is not running (the caller would wait forever).
+  /// loop ran and is not running now (it stopped: the caller could wait forever). Before the main
+  /// loop first runs, callers wait for it to start (threads started during setup).
   mutating func register(_ waiter: Waiter) -> UInt64? {
-    guard isRunning else { return nil }  // nobody serves the main queue: refuse to wait
+    guard isRunning || !hasRun else { return nil }  // it stopped: refuse to wait
     nextTicket += 1
     waiters[nextTicket] = waiter
     return nextTicket

@@ -7,7 +7,7 @@ import Dispatch
 // reordering against the caller's own code), and otherwise hands it to the main dispatch queue.
 //
 // Why the main dispatch queue and not `RunLoopThread.main.perform`: on Linux, Swift's main
-// executor *is* the main dispatch queue, so `@MainActor` jobs (`Task { @MainActor in … }`,
+// executor *is* the main dispatch queue (the platform's, and `MainLoopExecutor` queues there too), so `@MainActor` jobs (`Task { @MainActor in … }`,
 // `await MainActor.run`, calls into main-actor-isolated code) are queued there too. Going through
 // the same FIFO queue keeps one thread's `runOnMain` calls, `DispatchQueue.main.async` blocks and
 // MainActor jobs in the order that thread made them. The main loop drains that queue in its common
@@ -16,23 +16,41 @@ import Dispatch
 
 /// Runs `body` on the main thread, the FORCE_MAIN_THREAD way: inline, before this returns, when
 /// called on the main thread; otherwise queued for the main thread and this returns at once.
-/// Any thread.
+/// Any thread; synchronous code only.
+///
+/// The same as `runOnMainWithoutWaiting(_:)`. It is unavailable in async code, where
+/// `runOnMain` is the awaiting form that returns the body's value: so
+/// `let size = await runOnMain { window.size }` always gets the size, and can never silently
+/// resolve to this form (it would in top-level async code) — to fire and forget from async code,
+/// say so with `runOnMainWithoutWaiting { … }`.
+/// - Parameter body: Main-actor isolated; runs on the main thread, where
+///   `MainActor.assumeIsolated` holds.
+@available(
+  *, noasync,
+  message:
+    "in async code `await runOnMain { … }` returns the body's value; to fire and forget, use runOnMainWithoutWaiting"
+)
+public func runOnMain(_ body: @escaping @MainActor () -> Void) {
+  runOnMainWithoutWaiting(body)
+}
+
+/// Runs `body` on the main thread without waiting for it, the FORCE_MAIN_THREAD way: inline,
+/// before this returns, when called on the main thread; otherwise queued for the main thread and
+/// this returns at once. Any thread, sync or async code.
 ///
 /// Calls made from one thread run in the order they were made, also relative to that thread's
 /// `DispatchQueue.main.async` blocks and `@MainActor` jobs. A queued body runs when the main
-/// thread runs the main loop in a common mode (`runMainLoop()`); if it never does, it never runs.
-/// On the main thread the body runs now, ahead of blocks the main thread queued earlier — the
-/// macro's semantics.
-///
-/// From async code this name resolves to the awaiting `runOnMain` (write `await`); to fire and
-/// forget from async code, use `Task { @MainActor in … }`.
+/// thread runs the main loop in a common mode (`runMainLoop()`, or an `async` main on
+/// `AsyncRunLoopExecutorFactory`); if it never does, it never runs. On the main thread the body
+/// runs now, ahead of blocks the main thread queued earlier — the macro's semantics.
 /// - Parameter body: Main-actor isolated; runs on the main thread, where
 ///   `MainActor.assumeIsolated` holds.
-public func runOnMain(_ body: @escaping @MainActor () -> Void) {
+public func runOnMainWithoutWaiting(_ body: @escaping @MainActor () -> Void) {
   if RunLoopThread.isMainThread {
     MainActor.assumeIsolated(body)
     return
   }
+  MainQueueService.diagnoseLostMainQueue("runOnMain")
   DispatchQueue.main.async { MainActor.assumeIsolated(body) }
 }
 
@@ -50,6 +68,7 @@ public nonisolated(nonsending) func runOnMain<T: Sendable, E: Error>(
   _ body: @MainActor () throws(E) -> T
 ) async throws(E) -> T {
   if RunLoopThread.isMainThread { return try runInlineOnMain(body) }
+  MainQueueService.diagnoseLostMainQueue("await runOnMain")
   return try await runOnMainActor(body)
 }
 
@@ -58,23 +77,29 @@ public nonisolated(nonsending) func runOnMain<T: Sendable, E: Error>(
 /// thread it runs inline, so it never deadlocks on itself. For plain threads (loop threads, your
 /// own pthreads); from async code prefer `await runOnMain`, which does not block a thread.
 ///
-/// Ordered like `runOnMain`. When the main loop is not running it throws instead of hanging: the
-/// block is queued only while `RunLoopThread.isMainLoopRunning`, and if the main loop stops
-/// running before the block started, the block never runs and the caller gets the error.
-/// (It cannot see other deadlocks, e.g. the main thread blocked waiting for this thread.)
+/// Ordered like `runOnMain`. Before the main loop first runs (threads started during setup), it
+/// waits for the main thread to start it (`runMainLoop()`, or an `async` main on
+/// `AsyncRunLoopExecutorFactory`). It throws instead of hanging when the main loop can no longer
+/// serve it: the main loop is shut down; the main queue was given away (`dispatchMain()` was
+/// called, by an `async` main without the factory or by the program); or the main loop ran and
+/// has stopped (after `runMainLoop()` returned, the main thread is doing something else). If the
+/// main loop stops running before the block started, the block never runs and the caller gets
+/// the error. (It cannot see other deadlocks, e.g. the main thread blocked waiting for this
+/// thread.)
 /// - Parameter body: Main-actor isolated; runs on the main thread.
 /// - Returns: What `body` returns.
-/// - Throws: `RunLoopError.wouldDeadlock` when the main loop is not running (or stops before
-///   running the block); otherwise what `body` throws.
+/// - Throws: `RunLoopError.wouldDeadlock` when the main loop can no longer run the block (see
+///   above); otherwise what `body` throws.
 public func runOnMainAndWait<T: Sendable, E: Error>(_ body: @escaping @MainActor () throws(E) -> T) throws -> T {
   if RunLoopThread.isMainThread { return try runInlineOnMain(body) }
+  MainQueueService.diagnoseLostMainQueue("runOnMainAndWait")
   let waiter = MainCallWaiter<T>()
   guard let ticket = MainLoopControl.register(waiter) else {
     throw RunLoopError.wouldDeadlock(
       """
-      runOnMainAndWait on thread \(carl_gettid()) would wait forever: the main loop is not running. \
-      Start it with runMainLoop() at the end of a synchronous main, or use runOnMain (fire and \
-      forget) or await runOnMain.
+      runOnMainAndWait on thread \(carl_gettid()) would wait forever: the main loop is not running and \
+      cannot start (it ran and stopped, it is shut down, or dispatchMain() gave the main queue away). \
+      Use runOnMain (fire and forget) or await runOnMain, or keep the main loop running.
       """)
   }
   defer { MainLoopControl.unregister(ticket) }
