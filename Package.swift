@@ -34,6 +34,13 @@ let package = Package(
       path: "Examples/MainThreadDelegate",
       swiftSettings: strictSettings
     ),
+    // The classic custom input source: a worker's command source registered with the main thread.
+    .executableTarget(
+      name: "CustomInputSourceExample",
+      dependencies: ["AsyncRunLoop"],
+      path: "Examples/CustomInputSource",
+      swiftSettings: strictSettings
+    ),
     // A process whose main thread runs the main loop; MainLoopProcessTests launch it per scenario
     // (Swift Testing runs tests, and exit-test bodies, on pool threads, never the main thread).
     .executableTarget(
@@ -49,6 +56,7 @@ let package = Package(
       // The executables are dependencies so that `swift test` builds them next to the test binary.
       dependencies: [
         "AsyncRunLoop", "CAsyncRunLoop", "CTestHarness", "MainLoopFixture", "MainThreadDelegateExample",
+        "CustomInputSourceExample",
       ],
       swiftSettings: strictSettings
     ),
