@@ -41,6 +41,13 @@ let package = Package(
       path: "Examples/CustomInputSource",
       swiftSettings: strictSettings
     ),
+    // An observer log of one thread's passes: the order of one pass.
+    .executableTarget(
+      name: "ObserverLogExample",
+      dependencies: ["AsyncRunLoop"],
+      path: "Examples/ObserverLog",
+      swiftSettings: strictSettings
+    ),
     // A process whose main thread runs the main loop; MainLoopProcessTests launch it per scenario
     // (Swift Testing runs tests, and exit-test bodies, on pool threads, never the main thread).
     .executableTarget(
@@ -56,7 +63,7 @@ let package = Package(
       // The executables are dependencies so that `swift test` builds them next to the test binary.
       dependencies: [
         "AsyncRunLoop", "CAsyncRunLoop", "CTestHarness", "MainLoopFixture", "MainThreadDelegateExample",
-        "CustomInputSourceExample",
+        "CustomInputSourceExample", "ObserverLogExample",
       ],
       swiftSettings: strictSettings
     ),
