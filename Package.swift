@@ -48,6 +48,13 @@ let package = Package(
       path: "Examples/ObserverLog",
       swiftSettings: strictSettings
     ),
+    // A TCP echo server on a loop thread, one pinned actor per connection; its own loopback client.
+    .executableTarget(
+      name: "EchoServerExample",
+      dependencies: ["AsyncRunLoop"],
+      path: "Examples/EchoServer",
+      swiftSettings: strictSettings
+    ),
     // A process whose main thread runs the main loop; MainLoopProcessTests launch it per scenario
     // (Swift Testing runs tests, and exit-test bodies, on pool threads, never the main thread).
     .executableTarget(
@@ -63,7 +70,7 @@ let package = Package(
       // The executables are dependencies so that `swift test` builds them next to the test binary.
       dependencies: [
         "AsyncRunLoop", "CAsyncRunLoop", "CTestHarness", "MainLoopFixture", "MainThreadDelegateExample",
-        "CustomInputSourceExample", "ObserverLogExample",
+        "CustomInputSourceExample", "ObserverLogExample", "EchoServerExample",
       ],
       swiftSettings: strictSettings
     ),
