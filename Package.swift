@@ -59,6 +59,27 @@ let package = Package(
       path: "Examples/AsyncMain",
       swiftSettings: strictSettings + [.unsafeFlags(["-Xfrontend", "-disable-availability-checking"])]
     ),
+    // The classic custom input source: a worker's command source registered with the main thread.
+    .executableTarget(
+      name: "CustomInputSourceExample",
+      dependencies: ["AsyncRunLoop"],
+      path: "Examples/CustomInputSource",
+      swiftSettings: strictSettings
+    ),
+    // An observer log of one thread's passes: the order of one pass.
+    .executableTarget(
+      name: "ObserverLogExample",
+      dependencies: ["AsyncRunLoop"],
+      path: "Examples/ObserverLog",
+      swiftSettings: strictSettings
+    ),
+    // A TCP echo server on a loop thread, one pinned actor per connection; its own loopback client.
+    .executableTarget(
+      name: "EchoServerExample",
+      dependencies: ["AsyncRunLoop"],
+      path: "Examples/EchoServer",
+      swiftSettings: strictSettings
+    ),
     // A process whose main thread runs the main loop; MainLoopProcessTests launch it per scenario
     // (Swift Testing runs tests, and exit-test bodies, on pool threads, never the main thread).
     .executableTarget(
@@ -96,6 +117,7 @@ let package = Package(
       dependencies: [
         "AsyncRunLoop", "CAsyncRunLoop", "CTestHarness", "MainLoopFixture", "MainThreadDelegateExample",
         "AsyncMainFixture", "AsyncMainExample",
+        "CustomInputSourceExample", "ObserverLogExample", "EchoServerExample",
       ],
       swiftSettings: strictSettings
     ),
