@@ -314,9 +314,7 @@ struct ChangeBudgetPerPassTests: ChangeBudgetMeasures, ChangeBurstSending {
       let keepAlive = LoopTimer(after: .seconds(3_600)) { _ in }
       loop.add(keepAlive)
       try loop.performAndWait {}
-      let release = blockLoop(loop)
-      for counted in sources { loop.add(counted.source) }
-      release.open()
+      burstBehindHeldLoop(sources.map(\.source), on: loop) {}
       waitUntil(timeout: .seconds(10), "the burst") { scheduled.current == 1_000 }
       try loop.performAndWait {}
       observer.invalidate()
@@ -359,9 +357,7 @@ struct ChangeBudgetPerPassTests: ChangeBudgetMeasures, ChangeBurstSending {
           applied.withLock { $0.append(after - before) }
         }
       }
-      let release = blockLoop(loopA)
-      for counted in sources { loopA.add(counted.source) }
-      release.open()
+      burstBehindHeldLoop(sources.map(\.source), on: loopA) {}
       try loopA.performAndWait {}
       timer.invalidate()
       for counted in sources { counted.source.invalidate() }

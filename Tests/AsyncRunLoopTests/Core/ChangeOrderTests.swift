@@ -367,7 +367,7 @@ struct ChangeOrderTests: MemberPromiseSettling, ChangeBudgetMeasures, ReAddOrder
       let source = InputSource { _ in _ = performed.increment() }
       loop.add(source)
       try loop.performAndWait {}
-      let fillers = r28Fillers(600)
+      let fillers = fillerSources(600)
       let release = blockLoop(loop)
       for filler in fillers[..<300] { loop.add(filler) }
       loop.remove(source)
@@ -410,7 +410,7 @@ struct ChangeOrderTests: MemberPromiseSettling, ChangeBudgetMeasures, ReAddOrder
             }
           }, perform: { _ in })
       }
-      let fillers = loops.map { _ in r28Fillers(300) }
+      let fillers = loops.map { _ in fillerSources(300) }
       let releases = loops.map { blockLoop($0) }
       for round in 0..<2 {
         for (index, loop) in loops.enumerated() {

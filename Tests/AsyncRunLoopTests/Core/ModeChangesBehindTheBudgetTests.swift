@@ -48,11 +48,11 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures, ReAddOrderMeasures
       loop.add(timer, to: other)
       try loop.performAndWait {}  // both adds applied
       let sources = (0..<300).map { _ in R25Source() }
-      let release = blockLoop(loop)
-      timer.setFireDate(.now)  // applied by the first pass, which then fires .default's due timers
-      for counted in sources { loop.add(counted.source) }
-      loop.remove(timer, from: named)
-      release.open()
+      burstBehindHeldLoop(sources.map(\.source), on: loop) {
+        timer.setFireDate(.now)  // applied by the first pass, which then fires .default's due timers
+      } then: {
+        loop.remove(timer, from: named)
+      }
       try loop.performAndWait {}
       try loop.performAndWait {}
       let inDefault = fired.current
@@ -78,12 +78,12 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures, ReAddOrderMeasures
       let fired = AtomicCounter()
       let timer = LoopTimer(after: .zero, repeatingEvery: repeating ? .seconds(3_600) : nil) { _ in fired.increment() }
       let sources = (0..<300).map { _ in R25Source() }
-      let release = blockLoop(loop)
-      loop.add(timer)
-      for counted in sources { loop.add(counted.source) }
-      timer.setFireDate(.now.advanced(by: .seconds(3_600)))
-      timer.setFireDate(.now.advanced(by: .seconds(7_200)))
-      release.open()
+      burstBehindHeldLoop(sources.map(\.source), on: loop) {
+        loop.add(timer)
+      } then: {
+        timer.setFireDate(.now.advanced(by: .seconds(3_600)))
+        timer.setFireDate(.now.advanced(by: .seconds(7_200)))
+      }
       try loop.performAndWait {}
       try loop.performAndWait {}
       let early = fired.current
@@ -209,13 +209,13 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures, ReAddOrderMeasures
         route == .commonToName ? (.common, .default) : (.default, .common)
       loop.add(timer, to: first)
       try loop.performAndWait {}
-      let fillers = r27Fillers(300)
-      let release = blockLoop(loop)
-      timer.setFireDate(.now)  // applied by the first pass, which then fires .default's due timers
-      for filler in fillers { loop.add(filler) }
-      loop.add(timer, to: second)
-      loop.remove(timer, from: first)
-      release.open()
+      let fillers = fillerSources(300)
+      burstBehindHeldLoop(fillers, on: loop) {
+        timer.setFireDate(.now)  // applied by the first pass, which then fires .default's due timers
+      } then: {
+        loop.add(timer, to: second)
+        loop.remove(timer, from: first)
+      }
       for _ in 0..<3 { try loop.performAndWait {} }
       try loop.performAndWait { _ = loop.run(mode: .default, until: .now) }
       let result = [fired.current, timer.isValid ? 1 : 0]
@@ -245,7 +245,7 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures, ReAddOrderMeasures
       loop.add(stableObserver, to: .default)
       loop.add(reroutedObserver, to: .common)
       try loop.performAndWait {}
-      let fillers = r27Fillers(700)
+      let fillers = fillerSources(700)
       let release = blockLoop(loop)
       let base = (stable.current, rerouted.current)
       for filler in fillers { loop.add(filler) }
@@ -279,13 +279,13 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures, ReAddOrderMeasures
       loop.add(timer, to: .default)
       if alsoInOther { loop.add(timer, to: other) }
       try loop.performAndWait {}
-      let fillers = r27Fillers(300)
-      let release = blockLoop(loop)
-      timer.setFireDate(.now)
-      for filler in fillers { loop.add(filler) }
-      loop.remove(timer, from: .default)
-      loop.add(timer, to: .default)
-      release.open()
+      let fillers = fillerSources(300)
+      burstBehindHeldLoop(fillers, on: loop) {
+        timer.setFireDate(.now)
+      } then: {
+        loop.remove(timer, from: .default)
+        loop.add(timer, to: .default)
+      }
       for _ in 0..<3 { try loop.performAndWait {} }
       try loop.performAndWait { _ = loop.run(mode: .default, until: .now) }
       let result = [fired.current, timer.isValid ? 1 : 0]
@@ -310,12 +310,12 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures, ReAddOrderMeasures
       loop.add(timer, to: .common)
       if removeCommon { loop.add(timer, to: .default) }
       try loop.performAndWait {}
-      let fillers = r27Fillers(300)
-      let release = blockLoop(loop)
-      timer.setFireDate(.now)
-      for filler in fillers { loop.add(filler) }
-      loop.remove(timer, from: removeCommon ? .common : .default)
-      release.open()
+      let fillers = fillerSources(300)
+      burstBehindHeldLoop(fillers, on: loop) {
+        timer.setFireDate(.now)
+      } then: {
+        loop.remove(timer, from: removeCommon ? .common : .default)
+      }
       for _ in 0..<3 { try loop.performAndWait {} }
       try loop.performAndWait { _ = loop.run(mode: .default, until: .now) }
       let result = [fired.current]
@@ -352,12 +352,12 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures, ReAddOrderMeasures
       try loop.add(descriptor, to: other)
       loop.add(observer, to: .default)
       try loop.performAndWait {}
-      let fillers = r27Fillers(1_000)
-      let release = blockLoop(loop)
-      writeByte(pipe.write)
-      for filler in fillers { loop.add(filler) }
-      loop.remove(descriptor, from: .default)
-      release.open()
+      let fillers = fillerSources(1_000)
+      burstBehindHeldLoop(fillers, on: loop) {
+        writeByte(pipe.write)
+      } then: {
+        loop.remove(descriptor, from: .default)
+      }
       for _ in 0..<6 { try loop.performAndWait {} }
       let inDefault = told.current
       let before = wakes.current
@@ -389,7 +389,7 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures, ReAddOrderMeasures
       }
       loopA.add(timer)
       try loopA.performAndWait {}
-      let fillers = r27Fillers(300)
+      let fillers = fillerSources(300)
       let releaseA = blockLoop(loopA)
       timer.setFireDate(.now)
       for filler in fillers { loopA.add(filler) }
@@ -419,11 +419,11 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures, ReAddOrderMeasures
       defer { loop.shutdownAndWait() }
       let fired = AtomicCounter()
       let timer = LoopTimer(after: .seconds(3_600)) { _ in fired.increment() }
-      let fillers = r27Fillers(300)
-      let release = blockLoop(loop)
-      loop.add(timer)
-      for filler in fillers { loop.add(filler) }
-      release.open()
+      let fillers = fillerSources(300)
+      burstBehindHeldLoop(fillers, on: loop) {
+        loop.add(timer)
+      } then: {
+      }
       let far = LoopClock.Instant.now.advanced(by: .seconds(7_200))
       var bodies: [@Sendable () -> Void] = (0..<3).map { index in
         {
@@ -469,13 +469,13 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures, ReAddOrderMeasures
       let far = LoopClock.Instant.now.advanced(by: .seconds(7_200))
       let trigger = InputSource(
         schedule: { _, _, _ in timer.setFireDate(far.advanced(by: .seconds(2))) }, perform: { _ in })
-      let fillers = r27Fillers(300)
-      let release = blockLoop(loop)
-      if fromChangeRoutine { loop.add(trigger) }
-      for filler in fillers { loop.add(filler) }
-      timer.setFireDate(far.advanced(by: .seconds(1)))
-      if !fromChangeRoutine { loop.perform { timer.setFireDate(far.advanced(by: .seconds(2))) } }
-      release.open()
+      let fillers = fillerSources(300)
+      burstBehindHeldLoop(fillers, on: loop) {
+        if fromChangeRoutine { loop.add(trigger) }
+      } then: {
+        timer.setFireDate(far.advanced(by: .seconds(1)))
+        if !fromChangeRoutine { loop.perform { timer.setFireDate(far.advanced(by: .seconds(2))) } }
+      }
       for _ in 0..<3 { try loop.performAndWait {} }
       let early = fired.current
       let kept = timer.fireDate == far.advanced(by: .seconds(2)) ? 1 : 0
@@ -516,20 +516,14 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures, ReAddOrderMeasures
         _ = loop.run(mode: mode, until: .now.advanced(by: .seconds(10)))
         runEnded.open()
       }
-      let started = TestGate()
-      let release = TestGate()
-      loop.perform(inModes: [mode]) {
-        started.open()
-        _ = release.wait(timeout: .seconds(20))
+      let fillers = fillerSources(300)
+      burstBehindHeldLoop(fillers, on: loop, inModes: [mode]) {
+        timer.setFireDate(.now)
+      } then: {
+        loop.addModeToCommonModes(mode)
+        loop.add(timer, to: .common)
+        loop.remove(timer, from: mode)
       }
-      _ = started.wait(timeout: .seconds(20))
-      let fillers = r28Fillers(300)
-      timer.setFireDate(.now)
-      for filler in fillers { loop.add(filler) }
-      loop.addModeToCommonModes(mode)
-      loop.add(timer, to: .common)
-      loop.remove(timer, from: mode)
-      release.open()
       for _ in 0..<3 { try loop.performAndWait(inModes: [mode]) {} }
       let inMode = fired.current
       loop.perform(inModes: [mode]) { loop.stop() }
@@ -577,18 +571,12 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures, ReAddOrderMeasures
         _ = loop.run(mode: mode, until: .now.advanced(by: .seconds(10)))
         runEnded.open()
       }
-      let started = TestGate()
-      let release = TestGate()
-      loop.perform(inModes: [mode]) {
-        started.open()
-        _ = release.wait(timeout: .seconds(20))
+      let fillers = fillerSources(300)
+      burstBehindHeldLoop(fillers, on: loop, inModes: [mode]) {
+        timer.setFireDate(.now)
+      } then: {
+        loop.remove(timer, from: mode)
       }
-      _ = started.wait(timeout: .seconds(20))
-      let fillers = r28Fillers(300)
-      timer.setFireDate(.now)
-      for filler in fillers { loop.add(filler) }
-      loop.remove(timer, from: mode)
-      release.open()
       for _ in 0..<3 { try loop.performAndWait(inModes: [mode]) {} }
       let inMode = fired.current
       loop.perform(inModes: [mode]) { loop.stop() }

@@ -31,10 +31,9 @@ struct NestedRunBudgetTests: ChangeBudgetMeasures {
         }
       }
       let atBlock = Guarded(-1)
-      let release = blockLoop(loop)
-      for counted in sources { loop.add(counted.source) }
-      loop.perform { atBlock.withLock { $0 = scheduled.current } }
-      release.open()
+      burstBehindHeldLoop(sources.map(\.source), on: loop) {
+        loop.perform { atBlock.withLock { $0 = scheduled.current } }
+      }
       try loop.performAndWait {}
       for counted in sources { loop.remove(counted.source) }
       try loop.performAndWait {}
@@ -118,11 +117,10 @@ struct NestedRunBudgetTests: ChangeBudgetMeasures {
       }
       loop.add(observer)
       let atBlock = Guarded(-1)
-      let release = blockLoop(loop)
-      for counted in sources { loop.add(counted.source) }
-      loop.perform { atBlock.withLock { $0 = scheduled.current } }
-      armed.withLock { $0 = true }
-      release.open()
+      burstBehindHeldLoop(sources.map(\.source), on: loop) {
+        loop.perform { atBlock.withLock { $0 = scheduled.current } }
+        armed.withLock { $0 = true }
+      }
       try loop.performAndWait {}
       observer.invalidate()
       for counted in sources { counted.source.invalidate() }
@@ -153,11 +151,11 @@ struct NestedRunBudgetTests: ChangeBudgetMeasures {
         deltas.withLock { $0.append(after - before) }
       }
       let atBlock = Guarded<[Int]>([])
-      let release = blockLoop(loop)
-      loop.add(timer)
-      for counted in sources { loop.add(counted.source) }
-      loop.perform { atBlock.withLock { $0.append(scheduled.current) } }
-      release.open()
+      burstBehindHeldLoop(sources.map(\.source), on: loop) {
+        loop.add(timer)
+      } then: {
+        loop.perform { atBlock.withLock { $0.append(scheduled.current) } }
+      }
       try loop.performAndWait {}
       timer.invalidate()
       for counted in sources { counted.source.invalidate() }
@@ -227,9 +225,7 @@ struct NestedRunBudgetTests: ChangeBudgetMeasures {
           atReturn.withLock { $0.append(scheduled.current) }
         }
       }
-      let release = blockLoop(loop)
-      for counted in sources { loop.add(counted.source) }
-      release.open()
+      burstBehindHeldLoop(sources.map(\.source), on: loop) {}
       try loop.performAndWait {}
       for counted in sources { counted.source.invalidate() }
       try loop.performAndWait {}

@@ -257,12 +257,11 @@ struct ShutdownDrainEndsEveryMemberTests: ChangeBudgetMeasures, SharedTestLoops,
       let loop = try RunLoopThread(name: "r25-shutdown")
       let sources = (0..<1_000).map { _ in R25Source() }
       let blockRuns = AtomicCounter()
-      let release = blockLoop(loop)
-      for counted in sources { loop.add(counted.source) }
-      for counted in sources[700...] { loop.remove(counted.source) }
-      loop.perform { blockRuns.increment() }
-      loop.shutdown()
-      release.open()
+      burstBehindHeldLoop(sources.map(\.source), on: loop) {
+        for counted in sources[700...] { loop.remove(counted.source) }
+        loop.perform { blockRuns.increment() }
+        loop.shutdown()
+      }
       loop.shutdownAndWait()
       var found = miscounted(sources, schedules: 1, cancels: 1)
       if blockRuns.current != 1 { found.append("block ran \(blockRuns.current) times") }
@@ -289,10 +288,9 @@ struct ShutdownDrainEndsEveryMemberTests: ChangeBudgetMeasures, SharedTestLoops,
         R25Source(index: index) { index, loop in if index == 100 { loop.shutdown() } }
       }
       let blockRuns = AtomicCounter()
-      let release = blockLoop(loop)
-      for counted in sources { loop.add(counted.source) }
-      loop.perform { blockRuns.increment() }
-      release.open()
+      burstBehindHeldLoop(sources.map(\.source), on: loop) {
+        loop.perform { blockRuns.increment() }
+      }
       loop.shutdownAndWait()
       var found = miscounted(sources, schedules: 1, cancels: 1)
       if blockRuns.current != 1 { found.append("block ran \(blockRuns.current) times") }
@@ -322,9 +320,7 @@ struct ShutdownDrainEndsEveryMemberTests: ChangeBudgetMeasures, SharedTestLoops,
           keepAlive.invalidate()
         }
       }
-      let release = blockLoop(loop)
-      for counted in sources { loop.add(counted.source) }
-      release.open()
+      burstBehindHeldLoop(sources.map(\.source), on: loop) {}
       _ = inNested.wait(timeout: .seconds(10))
       loop.shutdownAndWait()
       return (results.snapshot, miscounted(sources, schedules: 1, cancels: 1))

@@ -86,9 +86,7 @@ func r25DeepLoopThreadAdds(staleOnB: Bool) throws {
         loop.add(timers[index])
       }, perform: { _ in })
   }
-  let release = blockLoop(loopA)
-  for source in sources { loopA.add(source) }
-  release.open()
+  burstBehindHeldLoop(sources, on: loopA) {}
   try loopA.performAndWait {}
   precondition(scheduled.current == count, "scheduled \(scheduled.current)")
   for timer in timers { timer.invalidate() }
@@ -159,11 +157,11 @@ extension ChangeBudgetMeasures {
       }
       let keepAlive = LoopTimer(after: .seconds(3_600)) { _ in }  // a run of the other mode makes a pass
       loop.add(keepAlive, to: other)
-      let release = blockLoop(loop)
-      move(to: .default, removing: nil)
-      for counted in sources { loop.add(counted.source) }
-      move(to: other, removing: .default)
-      release.open()
+      burstBehindHeldLoop(sources.map(\.source), on: loop) {
+        move(to: .default, removing: nil)
+      } then: {
+        move(to: other, removing: .default)
+      }
       try loop.performAndWait {}
       try loop.performAndWait {}
       let before = calls.current

@@ -6,6 +6,3 @@ import Testing
 // Review round 28: the mode check of 41c75bb (`MemberBinding.keeps` asks the loop's common set),
 // the per-loop last sent numbers (`SentSequences`), and step 2 stopping at the oldest collected
 // signal (65f8f2a).
-
-/// Custom sources that do nothing: fillers for a burst of changes.
-func r28Fillers(_ count: Int) -> [InputSource] { (0..<count).map { _ in InputSource(perform: { _ in }) } }

@@ -7,9 +7,6 @@ import Testing
 // (`MemberBinding.keeps`), the per-loop numbering of a member's last sent change, loop-thread
 // `setFireDate`, and runs of an emptied mode.
 
-/// A custom source that does nothing: a filler for a burst of changes.
-func r27Fillers(_ count: Int) -> [InputSource] { (0..<count).map { _ in InputSource(perform: { _ in }) } }
-
 /// How a timer stays in `.default` while the way the loop holds it there changes behind a burst.
 enum R27Route: String, Sendable, CustomTestStringConvertible {
   /// In `.default` through `.common`; then added to `.default` by name and removed from `.common`.
