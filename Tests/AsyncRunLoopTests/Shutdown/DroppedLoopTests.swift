@@ -120,8 +120,14 @@ struct DroppedLoopTests: ChangeBurstSending {
       _ = inNested.wait(timeout: .seconds(10))
       Task(executorPreference: loop) { jobRan.increment() }
     }
+    // Waits for what the drain does as well as for the thread, as `dropWhilePostersPost` does: a
+    // count of 0 alone could be read while the thread was still in its nested run (a name read
+    // that failed under load counted as "gone"; `threadCount(named:)` now answers -1 then). A
+    // drain that never ends the nested run or never cancels the source still fails, by timeout.
     let exited = try await withWatchdogOnThread(timeout: .seconds(20), "exit") {
-      waitUntil(timeout: .seconds(15)) { threadCount(named: name) == 0 }
+      waitUntil(timeout: .seconds(15)) {
+        threadCount(named: name) == 0 && nestedEnded.snapshot != nil && cancels.current == 1
+      }
     }
     #expect(exited == true)
     #expect(nestedEnded.snapshot != nil)
