@@ -2,7 +2,7 @@ import AsyncRunLoop
 import Dispatch
 import Glibc
 
-// Acceptance round 3 (executor review): main-actor isolation across nested and modal runs of the
+// Main-actor isolation across nested and modal runs of the
 // main loop.
 
 /// What the round-3 scenarios saw, on the main actor.

@@ -2,7 +2,7 @@ import AsyncRunLoop
 import Dispatch
 import Glibc
 
-/// Round 6: sequences on the main loop consumed from `@MainActor` code and from a task that
+/// Sequences on the main loop consumed from `@MainActor` code and from a task that
 /// prefers the main loop, with producers on plain threads: every element arrives exactly once,
 /// on the main thread; a timer sequence on the main loop ticks for a `@MainActor` consumer.
 func mainSequencesScenario() {

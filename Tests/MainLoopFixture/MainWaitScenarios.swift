@@ -2,7 +2,7 @@ import AsyncRunLoop
 import Dispatch
 import Glibc
 
-// Review round 9: the main loop in a real process — waiting callers racing a stop and a shutdown,
+// Scenarios of the main loop in a real process: waiting callers racing a stop and a shutdown,
 // a nested run inside a job of an actor pinned to the main loop, modal runs stacked from the main
 // actor, and a mode that joins the common modes while the main loop runs.
 

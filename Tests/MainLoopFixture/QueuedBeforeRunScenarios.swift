@@ -2,7 +2,7 @@ import AsyncRunLoop
 import Dispatch
 import Glibc
 
-/// Round 20: calls made from another thread before the main loop runs (runOnMain, MainActor
+/// Calls made from another thread before the main loop runs (runOnMain, MainActor
 /// tasks, DispatchQueue.main blocks, interleaved) are queued and run in call order on the main
 /// thread once it runs; a runOnMain made on the main thread meanwhile (before `runMainLoop()`, and
 /// from a main-loop timer's callout) runs inline, in the caller's frame, ahead of them.

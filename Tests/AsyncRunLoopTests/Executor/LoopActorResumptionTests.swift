@@ -8,7 +8,7 @@ import Testing
 /// preference resumes through the global pool first.
 ///
 /// Blocks every thread of the global pool, so it runs only when the cooperative pool is on
-/// (`SWIFT_DEBUG_CONCURRENCY_ENABLE_COOPERATIVE_QUEUES=true swift test --filter ReviewRound21`):
+/// (`SWIFT_DEBUG_CONCURRENCY_ENABLE_COOPERATIVE_QUEUES=true swift test --filter LoopActorResumptionTests`):
 /// the suite's harness widens the pool otherwise, and a blocked pool would starve other tests.
 /// Every wait happens on raw threads (the test's own task resumes only once the pool is free).
 @Suite("Loop actor resumption", .serialized, .timeLimit(.minutes(10)))

@@ -3,7 +3,7 @@ import Testing
 
 @testable import AsyncRunLoop
 
-/// Review round 21: the command source's new `discard` routine and `droppedCount` (accepted ==
+/// The command source's `discard` routine and `droppedCount` (accepted ==
 /// delivered + pending + dropped; dropped only when no loop can deliver), raced against adds,
 /// removals, moves, shutdowns and the source's own release.
 @Suite("Dropped commands", .serialized, .timeLimit(.minutes(5)))

@@ -269,7 +269,7 @@ struct MemberReleaseTests {
   /// Failed 5 of 5 runs, both cases. Now the source's `discard` routine drops them when its
   /// routines are released with no loop to close on. (Running the close routine on the
   /// invalidating thread instead, tried first, also dropped commands that a loop still delivered
-  /// later: `ReviewRecords shutdownRacingMovesPostsAndInvalidation`.)
+  /// later: `ShutdownDrainEndsEveryMemberTests.shutdownRacingMovesPostsAndInvalidation`.)
   @Test(arguments: [false, true])
   func commandsDroppedByAnInvalidatedSourceWithNoLoopAreReleased(wasOnALoop: Bool) async throws {
     let deaths = AtomicCounter()

@@ -3,7 +3,7 @@ import Testing
 
 @testable import AsyncRunLoop
 
-// Review round 11: the chunked inbox (blocks and changes in chunks of 1,024, blocks adopted after
+// Helpers for the tests of the chunked inbox (blocks and changes in chunks of 1,024, blocks adopted after
 // the lock is released, the change barrier and bounded passes), timers deferred as busy, exact
 // delivery counts of command sources, and what members leave behind. Blocking work runs on threads
 // of the tests' own; results are checked after the watchdog returns.

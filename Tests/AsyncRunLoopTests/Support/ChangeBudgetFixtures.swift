@@ -3,7 +3,7 @@ import Testing
 
 @testable import AsyncRunLoop
 
-// Review round 25: the per-pass budget of cross-thread registration changes (at most 256 per
+// Helpers for the tests of the per-pass budget of cross-thread registration changes (at most 256 per
 // pass, shared by the pass's points; nested runs make passes of their own and give back what is
 // left; blocks, jobs and signals sent after a waiting change wait for it), attacked with bursts
 // larger than a budget, nested runs from every kind of callout, refused descriptor adds, and

@@ -3,7 +3,7 @@ import Testing
 
 @testable import AsyncRunLoop
 
-// Review round 13: the loop-thread fast path for adds and removals (a call on the loop thread
+// Helpers for the tests of the loop-thread fast path for adds and removals (a call on the loop thread
 // first applies the changes other threads sent, which may call out), the chunked inbox, timers,
 // command sources and the executor. Blocking work runs on threads of the tests' own; results are
 // checked after the watchdog returns.

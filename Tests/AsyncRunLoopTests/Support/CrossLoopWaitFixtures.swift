@@ -4,7 +4,7 @@ import Testing
 
 @testable import AsyncRunLoop
 
-// Review round 8: the wait-for graph of `performAndWait` (commit da03454), `performAndWait`
+// Helpers for the tests of the wait-for graph of `performAndWait` (commit da03454), `performAndWait`
 // racing `shutdown()`, descriptor sources sharing a number, custom input source routines and
 // observers. Gates and polls only, never timing assertions.
 

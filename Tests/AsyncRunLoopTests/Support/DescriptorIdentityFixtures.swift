@@ -3,7 +3,7 @@ import Testing
 
 @testable import AsyncRunLoop
 
-// Review round 9: descriptor identity with dup'd descriptors, records that left their loop and
+// Helpers for the tests of descriptor identity with dup'd descriptors, records that left their loop and
 // are added again, sleeps racing a current loop's shutdown, and `CommandSource` under races
 // (invalidate, shutdown, moves, re-entrant handlers). Blocking work runs on threads of the tests'
 // own (`withWatchdogOnThread`); results are checked after it returns.

@@ -3,7 +3,7 @@ import Testing
 
 @testable import AsyncRunLoop
 
-// Review round 15: the every-mode timers of executor jobs due later (`Task.sleep` under a loop's
+// Helpers for the tests of the every-mode timers of executor jobs due later (`Task.sleep` under a loop's
 // preference), `LoopTimer.setFireDate` coalescing, the shutdown drain's time cap, current loops
 // taking jobs only inside a run, and signalled sources deferred while their modes do not run.
 // Blocking work runs on threads of the tests' own; results are checked after the watchdog returns.

@@ -4,7 +4,7 @@ import Testing
 
 @testable import AsyncRunLoop
 
-// Review round 18: an external acceptance pass over the async surface (source, command, signal,
+// Helpers for the tests of an external acceptance pass over the async surface (source, command, signal,
 // timer, readiness and activity sequences racing their end), the executor (actors pinned to a
 // loop, sleeps, modal runs, shutdown with pending work, LoopGroup). Blocking work runs on threads
 // of the tests' own; results are checked after the watchdog returns.

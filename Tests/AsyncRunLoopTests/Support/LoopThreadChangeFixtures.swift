@@ -3,7 +3,7 @@ import Testing
 
 @testable import AsyncRunLoop
 
-// Review round 14 (core): loop-thread adds and removals that first apply the waiting changes
+// Helpers for the tests of loop-thread adds and removals that first apply the waiting changes
 // (`LoopCore.afterWaitingChanges`), the loop-thread paths that still change state first
 // (`invalidate()`, `setFireDate`), the shutdown drain, the chunked job queue, observers and
 // timers. Blocking work runs on threads of the tests' own; results are checked after the

@@ -3,7 +3,7 @@ import Testing
 
 @testable import AsyncRunLoop
 
-// Review round 26: one member lifecycle under concurrency, at scale, with `.common` modes.
+// Helpers for the tests of one member lifecycle under concurrency, at scale, with `.common` modes.
 // Every test states the documented promise it attacks and asserts exact counts.
 
 /// An actor pinned to a loop whose method runs the loop nested (from an executor job).

@@ -3,7 +3,7 @@ import Testing
 
 @testable import AsyncRunLoop
 
-// Review round 27: the mode check every callout now makes against the member's binding
+// Helpers for the tests of the mode check every callout now makes against the member's binding
 // (`MemberBinding.keeps`), the per-loop numbering of a member's last sent change, loop-thread
 // `setFireDate`, and runs of an emptied mode.
 

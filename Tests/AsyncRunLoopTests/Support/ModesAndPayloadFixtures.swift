@@ -3,7 +3,7 @@ import Testing
 
 @testable import AsyncRunLoop
 
-// Review round 10: the smaller member records (a timer's extra entries with their unowned back
+// Helpers for the tests of the smaller member records (a timer's extra entries with their unowned back
 // reference, descriptor state in the kind's payload, the 32-bit common order and its renumbering)
 // and cross-thread changes as values. Blocking work runs on threads of the tests' own
 // (`withWatchdogOnThread`, whose thread's current loop the body drives); results are checked after

@@ -3,7 +3,7 @@ import Testing
 
 @testable import AsyncRunLoop
 
-// Review round 12: timers whose callouts move them between loops (one-shot timers' records on the
+// Helpers for the tests of timers whose callouts move them between loops (one-shot timers' records on the
 // loop they were moved to, dates set during a deferred callout, shutdown of either loop), command
 // sources whose closing drain waits for another loop's batch (what that wait can deadlock with),
 // and the loop-thread fast path for adds and removals. Blocking work runs on threads of the tests'

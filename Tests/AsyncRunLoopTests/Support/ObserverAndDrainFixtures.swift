@@ -3,7 +3,7 @@ import Testing
 
 @testable import AsyncRunLoop
 
-// Review round 22: observers kept in one bucket per order (`ModeContents`), a shutdown drain
+// Helpers for the tests of observers kept in one bucket per order (`ModeContents`), a shutdown drain
 // past its cap still taking invalidations (`LoopInbox.control`), and a refused add of a member
 // already bound to that loop keeping the earlier add (`RunLoopThread.bind`).
 

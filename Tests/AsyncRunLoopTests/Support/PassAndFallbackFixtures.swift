@@ -4,7 +4,7 @@ import Testing
 
 @testable import AsyncRunLoop
 
-// Review round 7: a shut-down `RunLoopThread.current` loop handing its jobs to the fallback
+// Helpers for the tests of a shut-down `RunLoopThread.current` loop handing its jobs to the fallback
 // (commit e66260e), the exact order of one pass, common modes, descriptor sources, and waits
 // across loops. Gates and polls only, never timing assertions.
 

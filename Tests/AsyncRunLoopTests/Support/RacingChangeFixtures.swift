@@ -3,7 +3,7 @@ import Testing
 
 @testable import AsyncRunLoop
 
-// Review round 16: loop-thread adds and removes applying only the changes sent before the binding
+// Helpers for the tests of loop-thread adds and removes applying only the changes sent before the binding
 // changed (`LoopCore.sequenceOfWaitingChanges`), the drain cap refusing changes as they arrive
 // (`LoopInbox.refusesChangesFrom`), and `RunLoopMode` equality with its internal flag.
 // Blocking work runs on threads of the tests' own; results are checked after the watchdog returns.

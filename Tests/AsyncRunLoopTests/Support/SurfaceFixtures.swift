@@ -3,7 +3,7 @@ import Testing
 
 @testable import AsyncRunLoop
 
-// Review round 14 (surface): the async sequences (buffering, consumer cancellation, the member
+// Helpers for the tests of the async sequences (buffering, consumer cancellation, the member
 // ending from another thread or by the loop's shutdown, leaks), the executor (actors pinned to a
 // loop, sleeps, the fallback after termination, runModal, performAndWait cycles, LoopGroup) and
 // runOnMain off the main thread. Blocking work runs on threads of the tests' own; results are
