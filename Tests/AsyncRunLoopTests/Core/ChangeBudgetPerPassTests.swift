@@ -7,7 +7,7 @@ import Testing
 @Suite(
   "One budget of registration changes per pass; work sent after them waits for them, and nothing starves", .serialized,
   .timeLimit(.minutes(10)))
-struct ChangeBudgetPerPassTests: ChangeBudgetMeasures, ChangeBurstSending {
+struct ChangeBudgetPerPassTests: ChangeBurstSending {
   /// A current loop runs short timed runs (some nested in a performed block, in another mode)
   /// while another thread starts bursts of tasks that prefer the loop, each of which starts a
   /// follow-up task from inside its job: the first jobs run in the order they were enqueued, and

@@ -5,7 +5,7 @@ import Testing
 
 /// Cross-thread registration changes apply in the order they were sent.
 @Suite("Cross-thread registration changes apply in the order they were sent", .serialized, .timeLimit(.minutes(10)))
-struct ChangeOrderTests: MemberPromiseSettling, ChangeBudgetMeasures, ReAddOrderMeasures, ChangeBurstSending {
+struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstSending {
   /// InputSource: "An add made before an invalidation is still scheduled (and then cancelled)".
   /// Here the add to the old loop waits in its inbox while the source moves on: the new loop
   /// applies its add and the invalidation first, and, being the only loop holding the source at

@@ -6,7 +6,7 @@ import Testing
 /// A handler's changes to sources later in the same pass take effect at once.
 @Suite(
   "A handler's changes to sources later in the same pass take effect at once", .serialized, .timeLimit(.minutes(10)))
-struct EarlierHandlerChangesTests: SharedTestLoops {
+struct EarlierHandlerChangesTests {
   /// S1's handler takes S2 out of the running mode A (S2 stays in B) and runs B nested: S2 fires
   /// exactly once, in B, and not again in a later run of B.
   @Test func aSourceTakenOutOfTheModeByAnEarlierHandlerFiresOnceInItsOtherMode() throws {

@@ -5,7 +5,7 @@ import Testing
 
 /// A member fires only in the modes its last sent change leaves it in, even behind the budget.
 @Suite("A member fires only in the modes its last sent change leaves it in, even behind the budget")
-struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures, ReAddOrderMeasures {
+struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures {
   /// A member added to the default mode, then (300 changes later in the same held burst) removed
   /// from it and added to another mode, is in the other mode only once the burst is applied; the
   /// loop runs only the default mode meanwhile. Without the budget the three changes are applied in

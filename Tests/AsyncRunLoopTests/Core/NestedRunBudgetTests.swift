@@ -5,7 +5,7 @@ import Testing
 
 /// A nested run makes passes of its own and applies the changes that wait before it.
 @Suite("A nested run makes passes of its own and applies the changes that wait before it")
-struct NestedRunBudgetTests: ChangeBudgetMeasures {
+struct NestedRunBudgetTests {
   /// A schedule routine (the 6th of a held burst of 1,000 adds) runs one pass nested in the
   /// default mode and one in another mode: each applies exactly its own budget (256) of the
   /// changes that wait, none twice; the outer pass then goes on, and a block sent after the burst

@@ -6,7 +6,7 @@ import Testing
 
 /// A run nested in any callout ends cleanly, and the outer run goes on.
 @Suite("A run nested in any callout ends cleanly, and the outer run goes on", .serialized, .timeLimit(.minutes(10)))
-struct NestedRunInCalloutTests: MemberPromiseSettling, SharedTestLoops, PassTestModes {
+struct NestedRunInCalloutTests: PassTestModes {
   /// "A timer never fires inside its own callout (a nested run in another of its modes skips
   /// it)". Skipping must not make the nested run spin: the timer is due but cannot fire, so a
   /// nested run of 100 ms in that other mode, with nothing else to do, should sleep, not make a

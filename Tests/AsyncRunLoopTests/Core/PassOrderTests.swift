@@ -8,7 +8,7 @@ import Testing
 @Suite(
   "One pass does the documented phases, in order, and a run ends when its mode is empty", .serialized,
   .timeLimit(.minutes(10)))
-struct PassOrderTests: ReAddOrderMeasures, PassTestModes {
+struct PassOrderTests: PassTestModes {
   /// On one loop thread, three sources of different orders are added to and removed from B, C and
   /// `.common` at random, signalled at random, and C joins the common set halfway, while passes of
   /// A, B, C and `.default` run, directly or nested in a helper source's handler in A. After each

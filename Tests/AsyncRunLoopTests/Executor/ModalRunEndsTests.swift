@@ -6,7 +6,7 @@ import Testing
 
 /// runModal ends with its run, with shutdown, or at once when cancelled.
 @Suite("runModal ends with its run, with shutdown, or at once when cancelled", .timeLimit(.minutes(10)))
-struct ModalRunEndsTests: SharedTestLoops {
+struct ModalRunEndsTests {
   /// Shutting the loop down during a modal run ends it (`.stopped`, every run stops during
   /// shutdown); it does not hang and does not throw (the run was not refused).
   @Test func shutdownDuringAModalRunEndsIt() async throws {

@@ -8,7 +8,7 @@ import Testing
 @Suite(
   "performAndWait runs inline on its own loop, completes in chains, and is refused rather than deadlocked", .serialized,
   .timeLimit(.minutes(10)))
-struct PerformAndWaitReturnsTests: PassTestModes {
+struct PerformAndWaitReturnsTests {
   /// `performAndWait` from a job on the loop (an actor, a task preferring it) runs inline.
   @Test func performAndWaitFromAJobOnTheLoopRunsInline() async throws {
     let loop = try RunLoopThread(name: "r3-paw-inline")

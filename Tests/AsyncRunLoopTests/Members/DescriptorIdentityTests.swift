@@ -8,7 +8,7 @@ import Testing
 @Suite(
   "A descriptor source reports only its own open file, and one watcher per descriptor", .serialized,
   .timeLimit(.minutes(10)))
-struct DescriptorIdentityTests: ChangeBudgetMeasures, PassTestModes {
+struct DescriptorIdentityTests: PassTestModes {
   /// A silenced source removed from its mode and added to another while silenced fires in the new
   /// mode (once), not in the old one.
   @Test func aSilencedSourceMovedToAnotherModeFiresThere() throws {

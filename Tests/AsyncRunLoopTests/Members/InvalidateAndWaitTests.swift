@@ -8,7 +8,7 @@ import Testing
 @Suite(
   "invalidateAndWait returns only once no callout of the member runs, and is refused where it would deadlock",
   .serialized, .timeLimit(.minutes(10)))
-struct InvalidateAndWaitTests: SharedTestLoops, TimerCalloutModes, PassTestModes {
+struct InvalidateAndWaitTests: SharedTestLoops {
   /// `invalidateAndWait()`: "after this returns, no callout of the timer runs anywhere".
   @Test func invalidateAndWaitNeverReturnsWhileACalloutRuns() async throws {
     let loop = try RunLoopThread(name: "review-invwait")

@@ -5,7 +5,7 @@ import Testing
 
 /// A refused add reports once, invalidates the member, and leaks nothing.
 @Suite("A refused add reports once, invalidates the member, and leaks nothing", .serialized, .timeLimit(.minutes(10)))
-struct RefusedAddLeavesMemberFreeTests: ChangeBudgetMeasures {
+struct RefusedAddLeavesMemberFreeTests {
   /// A readiness source whose add epoll refuses on the loop thread throws there, and stays valid
   /// (a thrown error means the add did not happen); one refused from another thread reports
   /// `[.error]` once and is invalid. Its records hold nothing afterwards (the source and its

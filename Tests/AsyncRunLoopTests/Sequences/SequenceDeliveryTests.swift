@@ -7,7 +7,7 @@ import Testing
 /// Sequences deliver exactly what was accepted, under every buffering policy.
 @Suite(
   "Sequences deliver exactly what was accepted, under every buffering policy", .serialized, .timeLimit(.minutes(10)))
-struct SequenceDeliveryTests: SharedTestLoops, SequenceTestModes {
+struct SequenceDeliveryTests: SequenceTestModes {
   /// A readiness sequence in `.default` while a timer keeps running a nested other mode (its
   /// registration is silenced there, paused and resumed as the consumer keeps up or not): every
   /// byte written is read, nothing hangs.

@@ -6,7 +6,7 @@ import Testing
 
 /// A sequence ends once, however it ends, and frees what it holds.
 @Suite("A sequence ends once, however it ends, and frees what it holds", .timeLimit(.minutes(10)))
-struct SequenceEndTests: MemberPromiseSettling, SharedTestLoops, SequenceTestModes {
+struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
   /// Every kind of sequence, ended every way while its consumer iterates: the consumer ends (no
   /// hung task), a source's `onCancel` runs once, and the sequence, its member and the loop are
   /// freed once the consumer is gone.

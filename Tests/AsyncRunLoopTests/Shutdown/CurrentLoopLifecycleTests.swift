@@ -8,7 +8,7 @@ import Testing
 @Suite(
   "A current loop lives as long as its thread, and its shutdown ends its runs without losing jobs", .serialized,
   .timeLimit(.minutes(10)))
-struct CurrentLoopLifecycleTests: SequenceTestModes, PassTestModes {
+struct CurrentLoopLifecycleTests {
   /// `shutdownAndWait()` of a loop that does not own its thread (`RunLoopThread.current`) has no
   /// thread to join: it starts the shutdown and returns at once, without waiting for that thread
   /// (which may live on); the run in progress ends, and the thread drains the loop when it exits —

@@ -5,7 +5,7 @@ import Testing
 
 /// Dropping a loop's last reference ends it without losing accepted work.
 @Suite("Dropping a loop's last reference ends it without losing accepted work", .timeLimit(.minutes(10)))
-struct DroppedLoopTests: ChangeBurstSending {
+struct DroppedLoopTests {
   /// Dropping the handle while three threads post: every accepted post is delivered exactly once,
   /// cancel runs once, the thread exits.
   @Test func dropWhilePostersPost() async throws {

@@ -5,7 +5,7 @@ import Testing
 
 /// A loop is released once the last thing that holds it lets go.
 @Suite("A loop is released once the last thing that holds it lets go", .serialized, .timeLimit(.minutes(10)))
-struct LoopReleaseTests: SharedTestLoops {
+struct LoopReleaseTests {
   /// Two loops shut each other down (one of the calls only starts the shutdown); nobody else calls
   /// `shutdownAndWait`. Once the handles are dropped, both threads are gone: the one not joined
   /// by the refused call is joined or detached by its handle's release.

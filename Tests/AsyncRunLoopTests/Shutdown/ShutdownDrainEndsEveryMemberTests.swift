@@ -8,7 +8,7 @@ import Testing
 @Suite(
   "The shutdown drain applies every accepted change, pairs every routine and releases every block", .serialized,
   .timeLimit(.minutes(10)))
-struct ShutdownDrainEndsEveryMemberTests: ChangeBudgetMeasures, SharedTestLoops, ChangeBurstSending, PassTestModes {
+struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
   /// Concurrent `shutdown()`/`shutdownAndWait()` from many threads, from inside a job and from a
   /// block the drain runs: all return, and every accepted job ran.
   @Test func shutdownFromManyThreadsJobsAndDrainedBlocksAllReturn() async throws {
