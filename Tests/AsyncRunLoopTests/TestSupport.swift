@@ -307,14 +307,21 @@ var stressFactor: Int {
   return value
 }
 
-/// The number of this process's threads whose name (as the kernel keeps it: 15 bytes) is `name`.
+/// The number of this process's threads whose name (as the kernel keeps it: 15 bytes) is `name`,
+/// or -1 when it cannot tell: a thread's name that cannot be read for any reason other than the
+/// thread having ended (out of descriptors while other tests hold many, say) is never taken for
+/// "not that thread", so `threadCount(named:) == 0` never reports a live thread gone.
 func threadCount(named name: String) -> Int {
   guard let directory = opendir("/proc/self/task") else { return -1 }
   defer { closedir(directory) }
   var count = 0
   while let entry = readdir(directory) {
     let tid = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-    guard tid.first?.isNumber == true, let file = fopen("/proc/self/task/\(tid)/comm", "r") else { continue }
+    guard tid.first?.isNumber == true else { continue }
+    guard let file = fopen("/proc/self/task/\(tid)/comm", "r") else {
+      if errno == ENOENT || errno == ESRCH { continue }  // the thread ended since readdir listed it
+      return -1
+    }
     var buffer = [CChar](repeating: 0, count: 32)
     if fgets(&buffer, 32, file) != nil {
       var comm = String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)

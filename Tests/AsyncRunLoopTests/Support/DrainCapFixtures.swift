@@ -1,0 +1,123 @@
+import Glibc
+import Testing
+
+@testable import AsyncRunLoop
+
+// Helpers for the tests of the every-mode timers of executor jobs due later (`Task.sleep` under a loop's
+// preference), `LoopTimer.setFireDate` coalescing, the shutdown drain's time cap, current loops
+// taking jobs only inside a run, and signalled sources deferred while their modes do not run.
+// Blocking work runs on threads of the tests' own; results are checked after the watchdog returns.
+
+let r15Private: RunLoopMode = "r15-private"
+
+let r15Inner: RunLoopMode = "r15-inner"
+
+let r15Modal: RunLoopMode = "r15-modal"
+
+let r15ModeM: RunLoopMode = "r15-m"
+
+let r15ModeX: RunLoopMode = "r15-x"
+
+/// An actor on a loop, for jobs that run the loop nested.
+actor R15Actor: LoopActor {
+  nonisolated let loop: RunLoopThread
+  nonisolated let overlap = Round3Overlap()
+  private(set) var calls = 0
+
+  init(loop: RunLoopThread) { self.loop = loop }
+
+  /// Runs the loop nested in this job, in `mode`, for `duration`.
+  func nestedRun(_ mode: RunLoopMode, for duration: Duration, log: EventLog) -> RunLoopRunResult {
+    log.add("nested begin")
+    let result = loop.run(mode: mode, for: duration)
+    log.add("nested end")
+    return result
+  }
+
+  /// Sleeps `duration` isolated to the actor (no task executor preference); returns how long it
+  /// took (nil: it threw).
+  func sleep(_ duration: Duration) async -> Duration? {
+    let start = ContinuousClock.now
+    do { try await Task.sleep(for: duration) } catch { return nil }
+    return ContinuousClock.now - start
+  }
+
+  /// One short job.
+  func call() {
+    overlap.enter()
+    defer { overlap.leave() }
+    calls += 1
+  }
+}
+
+/// The number of records on `loop`, read on its thread (nil when refused).
+func r15Records(_ loop: RunLoopThread) -> Int? {
+  try? loop.performAndWait { loop.core.modeTable.allRecords.count }
+}
+
+/// Sleeps `duration` under `loop`'s preference; returns how long it took (nil: it threw).
+func r15Sleep(on loop: RunLoopThread, _ duration: Duration) async -> Duration? {
+  await Task(executorPreference: loop) { () -> Duration? in
+    let start = ContinuousClock.now
+    do { try await Task.sleep(for: duration) } catch { return nil }
+    return ContinuousClock.now - start
+  }.value
+}
+
+/// The mode names `member`'s binding holds (read through reflection: the list is private).
+func r15BindingModes(_ member: some LoopMember) -> [RunLoopMode] {
+  member.withBinding { binding -> [RunLoopMode] in
+    guard let names = Mirror(reflecting: binding).children.first(where: { $0.label == "modes" })?.value else {
+      return []
+    }
+    var modes: [RunLoopMode] = []
+    for child in Mirror(reflecting: names).children {
+      if child.label == "first", let first = child.value as? RunLoopMode?, let first { modes.append(first) }
+      if child.label == "others", let others = child.value as? [RunLoopMode] { modes += others }
+    }
+    return modes.sorted { $0.rawValue < $1.rawValue }
+  }
+}
+
+/// Round after round, the loop thread changes `timer`'s membership in mode X (it stays in mode M)
+/// while another thread makes the opposite change at a varying moment (`loopThreadRemoves`: the
+/// loop thread removes, the other adds; else the reverse). After each round (both calls
+/// returned, the changes applied), counts the rounds where the loop's modes for the timer differ
+/// from its binding's.
+func r15RaceMembership(loopThreadRemoves: Bool, rounds: Int) throws -> (mismatches: Int, example: String) {
+  let loop = try RunLoopThread(name: "r15-b1")
+  defer { loop.shutdownAndWait() }
+  let timer = LoopTimer(after: .seconds(3600)) { _ in }
+  loop.add(timer, to: r15ModeM)
+  let go = AtomicCounter()
+  let done = AtomicCounter()
+  let other = startThread {
+    for round in 1...rounds {
+      while go.current < round { sched_yield() }
+      for _ in 0..<(round % 64) { _ = done.current }
+      if loopThreadRemoves { loop.add(timer, to: r15ModeX) } else { loop.remove(timer, from: r15ModeX) }
+      _ = done.increment()
+    }
+  }
+  let result = try loop.performAndWait { () -> (Int, String) in
+    var mismatches = 0
+    var example = ""
+    for round in 1...rounds {
+      if loopThreadRemoves { loop.add(timer, to: r15ModeX) } else { loop.remove(timer, from: r15ModeX) }
+      _ = go.increment()
+      if loopThreadRemoves { loop.remove(timer, from: r15ModeX) } else { loop.add(timer, to: r15ModeX) }
+      while done.current < round { sched_yield() }
+      loop.core.applyControlsIfAny()
+      let bound = r15BindingModes(timer)
+      let here = loop.core.modes(of: timer).sorted { $0.rawValue < $1.rawValue }
+      if bound != here {
+        mismatches += 1
+        if example.isEmpty { example = "round \(round): binding \(bound), loop \(here)" }
+      }
+    }
+    return (mismatches, example)
+  }
+  joinThread(other)
+  timer.invalidate()
+  return result
+}

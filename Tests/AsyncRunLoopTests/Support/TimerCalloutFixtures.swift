@@ -1,0 +1,15 @@
+import Glibc
+import Testing
+
+@testable import AsyncRunLoop
+
+/// Helpers shared by the suites that conform (they call them as `Self.name` or by name).
+protocol TimerCalloutModes {}
+
+extension TimerCalloutModes {
+  var modeA: RunLoopMode { RunLoopMode("r5-a") }
+
+  var modeB: RunLoopMode { RunLoopMode("r5-b") }
+
+  var modeC: RunLoopMode { RunLoopMode("r5-c") }
+}
