@@ -76,6 +76,14 @@ public final class SourceSequence<Element: Sendable>:  // Safety: proof below
 
   /// Buffers `element`, signals the source and wakes its loop. Any thread; never waits, never
   /// suspends (safe from C callbacks and plain threads).
+  ///
+  /// The result is not discardable, unlike `CommandSource.post(_:)`'s: a command source's buffer
+  /// has no limit, so its post is refused only once the source has ended, and ignoring that loses
+  /// nothing anyone would still receive; this buffer may be bounded, and a live sequence can
+  /// refuse (`.full`) or drop (`.dropped`) the element. Whoever posts decides what that means: write
+  /// `_ = sequence.post(x)` where losing it is fine (an `.unbounded` buffer, or a newest-wins
+  /// stream), otherwise retry, use `send(_:)` from async code, or `post(_:timeout:)` to block a
+  /// plain thread until there is room.
   /// - Returns: `.enqueued` (or `.enqueuedDroppingOldest`) when the element was taken; `.full`
   ///   when a `.bounded` buffer is full (the element was not taken: retry, or use `send`);
   ///   `.dropped` when a `.dropNewest` buffer is full; `.terminated` when the sequence has ended.
