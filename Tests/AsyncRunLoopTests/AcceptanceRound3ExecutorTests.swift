@@ -2,7 +2,7 @@ import Glibc
 import Synchronization
 import Testing
 
-@testable import AsyncRunLoop
+@_spi(Testing) @testable import AsyncRunLoop
 
 // Acceptance round 3: the executor, modal-run, shutdown and main-thread promises of the public
 // API and its doc comments, each attacked with the interleaving that would break it.

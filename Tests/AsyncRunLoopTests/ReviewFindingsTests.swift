@@ -1,7 +1,7 @@
 import Glibc
 import Testing
 
-@testable import AsyncRunLoop
+@_spi(Testing) @testable import AsyncRunLoop
 
 /// Findings of the review of the loop-core rewrite. Each test states the behaviour the SPEC or the
 /// doc comments promise. Failing at the time of the review (not fixed in Sources/):

@@ -1,7 +1,7 @@
 import Glibc
 import Testing
 
-@testable import AsyncRunLoop
+@_spi(Testing) @testable import AsyncRunLoop
 
 // Review round 14 (surface): the async sequences (buffering, consumer cancellation, the member
 // ending from another thread or by the loop's shutdown, leaks), the executor (actors pinned to a

@@ -1,7 +1,7 @@
 import Glibc
 import Testing
 
-@testable import AsyncRunLoop
+@_spi(Testing) @testable import AsyncRunLoop
 
 // Review round 17: sources signalled while their modes do not run (`deferredSignalled`), executor
 // jobs waiting in the inbox in chunks (`ChunkedQueue`), timer reschedule coalescing

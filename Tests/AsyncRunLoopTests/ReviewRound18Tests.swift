@@ -2,7 +2,7 @@ import Dispatch
 import Glibc
 import Testing
 
-@testable import AsyncRunLoop
+@_spi(Testing) @testable import AsyncRunLoop
 
 // Review round 18: an external acceptance pass over the async surface (source, command, signal,
 // timer, readiness and activity sequences racing their end), the executor (actors pinned to a

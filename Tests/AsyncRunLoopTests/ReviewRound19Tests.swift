@@ -1,7 +1,7 @@
 import Glibc
 import Testing
 
-@testable import AsyncRunLoop
+@_spi(Testing) @testable import AsyncRunLoop
 
 private let r19Other: RunLoopMode = "r19-other"
 private let r19Second: RunLoopMode = "r19-second"
