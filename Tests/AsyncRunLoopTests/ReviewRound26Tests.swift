@@ -348,7 +348,7 @@ private func postAll(_ commands: CommandSource<Int>, _ ledger: R26Ledger, produc
     #expect(failures == [])
   }
 
-  static let sharedLoop: RunLoopThread = RunLoopThread.named("r26-shared")
+  static let sharedLoop: RunLoopThread = RunLoopThread.start(named: "r26-shared")
 
   // MARK: - Timers
 
@@ -864,7 +864,7 @@ private func postAll(_ commands: CommandSource<Int>, _ ledger: R26Ledger, produc
     #expect(failures == [])
   }
 
-  static let secondLoop: RunLoopThread = RunLoopThread.named("r26-second")
+  static let secondLoop: RunLoopThread = RunLoopThread.start(named: "r26-second")
 
   /// Promise (InputSource.signal): many signals before the loop gets to the source coalesce into
   /// one `perform`; signals that arrive while the source is on no loop are kept and fire once it
