@@ -4,6 +4,8 @@
 /// - `post(_:)` never waits and never suspends: it is safe from plain threads and C callbacks. It
 ///   buffers the element, signals the source and wakes its loop, in one call.
 /// - `send(_:)` is for async code: with `.bounded` buffering it suspends while the buffer is full.
+/// - `post(_:timeout:)` is for plain threads that must not lose an element: with `.bounded`
+///   buffering it blocks the calling thread while the buffer is full, up to `timeout`.
 ///
 /// When the loop fires the source (on its thread, while it runs in one of the source's modes) the
 /// elements posted so far are released to the consumer. The consumer takes everything released in
@@ -48,7 +50,7 @@ public final class SourceSequence<Element: Sendable>:  // Safety: proof below
   @usableFromInline var machine: Machine
 
   @usableFromInline typealias Machine = SourceSequenceStateMachine<
-    Element, UnsafeContinuation<Void, Never>, UnsafeContinuation<SourcePostResult, Never>
+    Element, UnsafeContinuation<Void, Never>, SourceProducer
   >
 
   /// `@inlinable`, like the factory that calls it: the source's perform routine is then made
@@ -114,7 +116,7 @@ public final class SourceSequence<Element: Sendable>:  // Safety: proof below
       await withUnsafeContinuation(isolation: actor) { (continuation: UnsafeContinuation<SourcePostResult, Never>) in
         lock.lock()
         let action = machine.suspendProducer(
-          id: id, element: element, continuation: continuation, isCancelled: Task.isCancelled)
+          id: id, element: element, continuation: .task(continuation), isCancelled: Task.isCancelled)
         lock.unlock()
         switch action {
         case .suspended:
@@ -141,7 +143,7 @@ public final class SourceSequence<Element: Sendable>:  // Safety: proof below
   /// Elements dropped so far by `.dropOldest` / `.dropNewest` buffering. Any thread.
   public var droppedCount: Int { lock.withLock { machine.droppedCount } }
 
-  /// Async producers waiting in `send` for room. Any thread.
+  /// Producers waiting for room (in `send`, or blocked in `post(_:timeout:)`). Any thread.
   var waitingProducerCount: Int { lock.withLock { machine.waitingProducerCount } }
 
   private func cancelProducer(id: UInt64) {
@@ -172,7 +174,7 @@ public final class SourceSequence<Element: Sendable>:  // Safety: proof below
 
   /// Taking a batch made room: resume the producers whose elements joined the buffer.
   @inlinable
-  func tookElements(_ effect: (producers: [UnsafeContinuation<SourcePostResult, Never>], signalSource: Bool)) {
+  func tookElements(_ effect: (producers: [SourceProducer], signalSource: Bool)) {
     for producer in effect.producers { producer.resume(returning: .enqueued) }
     if effect.signalSource { source.signal() }
   }
