@@ -1,4 +1,4 @@
-import AsyncRunLoop
+@_spi(Testing) import AsyncRunLoop
 import CAsyncRunLoop
 import Dispatch
 import Foundation

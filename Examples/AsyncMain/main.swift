@@ -65,7 +65,7 @@ struct AsyncMainExample {
 
   static func main() async {
     expectMainThread("main")
-    let worker = RunLoopThread.named("worker")
+    let worker = RunLoopThread.start(named: "worker")
     let sensor = Sensor(loop: worker)
     let dashboard = Dashboard(expectedReadings: 5)
     let delegate = MainThreadSensorDelegate(dashboard)

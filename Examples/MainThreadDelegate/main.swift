@@ -108,7 +108,7 @@ final class ProgressScreen: TransferDelegate {
 }
 
 // A synchronous top-level program: set up, then run the main loop on the main thread.
-let io = RunLoopThread.named("io")
+let io = RunLoopThread.start(named: "io")
 let screen = ProgressScreen(transfers: 2)
 
 let first = Transfer(name: "first", loop: io, chunks: 5, delegate: screen)

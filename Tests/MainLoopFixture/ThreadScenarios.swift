@@ -92,7 +92,7 @@ func threadsScenario() {
     await Task(executorPreference: loop) { record("a task preferring RunLoopThread.main") }.value
   }
 
-  let worker = RunLoopThread.named("fixture-worker")
+  let worker = RunLoopThread.start(named: "fixture-worker")
   worker.perform {
     waitUntil("the main loop to run") { RunLoopThread.isMainLoopRunning }
     runOnMain { record("runOnMain from a loop thread") }
@@ -160,7 +160,7 @@ func orderScenario() {
         senderDone()
       })
   }
-  let worker = RunLoopThread.named("fixture-sender")
+  let worker = RunLoopThread.start(named: "fixture-sender")
   worker.perform {
     waitUntil("the main loop to run") { RunLoopThread.isMainLoopRunning }
     for sequence in 0..<callsPerSender { send(plainSenders, sequence) }

@@ -29,10 +29,13 @@ public struct RunLoopMode: Hashable, Sendable, RawRepresentable, ExpressibleBySt
     hasher.combine(isInternal)
   }
 
-  /// The mode a loop runs in unless told otherwise.
-  public static let `default` = RunLoopMode("default")
-  /// The common-modes pseudo-mode (a set of modes, never run itself).
-  public static let common = RunLoopMode("common")
+  /// The mode a loop runs in unless told otherwise. Its name is CFRunLoop's,
+  /// `"kCFRunLoopDefaultMode"` (Foundation's `RunLoop.Mode.default.rawValue`), so that a mode name
+  /// read from, or compared with, Foundation or CF code means the same mode here.
+  public static let `default` = RunLoopMode("kCFRunLoopDefaultMode")
+  /// The common-modes pseudo-mode (a set of modes, never run itself). Its name is CFRunLoop's,
+  /// `"kCFRunLoopCommonModes"` (Foundation's `RunLoop.Mode.common.rawValue`).
+  public static let common = RunLoopMode("kCFRunLoopCommonModes")
 
   public var description: String { rawValue }
 

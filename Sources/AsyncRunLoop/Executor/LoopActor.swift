@@ -30,15 +30,29 @@ extension LoopActor {
 }
 
 extension RunLoopThread {
-  /// A loop on a new thread named `name`, for places that cannot handle an error (a global
-  /// actor's stored loop, a `static let`). Traps with the system error if the kernel refuses a
-  /// descriptor or a thread, or `cpu` is one the thread cannot be pinned to (see
-  /// `init(name:cpu:)`) — use `init(name:cpu:)` where you can handle it. Any thread.
-  public static func named(_ name: String, cpu: Int? = nil) -> RunLoopThread {
+  /// Starts a new thread named `name` running a new loop, for places that cannot handle an error
+  /// (a global actor's stored loop, a `static let`). Every call starts another thread: it is not
+  /// a lookup by name. Traps with the system error if the kernel refuses a descriptor or a thread,
+  /// or `cpu` is one the thread cannot be pinned to (see `init(name:cpu:)`) — use
+  /// `init(name:cpu:)` where you can handle the error. Any thread.
+  ///
+  /// ```swift
+  /// actor Renderer: LoopActor {
+  ///   nonisolated let loop: RunLoopThread = .start(named: "render")
+  /// }
+  /// ```
+  public static func start(named name: String, cpu: Int? = nil) -> RunLoopThread {
     do {
       return try RunLoopThread(name: name, cpu: cpu)
     } catch {
       preconditionFailure("AsyncRunLoop: cannot start loop '\(name)': \(error)")
     }
+  }
+
+  /// Starts a new loop thread on every call, as `start(named:cpu:)`: the old name read like a
+  /// lookup of an existing loop.
+  @available(*, deprecated, renamed: "start(named:cpu:)", message: "it starts a new thread on every call")
+  public static func named(_ name: String, cpu: Int? = nil) -> RunLoopThread {
+    start(named: name, cpu: cpu)
   }
 }

@@ -3,7 +3,8 @@ import Synchronization
 
 /// A fixed group of loop threads, for spreading actors or connections across cores.
 ///
-/// `next()` hands out the loops round-robin. Shut the group down with `shutdownAndWait()`.
+/// `next()` hands out the loops round-robin. Shut the group down with `shutdown()` (without
+/// waiting) or `shutdownAndWait()`.
 /// All methods may be called from any thread.
 public final class LoopGroup: Sendable {
   /// The group's loops, in creation order.
@@ -42,7 +43,16 @@ public final class LoopGroup: Sendable {
     return loops[Int(index % UInt(loops.count))]
   }
 
-  /// Shuts every loop down and waits for their threads to finish.
+  /// Shuts every loop down, without waiting: `RunLoopThread.shutdown()` on each, in order. Any
+  /// thread, including one of the group's loops (from a callout or a job on it); calling it again
+  /// is a no-op. Each loop drains and its thread exits on its own; `shutdownAndWait()` waits for
+  /// that.
+  public func shutdown() {
+    loops.forEach { $0.shutdown() }
+  }
+
+  /// Shuts every loop down and waits for their threads to finish. Any thread; on one of the
+  /// group's loops it cannot wait for that loop itself (see `RunLoopThread.shutdownAndWait()`).
   public func shutdownAndWait() {
     loops.forEach { $0.shutdown() }
     loops.forEach { $0.shutdownAndWait() }

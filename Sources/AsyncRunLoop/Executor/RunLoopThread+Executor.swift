@@ -4,6 +4,14 @@ import Dispatch
 /// Each loop is a `SerialExecutor` and a `TaskExecutor`: jobs run on the loop's thread, in the
 /// order they were enqueued, interleaved with its sources and timers (at most `jobsPerPass` per
 /// pass). Jobs run in every mode, so actors on the loop keep working during a nested modal run.
+///
+/// To start a task on the loop, use the standard spelling, `Task(executorPreference: loop) { … }`
+/// (or `withTaskExecutorPreference(loop) { … }` for structured work). There is deliberately no
+/// `loop.task { … }` shorthand: it would save a few characters but hide that the task is
+/// unstructured (nobody cancels or awaits it unless the caller keeps the handle), that the
+/// preference is inherited by its child tasks, and that it is the same API a reader already knows
+/// from any other `TaskExecutor`; a second spelling of it would also need its own overloads for
+/// priority, task names and throwing bodies to keep up with the standard one.
 extension RunLoopThread: SerialExecutor, TaskExecutor {
   /// Enqueues a job of a task that prefers this loop (the loop is the task-executor identity;
   /// actors' jobs arrive through `asUnownedSerialExecutor()`, see `JobRole`). Any thread. From

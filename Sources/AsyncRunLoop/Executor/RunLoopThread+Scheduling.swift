@@ -168,6 +168,10 @@ final class JobOnce: @unchecked Sendable {  // Safety: proof below
 
 extension RunLoopThread {
   /// How many jobs were scheduled through `SchedulingExecutor` (each `Task.sleep` under this
-  /// loop's task-executor preference is one). Any thread; for tests and instrumentation.
-  public var scheduledJobCount: Int { scheduledJobCounter.withLock { $0 } }
+  /// loop's task-executor preference is one). Any thread.
+  ///
+  /// Instrumentation, not API: it is SPI (`@_spi(Testing) import AsyncRunLoop`), so it is not part
+  /// of the public surface nor of its compatibility promise. The package's tests and benchmarks
+  /// use it to see that a sleep was routed to the loop's timers.
+  @_spi(Testing) public var scheduledJobCount: Int { scheduledJobCounter.withLock { $0 } }
 }

@@ -83,6 +83,11 @@ public final class CommandSource<Command: Sendable>: Sendable {
   }
 
   /// Appends `command`, signals the source and wakes its loop. Any thread.
+  ///
+  /// The result is discardable, unlike `SourceSequence.post(_:)`'s: the buffer has no limit, so
+  /// a post is refused only once the source has been invalidated (or its loop shut down), and the
+  /// command would then have had nobody to run it anyway. A sequence's bounded buffer can refuse
+  /// an element while its consumer is still there, so its caller must look at the answer.
   /// - Returns: true when the command was accepted (it will be delivered exactly once); false
   ///   when the source has been invalidated and the command was refused.
   @inlinable @discardableResult

@@ -38,10 +38,25 @@ public struct DescriptorEvents: OptionSet, Sendable, Hashable, CustomStringConve
 /// it never makes the loop spin.
 /// One source per descriptor and loop: adding a second source for a descriptor that a source on
 /// the same loop still watches fails with `EEXIST`, as epoll refuses it — also while the first
-/// one is silenced (the loop runs a mode that does not hold it).
+/// one is silenced (the loop runs a mode that does not hold it). The interest is fixed for the
+/// source's life. To watch both directions, either give one source `[.readable, .writable]` and
+/// dispatch on the events it reports, or watch a `dup()` of the descriptor with a second source
+/// (epoll registers each descriptor number on its own, so a reader on `fd` and a writer waiting on
+/// `dup(fd)` work side by side, each with its own interest; close the duplicate after removing
+/// its source). Changing one registration's interest in place is not offered: a level-triggered
+/// `.writable` interest fires on every pass while the socket can be written, so a server keeps
+/// it only while it has something to write, which is exactly a second, short-lived source.
+///
+/// **When an add fails.** `RunLoopThread.add(_:to:)` applies the registration on the loop thread.
+/// Called there, it throws epoll's refusal. Called from another thread it checks what it can at
+/// once (a closed descriptor, a regular file) and throws that, but does not wait for the loop
+/// (a blocking add could deadlock, and the loop may not be running): a refusal only epoll can
+/// see (`EEXIST`, `ENOMEM`, `ENOSPC`) then arrives later, on the loop thread, as one `[.error]`
+/// call of the handler, after which the source is invalidated. `registrationError` then says why,
+/// so that the handler can tell a refused registration from an error on the descriptor itself.
 public final class DescriptorSource: LoopMember, @unchecked Sendable {  // Safety: proof below
-  // Safety: `descriptor`, `interest` and `order` are immutable. `state` (binding, handler) is only
-  // touched with `lock` held. The loop-thread side (epoll token, armed) lives in the loop's
+  // Safety: `descriptor`, `interest` and `order` are immutable. `state` (binding, handler) and
+  // `refusal` are only touched with `lock` held. The loop-thread side (epoll token, armed) lives in the loop's
   // `MemberRecord`.
 
   static var kindName: String { "DescriptorSource" }
@@ -52,6 +67,9 @@ public final class DescriptorSource: LoopMember, @unchecked Sendable {  // Safet
   public let interest: DescriptorEvents
   /// Among readiness sources ready in the same pass, lower orders fire first.
   public let order: Int
+  /// Set (once, before the handler is told `[.error]`) when the loop refused an add made from
+  /// another thread; only touched with `lock` held.
+  private var refusal: SystemCallError?
 
   private let lock = PthreadLock.make()
   // No dynamic exclusivity checks (a thread-local lookup each, on every fire): these are only
@@ -96,6 +114,17 @@ public final class DescriptorSource: LoopMember, @unchecked Sendable {  // Safet
 
   /// False once `invalidate()` was called. Any thread.
   public var isValid: Bool { lock.withLock { state.binding.isValid } }
+
+  /// Why the loop refused to register the descriptor, when an add from another thread failed on
+  /// the loop thread (see "When an add fails"): set before the handler is told `[.error]`, and the
+  /// source is then invalidated. Nil otherwise; an `[.error]` with no `registrationError` is the
+  /// descriptor's own error (`EPOLLERR`). Any thread.
+  public var registrationError: SystemCallError? { lock.withLock { refusal } }
+
+  /// Loop thread: records a refused registration before the handler hears of it.
+  func recordRegistrationError(_ error: SystemCallError) {
+    lock.withLock { refusal = error }
+  }
 
   /// The epoll interest bits for this source, without epoll's mode flags. Registrations are
   /// always level-triggered (the loop silences and re-arms them per mode, and a wait that stops

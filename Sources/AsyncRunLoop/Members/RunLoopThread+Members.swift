@@ -69,7 +69,9 @@ extension RunLoopThread {
   ///   cannot be polled (a regular file or directory), or what epoll reports when called on the
   ///   loop thread. A thrown error means the add did not happen: the source stays valid, on no
   ///   loop, and may be added again. From other threads, a failure that only epoll can detect
-  ///   invalidates the source and reports `[.error]` to its handler on the loop thread.
+  ///   invalidates the source and reports `[.error]` to its handler on the loop thread, with the
+  ///   error in `source.registrationError` (the add is applied there later; the caller does not
+  ///   wait for it: see `DescriptorSource`, "When an add fails").
   public func add(_ source: DescriptorSource, to mode: RunLoopMode = .default) throws(SystemCallError) {
     // On the loop thread of a running loop the add is applied here and epoll's own answer
     // (EBADF, EPERM) is returned: checking first would cost every add a system call more.
@@ -260,6 +262,7 @@ extension DescriptorSource {
         }
         return error
       }
+      recordRegistrationError(error)  // before the handler hears of it: it may look
       fire(.error, on: core.shared)
       withBinding { $0.forget(core.shared, restoringLastLoop: core.shared) }
       invalidate()

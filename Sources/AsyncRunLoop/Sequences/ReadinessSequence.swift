@@ -50,6 +50,13 @@ public final class ReadinessSequence:
   /// The watched descriptor.
   public var descriptor: Int32 { source.descriptor }
 
+  /// Why the loop refused to register the descriptor, when `readiness(of:…)` was called off the
+  /// loop thread and only epoll could see the problem (`EEXIST`: another source on this loop
+  /// watches the descriptor): the sequence then delivers one `.error` element and ends, and this
+  /// says why. Nil otherwise: an `.error` element with no `registrationError` is the descriptor's
+  /// own. Any thread.
+  public var registrationError: SystemCallError? { source.registrationError }
+
   /// Ends the sequence after the events already seen are delivered, and deregisters the
   /// descriptor. Any thread; idempotent.
   public func invalidate() {
@@ -179,7 +186,10 @@ extension RunLoopThread {
   ///   - order: Among readiness sources ready in the same pass, lower orders fire first.
   /// - Throws: `SystemCallError` (`EBADF` for a closed descriptor, `EPERM` for one epoll cannot
   ///   watch, what epoll reports when called on the loop thread). A failure that only epoll can
-  ///   see from another thread is delivered as an `.error` element, and the sequence ends.
+  ///   see from another thread is delivered as an `.error` element, the sequence ends, and its
+  ///   `registrationError` says why. One registration per descriptor and loop: to await
+  ///   writability next to a reader of the same descriptor, watch a `dup()` of it (see
+  ///   `DescriptorSource`).
   public func readiness(
     of descriptor: Int32, events: DescriptorEvents = .readable, modes: [RunLoopMode] = [.common], order: Int = 0
   ) throws(SystemCallError) -> ReadinessSequence {

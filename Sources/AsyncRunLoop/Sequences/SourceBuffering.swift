@@ -7,7 +7,8 @@ public enum SourceBuffering: Sendable, Hashable, CustomStringConvertible {
   /// Every post is accepted.
   case unbounded
   /// At most `capacity` elements: when full, `send` suspends the producing task until there is
-  /// room, and `post` (which never waits) answers `.full` without taking the element.
+  /// room, `post(_:timeout:)` blocks the posting thread until there is room (or the timeout), and
+  /// `post` (which never waits) answers `.full` without taking the element.
   case bounded(Int)
   /// At most `capacity` elements: when full, a new element is accepted and the oldest buffered
   /// one is dropped (`.enqueuedDroppingOldest`, counted in `droppedCount`). Dropped elements are
@@ -50,7 +51,8 @@ public enum SourcePostResult: Sendable, Hashable, CustomStringConvertible {
   /// The buffer was full and this element was dropped (`.dropNewest`).
   case dropped
   /// The buffer was full and the element was not taken (`.bounded`): `post` never waits; `send`
-  /// answers this only when its task was cancelled while it waited for room.
+  /// answers this only when its task was cancelled while it waited for room, `post(_:timeout:)`
+  /// only when its timeout passed first.
   case full
   /// The sequence has ended (invalidated, its consumer stopped, or its loop shut down): the
   /// element was not taken.

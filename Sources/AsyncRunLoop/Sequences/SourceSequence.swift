@@ -4,6 +4,8 @@
 /// - `post(_:)` never waits and never suspends: it is safe from plain threads and C callbacks. It
 ///   buffers the element, signals the source and wakes its loop, in one call.
 /// - `send(_:)` is for async code: with `.bounded` buffering it suspends while the buffer is full.
+/// - `post(_:timeout:)` is for plain threads that must not lose an element: with `.bounded`
+///   buffering it blocks the calling thread while the buffer is full, up to `timeout`.
 ///
 /// When the loop fires the source (on its thread, while it runs in one of the source's modes) the
 /// elements posted so far are released to the consumer. The consumer takes everything released in
@@ -48,7 +50,7 @@ public final class SourceSequence<Element: Sendable>:  // Safety: proof below
   @usableFromInline var machine: Machine
 
   @usableFromInline typealias Machine = SourceSequenceStateMachine<
-    Element, UnsafeContinuation<Void, Never>, UnsafeContinuation<SourcePostResult, Never>
+    Element, UnsafeContinuation<Void, Never>, SourceProducer
   >
 
   /// `@inlinable`, like the factory that calls it: the source's perform routine is then made
@@ -76,6 +78,14 @@ public final class SourceSequence<Element: Sendable>:  // Safety: proof below
 
   /// Buffers `element`, signals the source and wakes its loop. Any thread; never waits, never
   /// suspends (safe from C callbacks and plain threads).
+  ///
+  /// The result is not discardable, unlike `CommandSource.post(_:)`'s: a command source's buffer
+  /// has no limit, so its post is refused only once the source has ended, and ignoring that loses
+  /// nothing anyone would still receive; this buffer may be bounded, and a live sequence can
+  /// refuse (`.full`) or drop (`.dropped`) the element. Whoever posts decides what that means: write
+  /// `_ = sequence.post(x)` where losing it is fine (an `.unbounded` buffer, or a newest-wins
+  /// stream), otherwise retry, use `send(_:)` from async code, or `post(_:timeout:)` to block a
+  /// plain thread until there is room.
   /// - Returns: `.enqueued` (or `.enqueuedDroppingOldest`) when the element was taken; `.full`
   ///   when a `.bounded` buffer is full (the element was not taken: retry, or use `send`);
   ///   `.dropped` when a `.dropNewest` buffer is full; `.terminated` when the sequence has ended.
@@ -106,7 +116,7 @@ public final class SourceSequence<Element: Sendable>:  // Safety: proof below
       await withUnsafeContinuation(isolation: actor) { (continuation: UnsafeContinuation<SourcePostResult, Never>) in
         lock.lock()
         let action = machine.suspendProducer(
-          id: id, element: element, continuation: continuation, isCancelled: Task.isCancelled)
+          id: id, element: element, continuation: .task(continuation), isCancelled: Task.isCancelled)
         lock.unlock()
         switch action {
         case .suspended:
@@ -133,7 +143,7 @@ public final class SourceSequence<Element: Sendable>:  // Safety: proof below
   /// Elements dropped so far by `.dropOldest` / `.dropNewest` buffering. Any thread.
   public var droppedCount: Int { lock.withLock { machine.droppedCount } }
 
-  /// Async producers waiting in `send` for room. Any thread.
+  /// Producers waiting for room (in `send`, or blocked in `post(_:timeout:)`). Any thread.
   var waitingProducerCount: Int { lock.withLock { machine.waitingProducerCount } }
 
   private func cancelProducer(id: UInt64) {
@@ -164,7 +174,7 @@ public final class SourceSequence<Element: Sendable>:  // Safety: proof below
 
   /// Taking a batch made room: resume the producers whose elements joined the buffer.
   @inlinable
-  func tookElements(_ effect: (producers: [UnsafeContinuation<SourcePostResult, Never>], signalSource: Bool)) {
+  func tookElements(_ effect: (producers: [SourceProducer], signalSource: Bool)) {
     for producer in effect.producers { producer.resume(returning: .enqueued) }
     if effect.signalSource { source.signal() }
   }

@@ -108,7 +108,7 @@ struct CommonModeMembershipTests: MemberPromiseSettling, SharedTestLoops, PassTe
     }
     #expect(
       steps == [
-        "default,r21,r21-late cancels 0", "r21,r21-late cancels 0", "r21 cancels 0", " cancels 1",
+        "kCFRunLoopDefaultMode,r21,r21-late cancels 0", "r21,r21-late cancels 0", "r21 cancels 0", " cancels 1",
         "after shutdown: cancels 1",
       ], "\(steps ?? [])")
   }

@@ -525,7 +525,7 @@ struct CoreRegressionTests {
   }
 
   static func makeCounterOnADroppedLoop() -> (LoopCounter, WeakLoop) {
-    let loop = RunLoopThread.named("actor-holds")
+    let loop = RunLoopThread.start(named: "actor-holds")
     return (LoopCounter(loop: loop), WeakLoop(loop))
   }
 

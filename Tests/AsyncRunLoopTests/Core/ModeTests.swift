@@ -97,7 +97,8 @@ struct ModeTests {
     }
     #expect(
       log == [
-        "finished", "common: [\"default\"]", "common: [\"custom\", \"default\"]", "source", "timer", "timedOut",
+        "finished", "common: [\"kCFRunLoopDefaultMode\"]", "common: [\"custom\", \"kCFRunLoopDefaultMode\"]", "source",
+        "timer", "timedOut",
         "late source", "timedOut", "cancel", "memberships: 0", "finished",
       ])
   }

@@ -2,7 +2,7 @@ import Glibc
 import Synchronization
 import Testing
 
-@testable import AsyncRunLoop
+@_spi(Testing) @testable import AsyncRunLoop
 
 /// One pass does the documented phases, in order, and a run ends when its mode is empty.
 @Suite(

@@ -8,7 +8,7 @@ struct RunLoopModeEqualityTests {
   /// Promised: modes made from the same name, in any of the public ways, are equal and hash
   /// alike; the internal every-mode equals none of them; `commonModes` holds `.default`.
   @Test func modesFromTheSameNameAreEqualAndHashAlike() throws {
-    let names = ["default", "common", "r16-x", "AsyncRunLoop.everyMode", ""]
+    let names = ["kCFRunLoopDefaultMode", "kCFRunLoopCommonModes", "r16-x", "AsyncRunLoop.everyMode", ""]
     for name in names {
       let made = [RunLoopMode(name), RunLoopMode(rawValue: name), RunLoopMode(stringLiteral: name)]
       for left in made {
@@ -22,8 +22,8 @@ struct RunLoopModeEqualityTests {
       }
       #expect(Set(made).count == 1)
     }
-    #expect(RunLoopMode.default == "default")
-    #expect(RunLoopMode.common == "common")
+    #expect(RunLoopMode.default == "kCFRunLoopDefaultMode")
+    #expect(RunLoopMode.common == "kCFRunLoopCommonModes")
     #expect(RunLoopMode.everyMode != RunLoopMode(RunLoopMode.everyMode.rawValue))
     #expect(RunLoopMode.everyMode == RunLoopMode.everyMode)
     var table: [RunLoopMode: Int] = [:]

@@ -1,7 +1,7 @@
 import Glibc
 import Testing
 
-@testable import AsyncRunLoop
+@_spi(Testing) @testable import AsyncRunLoop
 
 actor Counter: PinnedToLoopActor {
   nonisolated let loop: RunLoopThread

@@ -2,7 +2,7 @@ import Dispatch
 import Glibc
 import Testing
 
-@testable import AsyncRunLoop
+@_spi(Testing) @testable import AsyncRunLoop
 
 @Suite("The executor's public surface keeps its documented promises", .serialized, .timeLimit(.minutes(10)))
 struct ExecutorSurfaceTests {

@@ -3,7 +3,7 @@ import Dispatch
 import Glibc
 import Testing
 
-@testable import AsyncRunLoop
+@_spi(Testing) @testable import AsyncRunLoop
 
 // MARK: - Helpers shared by the executor, shutdown, reliability, stress and crash suites
 

@@ -2,7 +2,7 @@ import Glibc
 import Synchronization
 import Testing
 
-@testable import AsyncRunLoop
+@_spi(Testing) @testable import AsyncRunLoop
 
 /// Sleeps end on time, on the right executor, and never hang on a loop that ends.
 @Suite(

@@ -3,7 +3,7 @@ import Glibc
 import Synchronization
 import Testing
 
-@testable import AsyncRunLoop
+@_spi(Testing) @testable import AsyncRunLoop
 
 /// A run nested in a job starts no other job of its loop.
 @Suite("A run nested in a job starts no other job of its loop", .serialized, .timeLimit(.minutes(10)))

@@ -23,7 +23,7 @@ actor SensorReader: LoopActor {
 actor RenderActor: GlobalActor, LoopActor {
   static let shared = RenderActor()
   /// Created on first use; the thread runs until process exit (or `shutdown()`).
-  nonisolated let loop: RunLoopThread = .named("render")
+  nonisolated let loop: RunLoopThread = .start(named: "render")
 }
 
 @RenderActor

@@ -1,7 +1,7 @@
 import Glibc
 import Testing
 
-@testable import AsyncRunLoop
+@_spi(Testing) @testable import AsyncRunLoop
 
 // MARK: - More executor promises
 

@@ -44,7 +44,7 @@ struct InputSourceRoutineTests {
       _ = await r8OnLoop(loopA) { 0 }
       let seen = log.snapshot
       let expected: [String: [String]] = [
-        "r8-sc-a": ["s r8-src-m", "c", "s r8-src-m", "c"], "r8-sc-b": ["s default", "c"],
+        "r8-sc-a": ["s r8-src-m", "c", "s r8-src-m", "c"], "r8-sc-b": ["s kCFRunLoopDefaultMode", "c"],
       ]
       if seen != expected { wrong.append("round \(round): \(seen)") }
     }

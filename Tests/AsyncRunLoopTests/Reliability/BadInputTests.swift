@@ -158,7 +158,7 @@ extension BadInputTests {
 @globalActor
 actor BadInputGlobalActor: GlobalActor, LoopActor {
   static let shared = BadInputGlobalActor()
-  nonisolated let loop: RunLoopThread = .named("bad-global")
+  nonisolated let loop: RunLoopThread = .start(named: "bad-global")
 }
 
 protocol BadInputGreeting {

@@ -2,7 +2,7 @@ import Dispatch
 import Glibc
 import Testing
 
-@testable import AsyncRunLoop
+@_spi(Testing) @testable import AsyncRunLoop
 
 @Suite("Shutdown: nothing lost, nothing hangs, nothing leaks", .timeLimit(.minutes(5)))
 struct ShutdownTests {

@@ -2,7 +2,7 @@ import Dispatch
 import Glibc
 import Testing
 
-@testable import AsyncRunLoop
+@_spi(Testing) @testable import AsyncRunLoop
 
 @Suite("Sleeps moved off a shut-down loop", .serialized, .timeLimit(.minutes(10)))
 struct SleepsMovedOffAShutDownLoopTests {

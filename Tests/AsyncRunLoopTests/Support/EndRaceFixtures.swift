@@ -309,9 +309,9 @@ extension R18Logger {
   func waitFor(_ other: RunLoopThread) -> String {
     do {
       return try other.performAndWait { "ran" }
-    } catch let error as RunLoopError {
+    } catch {  // a RunLoopError: the block cannot throw
       if case .shutDown = error { return "shutDown" }
       return "\(error)"
-    } catch { return "\(error)" }
+    }
   }
 }

@@ -66,9 +66,9 @@ func postAll(_ commands: CommandSource<Int>, _ ledger: R26Ledger, producer: Int,
   }
 }
 
-let sharedTestLoopsSharedLoop: RunLoopThread = RunLoopThread.named("r26-shared")
+let sharedTestLoopsSharedLoop: RunLoopThread = RunLoopThread.start(named: "r26-shared")
 
-let sharedTestLoopsSecondLoop: RunLoopThread = RunLoopThread.named("r26-second")
+let sharedTestLoopsSecondLoop: RunLoopThread = RunLoopThread.start(named: "r26-second")
 
 /// Helpers shared by the suites that conform (they call them as `Self.name` or by name).
 protocol SharedTestLoops {}

@@ -58,7 +58,7 @@ struct TimerInSeveralModesTests {
       timer.invalidate()
       return fires.withLock { $0 }
     }
-    #expect(outcome == ["r10-b": 3, "default": 3, "r10-a": 1])
+    #expect(outcome == ["r10-b": 3, "kCFRunLoopDefaultMode": 3, "r10-a": 1])
   }
 
   /// The timer fires in B (an extra entry) and its callout runs the loop nested in C and in
