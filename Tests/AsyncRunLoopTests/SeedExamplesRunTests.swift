@@ -14,7 +14,7 @@ struct SeedExamplesRunTests {
     #expect(
       lines(run.standardOutput) == [
         "[worker] installing the command source",
-        "[worker] schedule routine: source added to 'worker' in mode 'default'; registering with main",
+        "[worker] schedule routine: source added to 'worker' in mode 'kCFRunLoopDefaultMode'; registering with main",
         "[main  ] registered the source of 'worker'; posting commands",
         "[main  ] posted greet(\"main thread\") (accepted: true)",
         "[main  ] posted add(2, 3) (accepted: true)",
