@@ -22,7 +22,13 @@ extension LoopCore {
   /// the fallback executor under the lock (later arrivals queue behind them). So no job of the loop
   /// runs elsewhere while this thread still calls out, and from the hand-over on this thread no
   /// longer counts as isolated to the loop.
+  ///
+  /// Drains once: called again after the loop terminated (a later `runMainLoop()` on a shut-down
+  /// main loop), or from a callout of the drain itself, it does nothing.
   func drainForShutdown() {
+    guard !hasTerminated, !isDraining else { return }
+    isDraining = true
+    defer { isDraining = false }
     var round = 0
     let start = LoopClock.monotonicNanoseconds()
     // From the cap on, other threads' changes are refused as they arrive, also in the middle of
@@ -36,7 +42,10 @@ extension LoopCore {
       let force =
         round >= Self.shutdownDrainRounds
         || LoopClock.monotonicNanoseconds() - start >= Self.shutdownDrainNanoseconds
-      if shared.inboxLock.withLock({ shared.inbox.finishDrain(force: force) }) { break }
+      // Jobs this thread collected and has not run yet count as work left (a round runs at most
+      // two batches of `jobsPerPass`).
+      let localJobsLeft = localJobIndex < localJobs.count
+      if shared.inboxLock.withLock({ shared.inbox.finishDrain(force: force, localJobsLeft: localJobsLeft) }) { break }
     }
     hasTerminated = true  // a member added here from now on (by a cancel routine below) is refused
     // Changes that arrived after the last round's look (the inbox refuses them from now on).

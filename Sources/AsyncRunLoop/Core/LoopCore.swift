@@ -48,6 +48,8 @@ final class LoopCore {
   /// The shutdown drain has terminated the loop: an add made on its thread now (a cancel routine
   /// of the last detach) invalidates the member, as an add from another thread does.
   @exclusivity(unchecked) var hasTerminated = false
+  /// `drainForShutdown` is running (a callout of the drain that drains again is a no-op).
+  @exclusivity(unchecked) var isDraining = false
 
   // MARK: Registration changes
 

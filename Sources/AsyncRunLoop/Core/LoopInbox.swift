@@ -199,11 +199,12 @@ struct LoopInbox {
   }
 
   /// The draining loop finished a round: true (finishing: the loop makes its last callouts, see
-  /// `LoopLifecycle`) when nothing is left, or (`force`) after the drain's cap even if producers
+  /// `LoopLifecycle`) when nothing is left (`localJobsLeft`: jobs the loop thread collected and
+  /// has not run), or (`force`) after the drain's cap even if producers
   /// keep sending jobs; false when another round must run. Jobs that arrive from now on are held
   /// for `terminate()`.
-  mutating func finishDrain(force: Bool) -> Bool {
-    let idle = jobs.isEmpty && performs.isEmpty && controls.isEmpty
+  mutating func finishDrain(force: Bool, localJobsLeft: Bool = false) -> Bool {
+    let idle = !localJobsLeft && jobs.isEmpty && performs.isEmpty && controls.isEmpty
     guard life.finishDrain(idle: idle, force: force) else { return false }
     signalled.removeAll()  // every source is invalidated already
     return true

@@ -21,7 +21,8 @@
 /// diversion) the fallback executor runs them, and no code on the loop's thread counts as isolated
 /// any more.
 ///
-/// What differs between kinds is an input (`kind`), and only in two places:
+/// What differs between kinds is an input (`kind`), and it decides two things (paths that only
+/// need the kind read it from `Kind`, which never changes):
 /// - A *current* loop (`RunLoopThread.current` on a plain thread) is drained only when its thread
 ///   exits, which may be never. So once it is shut down its jobs leave its thread whenever the
 ///   thread is out of a run (`divertIfOutOfRun`), and waits that a parked thread would hold up are
@@ -38,6 +39,10 @@ struct LoopLifecycle: Equatable {
     case current
     /// `RunLoopThread.main`: the process's main thread, in `runMainLoop()` or `run(...)`.
     case main
+
+    /// Only a current loop's thread may never drain it: its jobs and waits leave the thread at
+    /// shutdown whenever it is out of a run (`divertIfOutOfRun`), and it tracks its run depth.
+    var handsOffWaitsAtShutdown: Bool { self == .current }
   }
 
   enum Phase: Equatable, Comparable {
@@ -69,7 +74,7 @@ struct LoopLifecycle: Equatable {
 
   /// A current loop: once shut down, its jobs, sleeps and blocked callers do not wait for its
   /// thread (which may never run the loop again).
-  var handsOffWaitsAtShutdown: Bool { kind == .current }
+  var handsOffWaitsAtShutdown: Bool { kind.handsOffWaitsAtShutdown }
 
   /// Where a job that arrives now goes.
   enum JobRoute: Equatable {
@@ -124,7 +129,7 @@ struct LoopLifecycle: Equatable {
   /// True when they did (the caller hands the queued jobs to the fallback, under the lock, and
   /// releases the waits a parked thread would hold up); false, and nothing changes, otherwise.
   mutating func divertIfOutOfRun() -> Bool {
-    guard kind == .current, phase == .shuttingDown, !threadIsInRun, !jobsLeftThread else { return false }
+    guard kind.handsOffWaitsAtShutdown, phase == .shuttingDown, !threadIsInRun, !jobsLeftThread else { return false }
     jobsLeftThread = true
     return true
   }

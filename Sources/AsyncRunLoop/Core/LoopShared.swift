@@ -185,7 +185,7 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   /// thread drains it only when the thread exits, so once it is shut down its jobs leave that
   /// thread whenever the thread is out of a run (`LoopInbox.divertJobs`), instead of waiting, with
   /// the tasks that await them, for as long as the thread lives.
-  var divertsJobsAtShutdown: Bool { kind == .current }
+  var divertsJobsAtShutdown: Bool { kind.handsOffWaitsAtShutdown }
 
   /// Under `inboxLock`: for a loop that diverts its jobs, what must not wait for its thread to exit
   /// either, keyed by its owner, run when the jobs are diverted: a sleep pending on its timers
@@ -212,16 +212,28 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   /// gets what was accepted, then the end, without waiting for the thread to detach it (a detach
   /// later finds it ended). False when they were diverted already: the caller ends it now. Any
   /// thread.
+  ///
+  /// No weak reference is loaded under the inbox lock: a load takes a strong reference whose
+  /// release may be a sequence's last, and its deinit invalidates the source, which takes the lock.
   func registerSequenceEnding(_ owner: AnyObject, _ end: @escaping @Sendable () -> Void) -> Bool {
-    inboxLock.withLock {
-      guard !inbox.jobsDiverted else { return false }
-      if sequenceEndings.count >= sequenceEndingsPruneAt {
-        sequenceEndings.removeAll { $0.owner == nil }
-        sequenceEndingsPruneAt = max(64, 2 * sequenceEndings.count)
-      }
+    let toPrune: [SequenceEnding]? = inboxLock.withLock {
+      guard !inbox.jobsDiverted else { return nil }
       sequenceEndings.append(SequenceEnding(owner: owner, end: end))
+      guard sequenceEndings.count >= sequenceEndingsPruneAt else { return [] }
+      defer { sequenceEndings.removeAll() }
+      return sequenceEndings  // pruned outside the lock, below
+    }
+    guard let toPrune else { return false }
+    guard !toPrune.isEmpty else { return true }
+    let alive = toPrune.filter { $0.owner != nil }
+    let putBack: Bool = inboxLock.withLock {
+      guard !inbox.jobsDiverted else { return false }  // diverted meanwhile: end them here
+      sequenceEndings.append(contentsOf: alive)
+      sequenceEndingsPruneAt = max(64, 2 * sequenceEndings.count)
       return true
     }
+    if !putBack { for ending in alive { ending.end() } }
+    return true
   }
 
   /// What diverting the jobs left to do once the inbox lock is released.
@@ -250,8 +262,9 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
       divertHandOffs.removeAll()
       sequenceEndings.removeAll()
     }
-    let endings = sequenceEndings.compactMap { $0.owner == nil ? nil : $0.end }
-    return DivertedJobs(handedJobs: !jobs.isEmpty, handOffs: Array(divertHandOffs.values) + endings)
+    // Each `end` loads its sequence weakly, after the lock is released.
+    return DivertedJobs(
+      handedJobs: !jobs.isEmpty, handOffs: Array(divertHandOffs.values) + sequenceEndings.map(\.end))
   }
 
   /// Registers what `owner` (a pending sleep, a blocked caller) does if the jobs are diverted

@@ -83,7 +83,9 @@ extension RunLoopThread {
         }
       }
     } onCancel: {
-      if request.cancel() { wakeUp() }
+      // Running: wake the loop so the run sees the request. Otherwise it will not start: its
+      // hand-off (if any) is no longer needed.
+      if request.cancel() { wakeUp() } else { shared.unregisterHandOff(request) }
     }
     return try result.get()
   }

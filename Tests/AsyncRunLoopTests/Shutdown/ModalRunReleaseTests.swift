@@ -97,6 +97,8 @@ struct ModalRunReleaseTests {
       return await waiting.value
     }
     #expect(outcome == .success(.stopped))
+    // Cancelled before it started, it leaves no hand-off registered with the loop.
+    #expect(loop.shared.inboxLock.withLock { loop.shared.divertHandOffs.isEmpty })
     // The thread runs the loop: the given-up block runs, and starts no run of "modal".
     let ran = TestGate()
     thread.onThread { loop in

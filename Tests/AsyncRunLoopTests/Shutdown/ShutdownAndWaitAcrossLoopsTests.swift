@@ -113,6 +113,12 @@ struct ShutdownAndWaitAcrossLoopsTests: PassTestModes {
       let returned = AtomicCounter()
       let inSecond = TestGate()
       let aDone = TestGate()
+      // C's block first: once A's block runs, B's block may shut C down, which would refuse it.
+      let thirdAccepted = third.perform {
+        _ = inSecond.wait(timeout: .seconds(10))
+        first.shutdownAndWait()
+        returned.increment()
+      }
       first.perform {
         let result = try? second.performAndWait { () -> String in
           inSecond.open()
@@ -123,11 +129,7 @@ struct ShutdownAndWaitAcrossLoopsTests: PassTestModes {
         answer.withLock { $0 = result }
         aDone.open()
       }
-      third.perform {
-        _ = inSecond.wait(timeout: .seconds(10))
-        first.shutdownAndWait()
-        returned.increment()
-      }
+      #expect(thirdAccepted)
       #expect(aDone.wait(timeout: .seconds(10)))
       for loop in [first, second, third] { loop.shutdownAndWait() }
       return (answer.withLock { $0 }, returned.current)
