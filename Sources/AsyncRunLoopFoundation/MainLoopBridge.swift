@@ -30,7 +30,7 @@ public enum MainLoopBridge {
 }
 
 /// The bridge's state. One per process.
-final class MainBridgeState: @unchecked Sendable {
+final class MainBridgeState: @unchecked Sendable {  // Safety: proof below
   // Safety: every stored property is read and written on the main thread only: `install` checks
   // that it runs there, and every other access is a callout of the main CFRunLoop or of
   // `RunLoopThread.main`, which both run only on the main thread.
