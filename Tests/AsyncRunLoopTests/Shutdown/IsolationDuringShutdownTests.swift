@@ -39,12 +39,12 @@ private actor YieldingActor: LoopActor {
   }
 
   func spin(while keepGoing: @Sendable () -> Bool) async -> Int {
-    while keepGoing() {
-      if !loop.isOnLoopThread { order.jobRanElsewhere() }
+    while true {
+      if !loop.isOnLoopThread { order.jobRanElsewhere() }  // noted before it may stop
+      guard keepGoing() else { return steps }
       steps += 1
       await Task.yield()
     }
-    return steps
   }
 }
 
@@ -93,6 +93,14 @@ struct IsolationDuringShutdownTests {
       await execOnNewThread { loop.shutdownAndWait() }
       adding.store(false, ordering: .relaxed)
       await execOnNewThread { adder.join() }
+      // The leftover jobs were handed over: the actor's next step runs on the fallback queue (it
+      // may take a while under a sanitizer); stop it only once one has.
+      let deadline = ContinuousClock.now.advanced(by: .seconds(20) * watchdogScale)
+      while order.firstJobElsewhere.load(ordering: .sequentiallyConsistent) == Int.max,
+        ContinuousClock.now < deadline
+      {
+        try await Task.sleep(for: .milliseconds(5))
+      }
       spinning.store(false, ordering: .relaxed)
       let steps = await spinner.value
       return (
