@@ -39,24 +39,6 @@ struct LoopInbox {
     life = LoopLifecycle(kind: kind)
   }
 
-  /// The phase, coarsely: `.terminated` from the end of the drain's last round on.
-  enum Lifecycle {
-    case active
-    case shuttingDown
-    case terminated
-  }
-
-  var lifecycle: Lifecycle {
-    switch life.phase {
-    case .active: return .active
-    case .shuttingDown: return .shuttingDown
-    case .finishing, .terminated: return .terminated
-    }
-  }
-
-  /// The loop's jobs run on the fallback executor (see `LoopLifecycle.jobsLeftThread`).
-  var jobsDiverted: Bool { life.jobsLeftThread }
-
   /// A current loop's thread enters or leaves its outermost run (see `LoopLifecycle`).
   mutating func setThreadIsInRun(_ inRun: Bool) {
     life.setThreadIsInRun(inRun)

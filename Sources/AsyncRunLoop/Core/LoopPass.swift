@@ -184,7 +184,7 @@ extension LoopCore {
   /// Consumes a pending `stop()`. During shutdown every run, at every nesting level, stops.
   private func consumeStop() -> Bool {
     shared.inboxLock.withLock {
-      if shared.inbox.lifecycle != .active { return true }
+      if shared.inbox.life.isShutDown { return true }
       guard shared.inbox.stopRequested else { return false }
       shared.inbox.stopRequested = false
       return true

@@ -217,7 +217,7 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   /// release may be a sequence's last, and its deinit invalidates the source, which takes the lock.
   func registerSequenceEnding(_ owner: AnyObject, _ end: @escaping @Sendable () -> Void) -> Bool {
     let toPrune: [SequenceEnding]? = inboxLock.withLock {
-      guard !inbox.jobsDiverted else { return nil }
+      guard !inbox.life.jobsLeftThread else { return nil }
       sequenceEndings.append(SequenceEnding(owner: owner, end: end))
       guard sequenceEndings.count >= sequenceEndingsPruneAt else { return [] }
       defer { sequenceEndings.removeAll() }
@@ -227,7 +227,7 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
     guard !toPrune.isEmpty else { return true }
     let alive = toPrune.filter { $0.owner != nil }
     let putBack: Bool = inboxLock.withLock {
-      guard !inbox.jobsDiverted else { return false }  // diverted meanwhile: end them here
+      guard !inbox.life.jobsLeftThread else { return false }  // diverted meanwhile: end them here
       sequenceEndings.append(contentsOf: alive)
       sequenceEndingsPruneAt = max(64, 2 * sequenceEndings.count)
       return true
@@ -272,7 +272,7 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   /// does it now instead of waiting on the loop. Any thread.
   func registerHandOff(_ owner: AnyObject, _ handOff: @escaping @Sendable () -> Void) -> Bool {
     inboxLock.withLock {
-      guard !inbox.jobsDiverted else { return false }
+      guard !inbox.life.jobsLeftThread else { return false }
       divertHandOffs[ObjectIdentifier(owner)] = handOff
       return true
     }
@@ -289,5 +289,5 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   var loopThreadIsIsolated: Bool { !jobsLeftThread.load(ordering: .acquiring) }
 
   /// True once shutdown began. Any thread.
-  var isShutDown: Bool { inboxLock.withLock { inbox.lifecycle != .active } }
+  var isShutDown: Bool { inboxLock.withLock { inbox.life.isShutDown } }
 }

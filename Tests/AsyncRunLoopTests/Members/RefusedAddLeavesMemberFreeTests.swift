@@ -501,7 +501,7 @@ struct RefusedAddsReportOnceTests {
         let holder = InputSource(
           schedule: { _, loop, _ in
             holderSchedules.increment()
-            let terminated = loop.shared.inboxLock.withLock { loop.shared.inbox.lifecycle == .terminated }
+            let terminated = loop.shared.inboxLock.withLock { loop.shared.inbox.life.phase >= .finishing }
             guard terminated else { return }
             heldAfterTermination.open()
             _ = release.wait(timeout: .seconds(10))

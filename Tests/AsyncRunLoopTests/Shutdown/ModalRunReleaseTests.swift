@@ -51,7 +51,7 @@ struct ModalRunReleaseTests {
     thread.exit.open()
     let terminated = await execOnNewThread { () -> Bool in
       for _ in 0..<20_000 {
-        if loop.shared.inboxLock.withLock({ loop.shared.inbox.lifecycle == .terminated }) { return true }
+        if loop.shared.inboxLock.withLock({ loop.shared.inbox.life.phase >= .finishing }) { return true }
         usleep(1000)
       }
       return false
