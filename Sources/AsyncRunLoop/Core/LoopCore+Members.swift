@@ -18,7 +18,7 @@ extension LoopCore {
     modeTable.add(record, to: mode)
     if joins {
       let (schedule, signalled) = source.joined(loop)
-      if signalled { deferredSignalled.append(record) }  // signalled before it got here
+      if signalled { self.signalled.deferSource(record) }  // signalled before it got here
       schedule?(source, loop, mode == .common ? .default : mode)
     }
     detachIfInvalidated(record)
@@ -41,15 +41,16 @@ extension LoopCore {
   func applyAdd(_ source: DescriptorSource, _ record: MemberRecord, to mode: RunLoopMode) throws(SystemCallError) {
     if !record.isAttached {
       try refuseIfHeldBySilencedSource(source.descriptor)
-      try poller.register(descriptor: source.descriptor, events: source.epollEvents, token: descriptors.nextToken)
+      let token = descriptors.registry.nextToken
+      try poller.register(descriptor: source.descriptor, events: source.epollEvents, token: token)
       modeTable.attach(record, .descriptor(DescriptorRegistration(source)))
-      record.token = descriptors.insert(record, descriptor: source.descriptor)
+      record.token = descriptors.registry.insert(record, descriptor: source.descriptor)
       record.isArmed = true
     }
     modeTable.add(record, to: mode)
     // A new registration is armed; a silenced one may have joined the running mode: the next
     // pass looks at the silenced ones again.
-    if !record.isArmed { armedMode = nil }
+    if !record.isArmed { descriptors.forgetArmedMode() }
     detachIfInvalidated(record)
   }
 
@@ -58,8 +59,9 @@ extension LoopCore {
   /// so epoll would accept the new one, whose number the loop would then take from the silenced
   /// one for good. The number is only free if it names another file now (closed and reused).
   private func refuseIfHeldBySilencedSource(_ descriptor: Int32) throws(SystemCallError) {
-    guard let holder = descriptors.record(for: descriptors.liveToken(for: descriptor)), holder.isAttached,
-      !holder.isArmed, let file = holder.file, SystemCall.fileIdentity(of: descriptor) == file
+    let registry = descriptors.registry
+    guard let holder = registry.record(for: registry.liveToken(for: descriptor)), holder.isAttached, !holder.isArmed,
+      let file = holder.file, SystemCall.fileIdentity(of: descriptor) == file
     else { return }
     throw SystemCallError(
       call: "epoll_ctl(ADD)", errno: EEXIST,
@@ -103,7 +105,7 @@ extension LoopCore {
     for record in modeTable.addToCommonModes(mode) {
       if record.attachedKind == .timer { pushTimerEntries(record) }  // an entry in the new mode's heap
     }
-    armedMode = nil
+    descriptors.forgetArmedMode()
   }
 
   // MARK: Detaching
@@ -119,17 +121,17 @@ extension LoopCore {
     modeTable.removeEverywhere(record)
     switch kind {
     case .source(let source):
-      // (Left in `deferredSignalled`, if there: the next scan skips it, detached.)
+      // (Left in the deferred signals, if there: the next scan skips it, detached.)
       let leave = source.left(loop)
       leave.close?(source)
       leave.cancel?(source, loop)
     case .descriptor(let registration):  // (the record, detached now, no longer reaches it)
-      unlistSilenced(registration)
+      descriptors.unlistSilenced(registration)
       let source = registration.source
       if registration.token != 0 {
         // Out of the epoll set unless the number now belongs to a newer registration (the old
         // descriptor was closed and the number reused).
-        if descriptors.remove(registration.token, descriptor: source.descriptor) {
+        if descriptors.registry.remove(registration.token, descriptor: source.descriptor) {
           poller.deregister(descriptor: source.descriptor)
         }
         registration.token = 0
@@ -151,7 +153,7 @@ extension LoopCore {
     record.isPaused = paused
     if paused {
       setArmed(record, false)
-    } else if let mode = armedMode, record.modes.contains(where: { $0.contents.mode == mode }) {
+    } else if let mode = descriptors.armedMode, record.modes.contains(where: { $0.contents.mode == mode }) {
       setArmed(record, true)
     }
   }

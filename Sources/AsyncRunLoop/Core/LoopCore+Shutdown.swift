@@ -44,22 +44,18 @@ extension LoopCore {
         || LoopClock.monotonicNanoseconds() - start >= Self.shutdownDrainNanoseconds
       // Jobs this thread collected and has not run yet count as work left (a round runs at most
       // two batches of `jobsPerPass`).
-      let localJobsLeft = localJobIndex < localJobs.count
+      let localJobsLeft = jobs.hasLeft
       if shared.inboxLock.withLock({ shared.inbox.finishDrain(force: force, localJobsLeft: localJobsLeft) }) { break }
     }
     hasTerminated = true  // a member added here from now on (by a cancel routine below) is refused
     // Changes that arrived after the last round's look (the inbox refuses them from now on).
     applyControls()
     detachEveryMember()
-    performs.removeAll()
-    livePerformCount = 0
-    deferredSignalled.removeAll()
-    spareSignalled.removeAll()
+    blocks.removeAll()
+    signalled.removeAll()
     // The last callout is made: hand the jobs over (the ones this thread took and did not run
     // first, then those still queued and held).
-    let local = localJobs[localJobIndex...]
-    localJobs.removeAll()
-    localJobIndex = 0
+    let local = jobs.takeRemaining()
     let handedOver: Bool = shared.inboxLock.withLock {
       let held = shared.inbox.terminate()
       shared.jobsLeftThread.store(true, ordering: .releasing)
@@ -94,10 +90,8 @@ extension LoopCore {
       }
       return shared.inbox.performs.elements
     }
-    let blocks = performs.compactMap { $0 } + arrived
-    performs.removeAll()
-    livePerformCount = 0
-    for request in blocks { request.block() }
+    let requests = blocks.takeAll() + arrived
+    for request in requests { request.block() }
     // runJobs takes a new batch only when the local one is used up, so two calls cover what
     // was left over plus what is waiting now, each capped at `jobsPerPass`.
     runJobs()

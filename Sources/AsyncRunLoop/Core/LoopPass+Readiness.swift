@@ -4,18 +4,17 @@
 extension LoopCore {
   /// Delivers one readiness event; silences a registration that is not in the running mode.
   func handleReadiness(token: UInt64, events: UInt32, contents: ModeContents) -> Bool {
-    guard let record = descriptors.record(for: token), let source = record.registration?.source else {
+    guard let record = descriptors.registry.record(for: token), let source = record.registration?.source else {
       // Removed already (by a handler earlier in this wait), or kept by epoll for a closed number.
-      if unknownTokensLastWait.contains(token) { needsEpollPurge = true }
-      unknownTokensThisWait.insert(token)
+      descriptors.noteUnknownToken(token)
       return false
     }
-    guard descriptors.owns(token, source.descriptor) else {
+    guard descriptors.registry.owns(token, source.descriptor) else {
       // The number was closed and now belongs to a newer registration, but epoll still reports
       // this one (a `dup` keeps its file open): it reports another file than the number names,
       // so it never fires again, and epoll must forget it.
       record.markRegistrationLost()
-      needsEpollPurge = true
+      descriptors.requestPurge()
       return false
     }
     guard record.isArmed else {
@@ -25,8 +24,7 @@ extension LoopCore {
       // registration epoll keeps for a closed number: seen again in the next wait, the loop
       // rebuilds its epoll set without it. (A registration silenced by an earlier handler of
       // this same wait is reported once at most.)
-      if unknownTokensLastWait.contains(token) { needsEpollPurge = true }
-      unknownTokensThisWait.insert(token)
+      descriptors.noteUnknownToken(token)
       return false
     }
     guard let claim = record.claim(in: contents) else {
@@ -42,56 +40,34 @@ extension LoopCore {
   /// silences registrations of other modes only when they report events). O(silenced
   /// registrations): only those can be out of the epoll set.
   func armDescriptors(for contents: ModeContents) {
-    guard armedMode != contents.mode else { return }
-    armedMode = contents.mode
+    guard descriptors.switchArmedMode(to: contents.mode) else { return }
     // Downwards: arming one takes it off the list, moving the last entry (looked at already) here.
-    var index = silencedDescriptors.count
+    var index = descriptors.silenced.count
     while index > 0 {
       index -= 1
-      let record = silencedDescriptors[index]
+      let record = descriptors.silenced[index]
       assert(record.registration?.silencedIndex == index, "AsyncRunLoop: silenced list out of step")
       if !record.isPaused && record.isIn(contents) { setArmed(record, true) }
     }
   }
 
-  /// Lists a registration that left the epoll set (a no-op when it is listed already).
-  private func listSilenced(_ record: MemberRecord, _ registration: DescriptorRegistration) {
-    guard registration.silencedIndex < 0 else { return }
-    registration.silencedIndex = silencedDescriptors.count
-    silencedDescriptors.append(record)
-  }
-
-  /// Takes a registration off the silenced list (a no-op when it is not listed): it is armed
-  /// again, can never be armed again, or is detached. O(1): the last entry takes its place.
-  func unlistSilenced(_ registration: DescriptorRegistration) {
-    let index = registration.silencedIndex
-    guard index >= 0 else { return }
-    registration.silencedIndex = -1
-    let last = silencedDescriptors.removeLast()
-    guard index < silencedDescriptors.count else { return }  // it was the last
-    silencedDescriptors[index] = last
-    last.registration?.silencedIndex = index  // (listed entries are attached: detaching unlists)
-  }
-
-  /// After a wait: keeps this wait's unknown tokens for the next one, and rebuilds the epoll set
-  /// when one of them must go (`unknownTokensLastWait`). Free unless a wait reported one.
+  /// After a wait: rebuilds the epoll set when a registration must go, and keeps this wait's
+  /// unknown tokens for the next one (see `LoopDescriptors`). Free unless a wait reported one.
+  @inline(__always)
   func noteUnknownTokensAfterWait() {
-    if needsEpollPurge { purgeLingeringRegistrations() }
-    guard !unknownTokensThisWait.isEmpty || !unknownTokensLastWait.isEmpty else { return }
-    swap(&unknownTokensLastWait, &unknownTokensThisWait)
-    unknownTokensThisWait.removeAll(keepingCapacity: true)
+    if descriptors.needsPurge { purgeLingeringRegistrations() }
+    descriptors.endWait()
   }
 
   /// Rebuilds the epoll set with the registrations that are armed and still own their numbers:
   /// what epoll kept for closed numbers is dropped with the old set (see `EpollPoller.rebuild`).
   func purgeLingeringRegistrations() {
-    needsEpollPurge = false
-    unknownTokensLastWait.removeAll()
-    unknownTokensThisWait.removeAll()
+    descriptors.beginPurge()
     var keep: [(descriptor: Int32, events: UInt32, token: UInt64)] = []
-    descriptors.forEach { token, record in
+    let registry = descriptors.registry
+    registry.forEach { token, record in
       guard record.isArmed else { return }
-      guard let source = record.registration?.source, descriptors.owns(token, source.descriptor) else {
+      guard let source = record.registration?.source, registry.owns(token, source.descriptor) else {
         record.markRegistrationLost()
         return
       }
@@ -99,7 +75,7 @@ extension LoopCore {
     }
     guard let refused = poller.rebuild(keeping: keep) else { return }
     for token in refused {
-      descriptors.record(for: token)?.markRegistrationLost()  // closed meanwhile
+      registry.record(for: token)?.markRegistrationLost()  // closed meanwhile
     }
   }
 
@@ -119,18 +95,18 @@ extension LoopCore {
       // set (the number still named its file); gone already, the descriptor was closed and the
       // source can never fire again.
       record.file = nil
-      if descriptors.owns(record.token, source.descriptor), poller.deregister(descriptor: source.descriptor) {
+      if descriptors.registry.owns(record.token, source.descriptor), poller.deregister(descriptor: source.descriptor) {
         record.file = SystemCall.fileIdentity(of: source.descriptor)
       }
       record.isArmed = false
-      listSilenced(record, registration)
+      descriptors.listSilenced(record, registration)
       return
     }
     // Armed again, or never again (below): either way off the silenced list.
-    defer { unlistSilenced(registration) }
+    defer { descriptors.unlistSilenced(registration) }
     // The number may belong to a newer registration by now (this descriptor was closed and the
     // number reused): then this one can never fire again.
-    guard descriptors.owns(record.token, source.descriptor) else { return }
+    guard descriptors.registry.owns(record.token, source.descriptor) else { return }
     // Silenced, the registration was out of the epoll set: if the number names another file now
     // (closed and reused meanwhile), registering it would report that file's events here.
     guard let file = record.file, SystemCall.fileIdentity(of: source.descriptor) == file else { return }

@@ -34,16 +34,15 @@ extension LoopCore {
       }
     }
     // The run's first pass begins here (its changes come before entry): one budget for both.
-    let outerPassBudget = passControlBudget
-    defer { passControlBudget = outerPassBudget }
-    passControlBudget = Self.controlsPerPass
+    let outerPassBudget = changes.beginRun()
+    defer { changes.endRun(restoring: outerPassBudget) }
     // (Up to a signal collected and not fired yet, as step 2: it fires in this run's first pass.)
     applyControls(bounded: true, stoppingAtSignals: true)
     let contents = modeTable.contents(for: mode)
     var run = RunContext(
       contents: contents, deadline: deadline, returnAfterSourceHandled: returnAfterSourceHandled,
-      keepsAlive: keepsAlive, shouldEnd: shouldEnd, readySources: spareReadyBuffers.popLast() ?? [])
-    defer { spareReadyBuffers.append(run.readySources) }
+      keepsAlive: keepsAlive, shouldEnd: shouldEnd, readySources: signalled.takeReadyBuffer())
+    defer { signalled.returnReadyBuffer(run.readySources) }
     // No entry/exit told. A shutdown ends every run `.stopped`, also one that a block of its
     // drain starts in a mode it emptied.
     if isFinished(run) { return shared.isShutDown ? .stopped : .finished }
@@ -63,12 +62,11 @@ extension LoopCore {
   /// back to the front of the inbox (so every accepted job is there while the thread is out of a
   /// run), and if the loop is shut down they leave for the fallback executor with the rest.
   private func leaveOutermostRun() {
-    assert(jobDepth == 0, "AsyncRunLoop: the outermost run ended inside a job")
-    let leftover = ChunkedQueue<LoopJob>.chunks(of: localJobs[localJobIndex...])  // cut outside the lock
+    assert(jobs.mayRun, "AsyncRunLoop: the outermost run ended inside a job")
+    let leftover = ChunkedQueue<LoopJob>.chunks(of: jobs.remaining)  // cut outside the lock
     let diverted: LoopShared.DivertedJobs = shared.inboxLock.withLock {
       shared.inbox.jobs.prepend(leftover)
-      localJobs.removeAll(keepingCapacity: true)
-      localJobIndex = 0
+      jobs.discardBatch()
       shared.inbox.setThreadIsInRun(false)
       return shared.divertJobsLocked(for: loop)
     }
@@ -81,9 +79,8 @@ extension LoopCore {
     if consumeStop() { return .stopped }
     // Nested in a source's handler: the sources that step 4 further out has not fired yet are
     // still signalled; consider them here too, instead of leaving them until the nested run ends.
-    let outerUnfired = unfiredReadySources
-    for record in outerUnfired { spareSignalled.append(SignalledRecord(record: record, sequence: 0)) }
-    defer { unfiredReadySources = outerUnfired }
+    let outerUnfired = signalled.beginNestedRun()
+    defer { signalled.endNestedRun(restoring: outerUnfired) }
     let mode = run.contents.mode
     while true {
       beginPass(run)  // 2
@@ -97,7 +94,7 @@ extension LoopCore {
       let firedScheduledJobs = fireEveryModeTimers(besides: run.contents)
       runWork(in: mode, applyingControls: firedTimers || firedScheduledJobs)
       if let result = endOfPass(run, handledSource: handledSource) { return result }
-      passControlBudget = Self.controlsPerPass
+      changes.beginPass()
     }
   }
 
@@ -130,24 +127,16 @@ extension LoopCore {
   /// run that was asked to end.
   private func mustNotSleep(_ run: RunContext) -> Bool {
     run.deadline != Int64.max && run.deadline <= LoopClock.monotonicNanoseconds()
-      || hasWaitingControls || hasRunnableJobs || isFinished(run) || hasDeferredSource(in: run.contents)
-      || !spareSignalled.isEmpty || hasRunnablePerform(in: run.contents.mode)
+      || changes.hasWaiting || hasRunnableJobs || isFinished(run) || hasDeferredSource(in: run.contents)
+      || signalled.hasCollected || hasRunnablePerform(in: run.contents.mode)
       || (run.shouldEnd?() ?? false)
   }
 
-  /// Whether a signalled source waits in `deferredSignalled` although it is in this mode: it
+  /// Whether a signalled source waits among the deferred ones although it is in this mode: it
   /// joined the mode after step 4 of this pass, already signalled. Its signal is kept only here,
   /// not in the inbox, so sleeping would strand it until some other wake-up.
   func hasDeferredSource(in contents: ModeContents) -> Bool {
-    guard !deferredSignalled.isEmpty, !deferredAreElsewhere(than: contents) else { return false }
-    return deferredSignalled.contains { $0.isIn(contents) }
-  }
-
-  /// Whether every source in `deferredSignalled` is known to be out of `contents`' mode: a pass in
-  /// that mode sorted them out, and no source joined a mode since.
-  @inline(__always)
-  private func deferredAreElsewhere(than contents: ModeContents) -> Bool {
-    deferredScannedMode === contents && deferredScannedJoins == modeTable.sourceJoins
+    signalled.hasDeferred(in: contents, sourceJoins: modeTable.sourceJoins)
   }
 
   /// Executor jobs due later (a `Task.sleep` in a task that prefers the loop) keep a run of an
@@ -164,7 +153,7 @@ extension LoopCore {
   /// Nothing to watch in the mode, and no jobs (that may run here) or blocks for this mode
   /// waiting (CF counts pending blocks too). A loop that serves as an executor never finishes.
   private func isFinished(_ run: RunContext) -> Bool {
-    guard run.contents.hasNothingToWatch, !run.keepsAlive, !hasRunnableJobs, !hasWaitingControls,
+    guard run.contents.hasNothingToWatch, !run.keepsAlive, !hasRunnableJobs, !changes.hasWaiting,
       !sleepsKeepRunAlive
     else {
       return false
@@ -214,75 +203,35 @@ extension LoopCore {
 
   /// Step 4: fires every signalled custom source that is in this mode, lower orders first (equal
   /// orders in signalling order), once every registration change that arrived before its signal
-  /// was applied. Sources signalled while in other modes only wait in `deferredSignalled`.
-  /// Returns whether any fired. Allocates nothing in the steady state.
+  /// was applied (see `SignalledSources.sortOut`; sources signalled while in other modes only wait
+  /// there). Returns whether any fired. Allocates nothing in the steady state.
   private func fireSignalledSources(_ run: inout RunContext) -> Bool {
-    // Deferred sources known to be out of this mode stay where they are (O(1) per pass however
-    // many wait for other modes).
-    let scansDeferred = !deferredSignalled.isEmpty && !deferredAreElsewhere(than: run.contents)
-    if spareSignalled.isEmpty && !scansDeferred { return false }
-    run.readySources.removeAll(keepingCapacity: true)
-    if scansDeferred {
-      // Signalled before everything collected since: first, so equal orders keep signalling order.
-      spareSignalled.insert(
-        contentsOf: deferredSignalled.lazy.map { SignalledRecord(record: $0, sequence: 0) }, at: 0)
-      deferredSignalled.removeAll(keepingCapacity: true)
-    }
     // A change sent before a signal that still waits (a bounded pass left it) may end the
     // source's registration: that signal waits with it (the loop stays awake), while signals
     // that arrived before every waiting change fire now, so a flood of changes from another
     // thread does not hold every source back.
-    let barrier = changeBarrier
-    var sameOrder = true
-    var waiting = 0
-    for index in spareSignalled.indices {
-      let signalled = spareSignalled[index]
-      if signalled.sequence >= barrier {
-        spareSignalled[waiting] = signalled  // kept, in order, at the front
-        waiting += 1
-        continue
-      }
-      let record = signalled.record
-      // Not on this loop (removed, or moved away): the signal stays on the source for the loop it
-      // joins next. A source listed twice fires once (`consumeSignal` answers once per signal).
-      guard record.isAttached else { continue }
-      if record.isIn(run.contents) {
-        if let first = run.readySources.first, first.order != record.order { sameOrder = false }
-        run.readySources.append(record)
-      } else {
-        deferredSignalled.append(record)  // in other modes: fires when one of them runs
-      }
-    }
-    spareSignalled.removeSubrange(waiting...)
-    // Sorted out for this mode (before any handler runs: one that adds a source to a mode ends
-    // this knowledge).
-    deferredScannedMode = run.contents
-    deferredScannedJoins = modeTable.sourceJoins
-    if !sameOrder {
-      // Stable: equal orders keep signalling order.
-      let sorted = run.readySources.enumerated().sorted { lhs, rhs in
-        lhs.element.order != rhs.element.order ? lhs.element.order < rhs.element.order : lhs.offset < rhs.offset
-      }
-      run.readySources = sorted.map(\.element)
-    }
+    guard
+      signalled.sortOut(
+        for: run.contents, sourceJoins: modeTable.sourceJoins, barrier: changes.barrier, into: &run.readySources)
+    else { return false }
     var fired = false
     let ready = run.readySources
-    let outerUnfired = unfiredReadySources
+    let outerUnfired = signalled.unfired
     for index in ready.indices {
       let record = ready[index]
       // Detached by an earlier handler of this step: not here any more.
       guard let source = record.source else { continue }
       // Taken out of this mode by an earlier handler, still in another: its signal waits there.
       guard record.isIn(run.contents) else {
-        deferredSignalled.append(record)
+        signalled.deferSource(record)
         continue
       }
       guard let perform = source.consumeSignal(on: shared) else { continue }
-      unfiredReadySources = ready[(index + 1)...]
+      signalled.unfired = ready[(index + 1)...]
       perform(source)
       fired = true
     }
-    unfiredReadySources = outerUnfired
+    signalled.unfired = outerUnfired
     run.readySources.removeAll(keepingCapacity: true)
     return fired
   }

@@ -224,7 +224,7 @@ final class DescriptorRegistration {
   /// tells, when it is re-armed or another source claims the same number, whether the number
   /// still names that file.
   @exclusivity(unchecked) var file: FileIdentity?
-  /// Its index in the loop's list of silenced registrations (`LoopCore.silencedDescriptors`)
+  /// Its index in the loop's list of silenced registrations (`LoopDescriptors.silenced`)
   /// while listed there; -1 when not listed.
   @exclusivity(unchecked) var silencedIndex = -1
 

@@ -161,7 +161,7 @@ final class ModeTable {
   @exclusivity(unchecked) private var commonCount = 0
   /// Counts custom sources joining a mode (by any way): a signalled source deferred because its
   /// modes were not running may be in a mode it was not in before (see
-  /// `LoopCore.deferredScannedMode`).
+  /// `SignalledSources`).
   @exclusivity(unchecked) private(set) var sourceJoins: UInt64 = 0
 
   /// The mode last looked up: adds and runs nearly always name the same mode, and hashing a mode's

@@ -101,7 +101,7 @@ extension LoopCore {
     if let armedByRun, armedByRun < poller.timerDeadline ?? Int64.max { poller.setTimer(deadline: armedByRun) }
     // What the loop holds that the inbox does not know about (as `mustNotSleep`, without the
     // "mode is empty" case: an empty mode waits for work like any other).
-    if hasWaitingControls || hasRunnableJobs || !spareSignalled.isEmpty || hasDeferredSource(in: contents)
+    if changes.hasWaiting || hasRunnableJobs || signalled.hasCollected || hasDeferredSource(in: contents)
       || hasRunnablePerform(in: mode)
     {
       return nil

@@ -300,11 +300,11 @@ extension LoopCore {
       return result
     }
     let sentBefore = member.withBinding { $0.lastSentSequence(on: shared) }
-    if sentBefore > appliedThrough { applyControls(through: sentBefore) }
+    if changes.mayWait(sentBefore) { applyControls(through: sentBefore) }
     let (result, sentSince) = member.withBinding { binding in
       (change(&binding), binding.lastSentSequence(on: shared))
     }
-    if sentSince > appliedThrough { applyControls(through: sentSince) }
+    if changes.mayWait(sentSince) { applyControls(through: sentSince) }
     return result
   }
 }

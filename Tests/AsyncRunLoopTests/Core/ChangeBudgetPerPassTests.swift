@@ -442,7 +442,7 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
     let rounds = outcome ?? []
     #expect(rounds.count == 3)
     #expect(rounds.allSatisfy { $0[0] == 1 && $0[2] == 1 }, "\(rounds)")
-    #expect(rounds.allSatisfy { $0[1] <= LoopCore.controlsPerPass }, "\(rounds)")
+    #expect(rounds.allSatisfy { $0[1] <= LoopChangeQueue.perPass }, "\(rounds)")
   }
 
   /// Another thread signals a source in a tight loop while a burst of 10k adds is sent: every add
@@ -576,7 +576,7 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
     defer { loop.shutdownAndWait() }
     let firedWhileWaiting = Guarded<Bool?>(nil)
     let source = InputSource { _ in
-      let waiting = loop.core.hasWaitingControls
+      let waiting = loop.core.changes.hasWaiting
       firedWhileWaiting.withLock { $0 = waiting }
     }
     _ = try loop.performAndWait { loop.add(source) }
@@ -584,7 +584,7 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
     let release = blockLoop(loop)
     source.signal()
     let timer = LoopTimer(after: .seconds(3600)) { _ in }
-    for index in 0..<(4 * LoopCore.controlsPerPass) {
+    for index in 0..<(4 * LoopChangeQueue.perPass) {
       if index % 2 == 0 { loop.add(timer, to: "rr2-burst") } else { loop.remove(timer, from: "rr2-burst") }
     }
     release.open()
@@ -605,7 +605,7 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
     let fired = AtomicCounter()
     let source = InputSource(perform: { _ in fired.increment() })
     let release = blockLoop(loop)
-    let observer = Self.sendChanges(loop, count: 3 * LoopCore.controlsPerPass + 3)
+    let observer = Self.sendChanges(loop, count: 3 * LoopChangeQueue.perPass + 3)
     loop.add(source, to: mode)
     source.signal()
     let afterMany = try await withWatchdogOnThread(timeout: .seconds(20), "performAndWait") {
@@ -623,7 +623,7 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
     #expect(fired.current == 1)
     // A modal run in an empty mode behind waiting changes that add nothing to it: finished.
     let release2 = blockLoop(loop)
-    let observer2 = Self.sendChanges(loop, count: 3 * LoopCore.controlsPerPass + 3)
+    let observer2 = Self.sendChanges(loop, count: 3 * LoopChangeQueue.perPass + 3)
     let emptyResult = try await withWatchdog(timeout: .seconds(20), "runModal empty") {
       async let run = loop.runModal(mode: RunLoopMode("rr2-empty"), for: .seconds(10))
       release2.open()

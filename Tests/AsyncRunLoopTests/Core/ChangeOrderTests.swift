@@ -277,7 +277,7 @@ struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstS
       return (early.snapshot, (before, after))
     }
     #expect(outcome?.early.count == 1)
-    #expect((outcome?.early.first ?? Int.max) <= LoopCore.controlsPerPass, "\(outcome?.early ?? [])")
+    #expect((outcome?.early.first ?? Int.max) <= LoopChangeQueue.perPass, "\(outcome?.early ?? [])")
     #expect(outcome?.late.before == 0)
     #expect(outcome?.late.after == 1)
   }
@@ -530,7 +530,7 @@ struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstS
     loop.add(source, to: .default)
     _ = try loop.performAndWait { () }
     let release = blockLoop(loop)
-    let observer = Self.sendChanges(loop, count: 4 * LoopCore.controlsPerPass + 1)
+    let observer = Self.sendChanges(loop, count: 4 * LoopChangeQueue.perPass + 1)
     loop.remove(source, from: .default)
     loop.add(source, to: .default)
     source.signal()
@@ -553,7 +553,7 @@ struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstS
     let other = InputSource(perform: { _ in log.add("other") })
     loop.add(other, to: RunLoopMode("rr2-a"))
     _ = try loop.performAndWait { () }
-    let timers = (0..<(3 * LoopCore.controlsPerPass + 7)).map { _ in LoopTimer(after: .seconds(3600)) { _ in } }
+    let timers = (0..<(3 * LoopChangeQueue.perPass + 7)).map { _ in LoopTimer(after: .seconds(3600)) { _ in } }
     let release = blockLoop(loop)
     for timer in timers { loop.add(timer, to: .default) }
     loop.add(source, to: .default)
@@ -589,7 +589,7 @@ struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstS
     defer { loop.shutdownAndWait() }
     let log = Guarded<[Int]>([])
     let nestedResults = Guarded<[RunLoopRunResult]>([])
-    let count = 3 * LoopCore.controlsPerPass + 5
+    let count = 3 * LoopChangeQueue.perPass + 5
     let sources = (0..<count).map { index in
       InputSource(
         schedule: { _, runLoop, _ in

@@ -68,7 +68,7 @@ struct CommonModeMembershipTests: MemberPromiseSettling, SharedTestLoops, PassTe
       loop.run(mode: r19Other, until: .now.advanced(by: .milliseconds(20)))
       keepAlive.invalidate()
       loop.run(mode: .default, until: .now)
-      return (silenced, pipe.count, loop.core.silencedDescriptors.count)
+      return (silenced, pipe.count, loop.core.descriptors.silenced.count)
     }
     #expect(silenced == 0)
     #expect(afterJoin == 1)

@@ -144,7 +144,7 @@ struct ControlBurstTests {
   /// while the loop runs a block are applied 256 per one-pass run nested in that block (a run
   /// whose time limit has passed makes exactly one pass).
   @Test func aBurstSentWhileTheLoopIsHeldIsAppliedAtMostABudgetPerPass() async throws {
-    let budget = LoopCore.controlsPerPass
+    let budget = LoopChangeQueue.perPass
     let total = 1_000
     let perPass = await execOnNewThread { () -> [Int] in
       let loop = try! RunLoopThread(name: "burst-budget")

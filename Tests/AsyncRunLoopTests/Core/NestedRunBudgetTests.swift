@@ -11,7 +11,7 @@ struct NestedRunBudgetTests {
   /// changes that wait, none twice; the outer pass then goes on, and a block sent after the burst
   /// sees all 1,000 scheduled. A removal burst afterwards cancels each exactly once.
   @Test func aScheduleRoutineRunningTheLoopNestedAppliesItsOwnBudgetOnce() throws {
-    let budget = LoopCore.controlsPerPass
+    let budget = LoopChangeQueue.perPass
     let outcome = try withWatchdogSync(timeout: .seconds(20), "nested schedule") {
       () -> (deltas: [Int], atBlock: Int, miscounted: [String]) in
       let loop = try RunLoopThread(name: "r25-nested-schedule")
@@ -95,7 +95,7 @@ struct NestedRunBudgetTests {
   /// pass nested in another mode: it applies exactly 256 of the waiting changes; the observer is
   /// not told inside its own callout; everything is applied exactly once.
   @Test func anObserverRunningTheLoopNestedWhileABurstWaitsAppliesABudget() throws {
-    let budget = LoopCore.controlsPerPass
+    let budget = LoopChangeQueue.perPass
     let outcome = try withWatchdogSync(timeout: .seconds(20), "nested observer") {
       () -> (deltas: [Int], atBlock: Int, miscounted: [String]) in
       let loop = try RunLoopThread(name: "r25-nested-observer")
@@ -136,7 +136,7 @@ struct NestedRunBudgetTests {
   /// callout runs one pass nested: exactly 256 more are applied there; a block sent after the
   /// burst runs neither in that nested run nor before the last add.
   @Test func aTimerCalloutRunningTheLoopNestedWhileABurstWaitsAppliesABudget() throws {
-    let budget = LoopCore.controlsPerPass
+    let budget = LoopChangeQueue.perPass
     let outcome = try withWatchdogSync(timeout: .seconds(20), "nested timer") {
       () -> (deltas: [Int], atBlock: [Int], miscounted: [String]) in
       let loop = try RunLoopThread(name: "r25-nested-timer")

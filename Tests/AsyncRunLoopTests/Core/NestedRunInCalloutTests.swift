@@ -81,7 +81,7 @@ struct NestedRunInCalloutTests: PassTestModes {
       r19RunOther(loop)
       let inOther = pipe.count
       loop.run(mode: .default, until: .now.advanced(by: .milliseconds(10)))
-      return (whilePaused, inOther, pipe.count, loop.core.silencedDescriptors.count)
+      return (whilePaused, inOther, pipe.count, loop.core.descriptors.silenced.count)
     }
     #expect(whilePaused == 0)
     #expect(inOther == 0)
@@ -115,7 +115,7 @@ struct NestedRunInCalloutTests: PassTestModes {
         loop.run(mode: .default, until: .now.advanced(by: .milliseconds(40)))
       }
       loop.run(mode: .default, until: .now.advanced(by: .milliseconds(10)))  // no second fire
-      return (sibling.count, loop.core.silencedDescriptors.count)
+      return (sibling.count, loop.core.descriptors.silenced.count)
     }
     #expect(trigger.count == 1)
     #expect(siblingFires == 1)

@@ -172,13 +172,13 @@ struct ModalRunAndWaitTests {
 }
 
 /// A burst of registration changes from another thread is applied over several passes (at most
-/// `LoopCore.controlsPerPass` each), and a block sent after the burst still runs after all of it.
+/// `LoopChangeQueue.perPass` each), and a block sent after the burst still runs after all of it.
 @Suite("Registration bursts: spread over passes, still in order")
 struct RegistrationBurstTests {
   @Test func aBlockSentAfterABurstOfAddsRunsAfterEveryOneOfThem() async throws {
     let loop = try RunLoopThread(name: "burst")
     defer { loop.shutdownAndWait() }
-    let count = 8 * LoopCore.controlsPerPass + 17
+    let count = 8 * LoopChangeQueue.perPass + 17
     let scheduled = AtomicCounter()
     let passes = AtomicCounter()
     let observer = LoopObserver(activities: .beforeTimers) { _, _ in _ = passes.increment() }
@@ -192,7 +192,7 @@ struct RegistrationBurstTests {
       return try loop.performAndWait { scheduled.current }
     }
     #expect(seen == count)
-    // Spread: more than one pass applied them (each applies at most controlsPerPass).
+    // Spread: more than one pass applied them (each applies at most `LoopChangeQueue.perPass`).
     #expect(passes.current - passesBefore >= 2)
     for source in sources { source.invalidate() }
   }

@@ -164,7 +164,7 @@ struct NestedRunInJobRunsNoJobsTests {
   /// another actor on the same loop (the same serial executor) must not start inside it.
   /// Passes today: with the Swift 6.3 runtime measured here an actor's `Task.sleep` does not reach
   /// `LoopSerialExecutor.enqueue(_:after:…)` (`scheduledJobCount` stays 0); it guards the `.serial`
-  /// branch of the scheduling timer, which runs the job with `jobDepth == 0`.
+  /// branch of the scheduling timer, which runs the job with no job on the stack (`LoopJobQueue.depth == 0`).
   @Test func noJobStartsInsideAnActorJobResumedFromSleep() async throws {
     let loop = try RunLoopThread(name: "review-sleepjob")
     defer { loop.shutdownAndWait() }

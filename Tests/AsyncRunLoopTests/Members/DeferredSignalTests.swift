@@ -14,7 +14,7 @@ private func onePass(_ loop: RunLoopThread, _ mode: RunLoopMode) {
   _ = loop.run(mode: mode, until: .now)
 }
 
-/// Sources signalled while none of their modes runs wait for one of them (`deferredSignalled`).
+/// Sources signalled while none of their modes runs wait for one of them (`SignalledSources.deferred`).
 /// A pass in a mode sorts them out once and then leaves them alone until a source joins a mode,
 /// and a removal does not search them: these are the ways a waiting source can become due in
 /// the running mode, and what a removed one leaves behind.

@@ -52,7 +52,7 @@ struct DescriptorIdentityTests: PassTestModes {
       try loop.add(newSource, to: .default)
       writeByte(fresh.write)
       loop.run(mode: .default, until: .now.advanced(by: .milliseconds(20)))
-      let listed = loop.core.silencedDescriptors.count
+      let listed = loop.core.descriptors.silenced.count
       newSource.invalidate()
       return (old.count, newFires.withLock { $0 }, listed)
     }
@@ -70,7 +70,7 @@ struct DescriptorIdentityTests: PassTestModes {
   /// keeps reporting it under its token, and `EPOLL_CTL_DEL` by the (closed) number cannot reach
   /// it. Silencing it in a mode that does not hold it therefore fails, and the level-triggered
   /// report ends every wait of that mode at once (a busy loop) until the mode's run ends: nothing
-  /// sets `needsEpollPurge`, the rebuild that exists for exactly this. (Not new today: the same
+  /// sets `LoopDescriptors.needsPurge`, the rebuild that exists for exactly this. (Not new today: the same
   /// silencing code was there before the silenced list. In a mode that holds it the source fires
   /// every pass instead, which its handler at least sees.)
   @Test
@@ -111,11 +111,11 @@ struct DescriptorIdentityTests: PassTestModes {
       for source in sources { try loop.add(source, to: .default) }
       for pipe in pipes { writeByte(pipe.write) }
       r19RunOther(loop)
-      return loop.core.silencedDescriptors.count
+      return loop.core.descriptors.silenced.count
     }
     #expect(listed == 8)
     loop.shutdownAndWait()
-    #expect(loop.core.silencedDescriptors.isEmpty)
+    #expect(loop.core.descriptors.silenced.isEmpty)
     waitUntil(timeout: .seconds(5), "cancels") { cancelled.withLock { $0 } == 8 }
     for pipe in pipes { pipe.close() }
   }

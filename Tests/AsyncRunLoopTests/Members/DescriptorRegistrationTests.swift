@@ -8,7 +8,7 @@ struct DescriptorRegistrationTests {
   /// What the loop keeps for its descriptors (loop thread): registrations by token, and tokens by
   /// number.
   private static func registrations(_ loop: RunLoopThread) -> (byToken: Int, numbers: [Int32]) {
-    (loop.core.descriptors.count, loop.core.descriptors.ownedDescriptors)
+    (loop.core.descriptors.count, loop.core.descriptors.registry.ownedDescriptors)
   }
 
   /// A source in A and B, its descriptor readable: runs in C silence it (no spin, no delivery),

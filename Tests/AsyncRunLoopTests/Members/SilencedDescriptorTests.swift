@@ -6,7 +6,7 @@ import Testing
 private let silencingMode: RunLoopMode = "silenced-descriptor-other"
 
 /// Readiness sources silenced while the loop runs a mode that does not hold them: a mode switch
-/// arms only the silenced ones again (`LoopCore.silencedDescriptors`), so it costs the same with
+/// arms only the silenced ones again (`LoopDescriptors.silenced`), so it costs the same with
 /// 20k descriptors on the loop as with none; nothing silenced is lost, and nothing detached stays
 /// listed. All on the loop thread, in one block.
 @Suite("Silenced descriptors")
@@ -60,9 +60,9 @@ struct SilencedDescriptorTests {
       pipes.makeReadable()
       Self.runTheOtherMode(loop)
       let firedInOtherMode = pipes.fires.withLock { $0[0] }
-      let listedThere = loop.core.silencedDescriptors.count
+      let listedThere = loop.core.descriptors.silenced.count
       loop.run(mode: .default, until: .now)
-      return (firedInOtherMode, listedThere, pipes.fires.withLock { $0[0] }, loop.core.silencedDescriptors.count)
+      return (firedInOtherMode, listedThere, pipes.fires.withLock { $0[0] }, loop.core.descriptors.silenced.count)
     }
     #expect(firedInOtherMode == 0)
     #expect(listedThere == 1)
@@ -86,11 +86,11 @@ struct SilencedDescriptorTests {
       for source in pipes.sources { try loop.add(source) }
       pipes.makeReadable()
       Self.runTheOtherMode(loop)
-      let listedThere = loop.core.silencedDescriptors.count
+      let listedThere = loop.core.descriptors.silenced.count
       for index in stride(from: 0, to: count, by: 2) { loop.remove(pipes.sources[index]) }
-      let listedAfterRemovals = loop.core.silencedDescriptors.count
+      let listedAfterRemovals = loop.core.descriptors.silenced.count
       loop.run(mode: .default, until: .now)
-      return (listedThere, listedAfterRemovals, loop.core.silencedDescriptors.count)
+      return (listedThere, listedAfterRemovals, loop.core.descriptors.silenced.count)
     }
     #expect(listedThere == count)
     #expect(listedAfterRemovals == count / 2)
@@ -113,14 +113,14 @@ struct SilencedDescriptorTests {
       for source in pipes.sources { try loop.add(source) }
       pipes.makeReadable()
       Self.runTheOtherMode(loop)
-      let listedThere = loop.core.silencedDescriptors.count
+      let listedThere = loop.core.descriptors.silenced.count
       for source in pipes.sources.prefix(4) { source.invalidate() }
-      return (listedThere, loop.core.silencedDescriptors.count)
+      return (listedThere, loop.core.descriptors.silenced.count)
     }
     #expect(listedThere == 8)
     #expect(listedAfter == 4)
     loop.shutdownAndWait()
-    #expect(loop.core.silencedDescriptors.isEmpty)
+    #expect(loop.core.descriptors.silenced.isEmpty)
     // The invalidated ones never fire; the others may, once, in the pass after the block.
     let fires = pipes.fires.withLock { $0 }
     #expect(fires.prefix(4).allSatisfy { $0 == 0 } && fires.suffix(4).allSatisfy { $0 <= 1 }, "\(fires)")

@@ -3,7 +3,7 @@ import Testing
 
 @testable import AsyncRunLoop
 
-// Helpers for the tests of sources signalled while their modes do not run (`deferredSignalled`), executor
+// Helpers for the tests of sources signalled while their modes do not run (`SignalledSources.deferred`), executor
 // jobs waiting in the inbox in chunks (`ChunkedQueue`), timer reschedule coalescing
 // (`LoopTimer.pendingReschedule`), executor-job timers in the internal every-mode, and the shutdown
 // drain. Blocking work runs on threads of the tests' own; results are checked after the watchdog
