@@ -208,6 +208,7 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
     // to the fallback meanwhile, and a run nested in one of them is not the outermost.
     _ = shared.inboxLock.withLock {
       shared.inbox.setThreadIsInRun(true)
+      shared.publishIsolationLocked()
       return shared.inbox.beginShutdown()
     }
     core.runDepth += 1

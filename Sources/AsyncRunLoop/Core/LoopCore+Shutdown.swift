@@ -58,7 +58,7 @@ extension LoopCore {
     let local = jobs.takeRemaining()
     let handedOver: Bool = shared.inboxLock.withLock {
       let held = shared.inbox.terminate()
-      shared.jobsLeftThread.store(true, ordering: .releasing)
+      shared.publishIsolationLocked()  // false from now on, before the first job leaves
       // Under the lock (a non-blocking enqueue): a job enqueued after this goes to the fallback
       // behind these. The warning is printed after the lock is released.
       for job in local { FallbackExecution.dispatch(job.job, role: job.role, for: loop) }

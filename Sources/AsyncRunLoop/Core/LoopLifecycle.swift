@@ -15,18 +15,24 @@
 /// - `terminated`: the loop thread is done with the loop. Held and later jobs run on the fallback
 ///   executor, in arrival order.
 ///
-/// The one rule of isolation: at every moment the loop's jobs run in exactly one place. While
-/// `jobsLeftThread` is false that place is the loop's thread, and code there counts as isolated
-/// to the loop; from the instant it turns true (the hand-over at termination, or a current loop's
+/// The one rule of isolation: at every moment the loop's jobs run in exactly one place, and code
+/// on the loop's thread counts as isolated to the loop only while no job of the loop can run
+/// elsewhere (`loopThreadIsIsolated`). While `jobsLeftThread` is false the jobs run on the loop's
+/// thread; from the instant it turns true (the hand-over at termination, or a current loop's
 /// diversion) the fallback executor runs them, and no code on the loop's thread counts as isolated
-/// any more.
+/// any more. A current loop's jobs may leave at any instant its thread is out of a run (a
+/// `shutdown()` from another thread diverts them then), and nothing tells the loop when code on
+/// that thread ends an `assumeIsolated` region: so its thread counts as isolated only while it is
+/// inside one of the loop's runs (or its exit drain), where the jobs cannot leave
+/// (`divertIfOutOfRun` waits for the outermost run to end, after its last callout).
 ///
 /// What differs between kinds is an input (`kind`), and it decides two things (paths that only
 /// need the kind read it from `Kind`, which never changes):
 /// - A *current* loop (`RunLoopThread.current` on a plain thread) is drained only when its thread
 ///   exits, which may be never. So once it is shut down its jobs leave its thread whenever the
 ///   thread is out of a run (`divertIfOutOfRun`), and waits that a parked thread would hold up are
-///   released then (`handsOffWaitsAtShutdown`).
+///   released then (`handsOffWaitsAtShutdown`). For the same reason its thread counts as isolated
+///   only inside a run.
 /// - An *owned* loop's thread and the *main* thread drain their loop themselves (an owned thread at
 ///   once, the main thread before `runMainLoop()` returns): their jobs leave only at termination.
 ///   The main loop's jobs need the main thread, so they wait for it.
@@ -54,8 +60,8 @@ struct LoopLifecycle: Equatable {
 
   let kind: Kind
   private(set) var phase = Phase.active
-  /// A current loop's thread is inside a run (only there may it run jobs). Kept for every kind;
-  /// consulted for current loops only.
+  /// A current loop's thread is inside a run (only there may it run jobs, and only there does it
+  /// count as isolated). Kept for every kind; consulted for current loops only.
   private(set) var threadIsInRun = false
   /// The loop's jobs run on the fallback executor from now on (see the type's comment).
   private(set) var jobsLeftThread = false
@@ -69,8 +75,9 @@ struct LoopLifecycle: Equatable {
   /// True once shutdown began: every run stops, at every nesting level.
   var isShutDown: Bool { phase != .active }
 
-  /// Code on the loop's thread counts as isolated to the loop (see the type's comment).
-  var loopThreadIsIsolated: Bool { !jobsLeftThread }
+  /// Code on the loop's thread counts as isolated to the loop (see the type's comment): the jobs
+  /// have not left the thread and, for a current loop, the thread is inside a run.
+  var loopThreadIsIsolated: Bool { !jobsLeftThread && (kind != .current || threadIsInRun) }
 
   /// A current loop: once shut down, its jobs, sleeps and blocked callers do not wait for its
   /// thread (which may never run the loop again).

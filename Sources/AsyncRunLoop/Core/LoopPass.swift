@@ -52,10 +52,13 @@ extension LoopCore {
     return result
   }
 
-  /// A current loop's thread enters a run: from now on it may run jobs (see
-  /// `LoopInbox.threadIsInRun`).
+  /// A current loop's thread enters a run: from now on it may run jobs, and counts as isolated
+  /// unless the jobs left already (see `LoopLifecycle.threadIsInRun`).
   private func enterOutermostRun() {
-    shared.inboxLock.withLock { shared.inbox.setThreadIsInRun(true) }
+    shared.inboxLock.withLock {
+      shared.inbox.setThreadIsInRun(true)
+      shared.publishIsolationLocked()
+    }
   }
 
   /// A current loop's thread leaves its outermost run: the jobs the run took and did not run go
@@ -68,6 +71,7 @@ extension LoopCore {
       shared.inbox.jobs.prepend(leftover)
       jobs.discardBatch()
       shared.inbox.setThreadIsInRun(false)
+      shared.publishIsolationLocked()  // out of a run: not isolated (the jobs may leave now)
       return shared.divertJobsLocked(for: loop)
     }
     diverted.finish(for: loop)

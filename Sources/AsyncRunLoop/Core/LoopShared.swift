@@ -37,11 +37,12 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   // is only touched under `inboxLock`, and no access spans a call out.
   let inboxLock = PthreadLock.make()
   @exclusivity(unchecked) var inbox: LoopInbox
-  /// `inbox.life.jobsLeftThread`, readable without the lock (`isIsolatingCurrentContext` asks it
-  /// on every isolation check). Set under `inboxLock` before the first job is handed to the
-  /// fallback (releasing), so a thread that sees a job of the loop run there sees it true
-  /// (acquiring).
-  let jobsLeftThread = Atomic<Bool>(false)
+  /// `inbox.life.loopThreadIsIsolated`, readable without the lock (`isIsolatingCurrentContext`
+  /// asks it on every isolation check); stored under `inboxLock` after every event that changes it
+  /// (`publishIsolationLocked`). It turns false before the first job is handed to the fallback
+  /// (releasing), so a thread that sees a job of the loop run there sees it false (acquiring); the
+  /// loop's thread itself writes the changes of its run state, so it reads its own writes.
+  let threadIsIsolated: Atomic<Bool>
   /// True from a change's arrival in the inbox until the loop takes it (both under `inboxLock`):
   /// lets a call on the loop thread skip the lock when no change from another thread waits. A
   /// change whose send happened before that call set it before (release), so the call sees it
@@ -97,7 +98,15 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
     self.name = name
     kind = isMainLoop ? .main : ownsThread ? .ownsThread : .current
     inbox = LoopInbox(kind: kind)
+    threadIsIsolated = Atomic(inbox.life.loopThreadIsIsolated)
     self.poller = poller
+  }
+
+  /// Under `inboxLock`, after the lifecycle changed (a current loop's thread entered or left a
+  /// run, the jobs left the thread): the lock-free copy of the isolation answer follows.
+  @inline(__always)
+  func publishIsolationLocked() {
+    threadIsIsolated.store(inbox.life.loopThreadIsIsolated, ordering: .releasing)
   }
 
   /// The value of the calling thread's "current loop" slot while it is this loop's thread.
@@ -256,7 +265,7 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   /// the lock is released.
   func divertJobsLocked(for loop: RunLoopThread) -> DivertedJobs {
     guard let jobs = inbox.divertJobs() else { return DivertedJobs() }
-    jobsLeftThread.store(true, ordering: .releasing)
+    publishIsolationLocked()
     for job in jobs { FallbackExecution.dispatch(job.job, role: job.role, for: loop) }
     defer {
       divertHandOffs.removeAll()
@@ -284,9 +293,10 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   }
 
   /// Code on the loop's thread counts as isolated to the loop: its jobs have not left the thread
-  /// (see `LoopLifecycle`). Any thread (meaningful on the loop's thread).
+  /// and, for a current loop, the thread is inside a run (see `LoopLifecycle`). Any thread
+  /// (meaningful on the loop's thread).
   @inline(__always)
-  var loopThreadIsIsolated: Bool { !jobsLeftThread.load(ordering: .acquiring) }
+  var loopThreadIsIsolated: Bool { threadIsIsolated.load(ordering: .acquiring) }
 
   /// True once shutdown began. Any thread.
   var isShutDown: Bool { inboxLock.withLock { inbox.life.isShutDown } }

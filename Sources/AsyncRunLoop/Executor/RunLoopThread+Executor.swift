@@ -59,8 +59,9 @@ extension RunLoopThread: SerialExecutor, TaskExecutor {
     guard isIsolatingCurrentContext() != true else { return }
     if isOnLoopThread {
       preconditionFailure(
-        "AsyncRunLoop: expected to be isolated to loop '\(name)', but it has shut down and its jobs run on the "
-          + "fallback queue: its thread, \(Self.describeCallingThread()), is no longer isolated to it")
+        "AsyncRunLoop: expected to be isolated to loop '\(name)', but its thread, \(Self.describeCallingThread()), "
+          + "is not isolated to it now: the loop has shut down and its jobs run on the fallback queue, or it is a "
+          + "RunLoopThread.current loop whose thread is outside any of its runs")
     }
     preconditionFailure(
       "AsyncRunLoop: expected to run on loop '\(name)', but running on \(Self.describeCallingThread())")
@@ -75,7 +76,11 @@ extension RunLoopThread: SerialExecutor, TaskExecutor {
   /// a shut-down `RunLoopThread.current` loop's thread is out of a run (see `shutdown()`) — only the
   /// fallback is isolated to it: the thread answers false from then on (in its own code, in runs it
   /// starts and in the drain when it exits), so that code there cannot assume the isolation of an
-  /// actor whose jobs run on the fallback meanwhile.
+  /// actor whose jobs run on the fallback meanwhile. Because a `RunLoopThread.current` loop's jobs
+  /// may leave at any instant its thread is out of a run (a `shutdown()` from another thread), its
+  /// thread answers true only inside one of the loop's runs (its callouts, blocks and jobs), never
+  /// in the thread's own code between runs. The main thread and an owned loop's thread answer true
+  /// in and out of runs until their loop terminates.
   ///
   /// Actors on the loop do not use this identity (see `asUnownedSerialExecutor()`); the runtime
   /// asks their executor role, which answers true or nil (see

@@ -16,7 +16,44 @@ import Testing
     #expect(life.acceptsBlocks)
     #expect(life.acceptsSignals)
     #expect(life.acceptsChange(isInvalidation: false, drainCapHasPassed: false))
-    #expect(life.loopThreadIsIsolated)
+    // (A current loop's thread only inside a run: see below.)
+    #expect(life.loopThreadIsIsolated == (kind != .current))
+  }
+
+  /// A current loop's thread counts as isolated only inside a run: out of one, a shutdown from
+  /// another thread may hand the jobs to the fallback at any instant. Shut down while the thread is
+  /// in a run, the jobs stay (and the thread isolated) until the run ends; then both leave.
+  @Test func aCurrentLoopsThreadIsIsolatedOnlyInsideARun() {
+    var life = LoopLifecycle(kind: .current)
+    let outOfRun = life.loopThreadIsIsolated
+    life.setThreadIsInRun(true)
+    let inRun = life.loopThreadIsIsolated
+    _ = life.beginShutdown()
+    let diverted = life.divertIfOutOfRun()
+    let inRunAfterShutdown = life.loopThreadIsIsolated
+    life.setThreadIsInRun(false)
+    let afterRun = life.loopThreadIsIsolated
+    let divertedAfterRun = life.divertIfOutOfRun()
+    life.setThreadIsInRun(true)  // a run entered after the diversion
+    let inLaterRun = life.loopThreadIsIsolated
+    #expect(!outOfRun && inRun && inRunAfterShutdown)
+    #expect(!diverted && divertedAfterRun)
+    #expect(!afterRun && !inLaterRun)
+  }
+
+  /// The owned and the main loop's threads count as isolated whether or not they are in a run
+  /// (they drain their loop themselves: the jobs leave only after their last callout), so the main
+  /// thread stays isolated to the main loop outside `runMainLoop()` too.
+  @Test(arguments: [LoopLifecycle.Kind.ownsThread, .main])
+  func ownedAndMainLoopsThreadsAreIsolatedInAndOutOfRuns(kind: LoopLifecycle.Kind) {
+    var life = LoopLifecycle(kind: kind)
+    let outOfRun = life.loopThreadIsIsolated
+    life.setThreadIsInRun(true)
+    let inRun = life.loopThreadIsIsolated
+    life.setThreadIsInRun(false)
+    _ = life.beginShutdown()
+    let shutDownOutOfRun = life.loopThreadIsIsolated
+    #expect(outOfRun && inRun && shutDownOutOfRun)
   }
 
   @Test(arguments: kinds)
