@@ -114,7 +114,7 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "held burst") { () -> [String] in
       let loop = try RunLoopThread(name: "r25-held")
       defer { loop.shutdownAndWait() }
-      let sources = (0..<450).map { _ in R25Source() }
+      let sources = (0..<450).map { _ in RoutineCountingSource() }
       let fired = AtomicCounter()
       let timers = (0..<300).map { _ in LoopTimer(after: .zero) { _ in fired.increment() } }
       let observers = (0..<300).map { _ in LoopObserver(activities: .beforeSources) { _, _ in } }
@@ -181,7 +181,7 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
     defer { loop.shutdownAndWait() }
     let actor = R25Pinned(loop: loop)
     for round in 0..<3 {
-      let sources = (0..<700).map { _ in R25Source() }
+      let sources = (0..<700).map { _ in RoutineCountingSource() }
       let timers = (0..<300).map { _ in LoopTimer(after: .seconds(3_600)) { _ in } }
       let fromBlock = Guarded<(sources: [Int], timers: [Int])?>(nil)
       let blockDone = TestGate()
@@ -224,7 +224,7 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
     let loop = try RunLoopThread(name: "r25-held-jobs")
     defer { loop.shutdownAndWait() }
     let actor = R25Pinned(loop: loop)
-    let sources = (0..<1_000).map { _ in R25Source() }
+    let sources = (0..<1_000).map { _ in RoutineCountingSource() }
     let continuation = Guarded<CheckedContinuation<Void, Never>?>(nil)
     let suspended = TestGate()
     let resumedTask = Task(executorPreference: loop) { () -> [Int] in
@@ -271,9 +271,9 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
       let loop = try RunLoopThread(name: "r25-loop-add")
       defer { loop.shutdownAndWait() }
       let scheduled = AtomicCounter()
-      let sources = (0..<1_000).map { index in R25Source(index: index) { _, _ in scheduled.increment() } }
+      let sources = (0..<1_000).map { index in RoutineCountingSource(index: index) { _, _ in scheduled.increment() } }
       let seenByOwnSchedule = Guarded(-1)
-      let own = R25Source { _, _ in seenByOwnSchedule.withLock { $0 = scheduled.current } }
+      let own = RoutineCountingSource { _, _ in seenByOwnSchedule.withLock { $0 = scheduled.current } }
       let started = TestGate()
       let sent = TestGate()
       let applied = Guarded(-1)
@@ -305,7 +305,7 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
       let loop = try RunLoopThread(name: "r25-no-sleep")
       defer { loop.shutdownAndWait() }
       let scheduled = AtomicCounter()
-      let sources = (0..<1_000).map { index in R25Source(index: index) { _, _ in scheduled.increment() } }
+      let sources = (0..<1_000).map { index in RoutineCountingSource(index: index) { _, _ in scheduled.increment() } }
       let told = Guarded<[Int]>([])
       let observer = LoopObserver(activities: .beforeWaiting) { _, _ in
         let now = scheduled.current
@@ -349,7 +349,7 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
       let scheduled = AtomicCounter()
       let applied = Guarded<[Int]>([])
       let sources = (0..<1_000).map { index in
-        R25Source(index: index) { index, loop in
+        RoutineCountingSource(index: index) { index, loop in
           scheduled.increment()
           guard index == 5 else { return }
           let before = scheduled.current

@@ -247,13 +247,13 @@ struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstS
       let loop = try RunLoopThread(name: "r25-signals")
       defer { loop.shutdownAndWait() }
       let scheduled = AtomicCounter()
-      let sources = (0..<1_000).map { index in R25Source(index: index) { _, _ in scheduled.increment() } }
+      let sources = (0..<1_000).map { index in RoutineCountingSource(index: index) { _, _ in scheduled.increment() } }
       let early = Guarded<[Int]>([])
       let earlySource = InputSource { _ in
         let now = scheduled.current
         early.withLock { $0.append(now) }
       }
-      let late = R25Source()
+      let late = RoutineCountingSource()
       loop.add(earlySource)
       loop.add(late.source)
       try loop.performAndWait {}

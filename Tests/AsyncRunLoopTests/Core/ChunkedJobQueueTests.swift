@@ -11,7 +11,7 @@ struct ChunkedJobQueueTests {
   /// `shutdown()`. Promised: every job runs exactly once, never two at once, in the order
   /// enqueued: those left by the run and those diverted to the fallback executor alike.
   @Test func leftoverJobsOfACurrentLoopThenShutdownRacingABurstRunOnceInOrder() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     let loop = await thread.loop()
     let order = Guarded<[Int]>([])
     let depth = AtomicCounter()
@@ -79,7 +79,7 @@ extension ChunkedJobQueueTests {
   /// for the thread to exit.
   @Test
   func jobsTakenByALoopThreadAddOutsideARunStillLeaveAtShutdown() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     let loop = await thread.loop()
     let order = Guarded<[Int]>([])
     let first = 200
@@ -127,7 +127,7 @@ extension ChunkedJobQueueTests {
   /// on the fallback).
   @Test func shortRunsRacingABurstAndShutdownKeepEachProducersOrder() async throws {
     for round in 0..<3 {
-      let thread = R7Thread()
+      let thread = CommandedCurrentLoopThread()
       let loop = await thread.loop()
       let seen = Guarded<[Int: [Int]]>([:])
       let depth = AtomicCounter()
@@ -187,7 +187,7 @@ extension ChunkedJobQueueTests {
   /// actor ever run at once.
   @Test
   func jobsTakenOutsideARunNeverOverlapTheFallbackQueue() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     let loop = await thread.loop()
     let depth = AtomicCounter()
     let overlaps = AtomicCounter()

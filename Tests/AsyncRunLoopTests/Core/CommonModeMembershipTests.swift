@@ -375,7 +375,7 @@ struct CommonModeMembershipTests: MemberPromiseSettling, SharedTestLoops, PassTe
   /// A mode added to the common set from a callout inside a nested run of that very mode: a
   /// signalled source in `.common` joins it and fires in that run.
   @Test func aModeJoiningTheCommonSetDuringItsOwnRunServesCommonMembersAtOnce() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     defer { thread.quit() }
     let mode = modeM
     let (nested, fired) = await thread.exec { loop -> (RunLoopRunResult?, Int) in

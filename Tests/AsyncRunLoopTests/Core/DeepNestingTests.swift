@@ -37,7 +37,7 @@ struct DeepNestingTests {
       }
       #expect(await r18Poll { published.snapshot != nil })
       guard let loop = published.snapshot else { return ([], 0, false) }
-      let actor = R18Logger(loop: loop)
+      let actor = CallLoggingActor(loop: loop)
       let offLoop = AtomicCounter()
       let caller = Task {
         for value in 0..<2000 {

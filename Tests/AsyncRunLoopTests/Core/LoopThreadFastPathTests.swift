@@ -202,7 +202,7 @@ struct LoopThreadAddsAfterWaitingChangesTests {
   /// the loop holds one record for it, and it fires once when mode B runs.
   @Test func aLoopThreadTimerAddAfterAWaitingCalloutRemovedIt() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "timer add after callout") {
-      () throws -> (inside: R14CAgreement?, after: R14CAgreement?, fires: Int) in
+      () throws -> (inside: BindingAgreement?, after: BindingAgreement?, fires: Int) in
       let loop = try RunLoopThread(name: "r14c-t1")
       defer { loop.shutdownAndWait() }
       let fires = AtomicCounter()
@@ -222,10 +222,10 @@ struct LoopThreadAddsAfterWaitingChangesTests {
       return (inside, after, fires.current)
     }
     guard let outcome else { return }
-    let expected = R14CAgreement(modes: [r14cModeB], bound: true, records: 1, registrations: 0)
+    let expected = BindingAgreement(modes: [r14cModeB], bound: true, records: 1, registrations: 0)
     #expect(outcome.inside == expected)
     #expect(outcome.fires == 1)
-    #expect(outcome.after == R14CAgreement(modes: [], bound: false, records: 0, registrations: 0))
+    #expect(outcome.after == BindingAgreement(modes: [], bound: false, records: 0, registrations: 0))
   }
 
   /// An observer in mode A is added on the loop thread to mode B while a removal of another
@@ -234,7 +234,7 @@ struct LoopThreadAddsAfterWaitingChangesTests {
   /// it, and it is never told.
   @Test func aLoopThreadObserverAddAfterAWaitingCalloutInvalidatedIt() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "observer add after invalidation") {
-      () throws -> (inside: R14CAgreement?, told: Int, valid: Bool) in
+      () throws -> (inside: BindingAgreement?, told: Int, valid: Bool) in
       let loop = try RunLoopThread(name: "r14c-t2")
       defer { loop.shutdownAndWait() }
       let told = AtomicCounter()
@@ -255,7 +255,7 @@ struct LoopThreadAddsAfterWaitingChangesTests {
       return (inside, told.current, observer.isValid)
     }
     guard let outcome else { return }
-    #expect(outcome.inside == R14CAgreement(modes: [], bound: false, records: 0, registrations: 0))
+    #expect(outcome.inside == BindingAgreement(modes: [], bound: false, records: 0, registrations: 0))
     #expect(outcome.told == 0)
     #expect(!outcome.valid)
   }
@@ -268,7 +268,7 @@ struct LoopThreadAddsAfterWaitingChangesTests {
   /// the loop and the binding agree.
   @Test func aLoopThreadAddAfterAClosingDeliveryRemovedIt() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "add after closing delivery") {
-      () throws -> (inside: R14CAgreement?, log: [String], delivered: [Int], after: R14CAgreement?) in
+      () throws -> (inside: BindingAgreement?, log: [String], delivered: [Int], after: BindingAgreement?) in
       let loop = try RunLoopThread(name: "r14c-t3")
       defer { loop.shutdownAndWait() }
       let log = EventLog()
@@ -301,7 +301,7 @@ struct LoopThreadAddsAfterWaitingChangesTests {
       return (inside, log.snapshot, delivered.snapshot, after)
     }
     guard let outcome else { return }
-    let expected = R14CAgreement(modes: [r14cModeB], bound: true, records: 1, registrations: 0)
+    let expected = BindingAgreement(modes: [r14cModeB], bound: true, records: 1, registrations: 0)
     #expect(outcome.inside == expected)
     #expect(outcome.after == expected)
     #expect(outcome.delivered == [0, 1, 2])
@@ -317,7 +317,7 @@ struct LoopThreadAddsAfterWaitingChangesTests {
   /// loop spins on nothing (the pipe is left readable).
   @Test func aLoopThreadRemovalOfADescriptorAfterWaitingAddAndRemove() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "descriptor removal after waits") {
-      () throws -> (inside: R14CAgreement?, after: R14CAgreement?, handled: Int) in
+      () throws -> (inside: BindingAgreement?, after: BindingAgreement?, handled: Int) in
       let loop = try RunLoopThread(name: "r14c-t4")
       defer { loop.shutdownAndWait() }
       let pipe = makePipe()
@@ -350,7 +350,7 @@ struct LoopThreadAddsAfterWaitingChangesTests {
       return (inside, after, handled.current)
     }
     guard let outcome else { return }
-    let none = R14CAgreement(modes: [], bound: false, records: 0, registrations: 0)
+    let none = BindingAgreement(modes: [], bound: false, records: 0, registrations: 0)
     #expect(outcome.inside == none)
     #expect(outcome.after == none)
     #expect(outcome.handled == 0)
@@ -362,7 +362,7 @@ struct LoopThreadAddsAfterWaitingChangesTests {
   /// member in `.common` is in every common mode, also those that join the set before or after.
   @Test func aLoopThreadCommonAddAfterWaitingCommonModeChanges() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "common add after waits") {
-      () throws -> (inside: R14CAgreement?, later: R14CAgreement?, log: [String]) in
+      () throws -> (inside: BindingAgreement?, later: BindingAgreement?, log: [String]) in
       let loop = try RunLoopThread(name: "r14c-t5")
       defer { loop.shutdownAndWait() }
       let log = EventLog()
@@ -399,7 +399,8 @@ struct LoopThreadAddsAfterWaitingChangesTests {
   /// `EEXIST`), hears the pipe, and the loop holds exactly its registration.
   @Test func aLoopThreadDescriptorAddAfterAWaitingInvalidationOfTheSameNumber() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "descriptor add after invalidation") {
-      () throws -> (added: Bool, inside: R14CAgreement?, heardFirst: Int, heardSecond: Int, after: R14CAgreement?) in
+      () throws -> (added: Bool, inside: BindingAgreement?, heardFirst: Int, heardSecond: Int, after: BindingAgreement?)
+      in
       let loop = try RunLoopThread(name: "r14c-t8")
       defer { loop.shutdownAndWait() }
       let pipe = makePipe()
@@ -416,7 +417,7 @@ struct LoopThreadAddsAfterWaitingChangesTests {
       }
       try loop.add(first)
       _ = try loop.performAndWait {}
-      let inside = r14cWithChangeWaiting(on: loop, pending: { first.invalidate() }) { () -> (Bool, R14CAgreement) in
+      let inside = r14cWithChangeWaiting(on: loop, pending: { first.invalidate() }) { () -> (Bool, BindingAgreement) in
         let added = (try? loop.add(second)) != nil
         return (added, r14cAgreementHere(second, on: loop))
       }
@@ -428,10 +429,10 @@ struct LoopThreadAddsAfterWaitingChangesTests {
     }
     guard let outcome else { return }
     #expect(outcome.added)
-    #expect(outcome.inside == R14CAgreement(modes: [.default], bound: true, records: 1, registrations: 1))
+    #expect(outcome.inside == BindingAgreement(modes: [.default], bound: true, records: 1, registrations: 1))
     #expect(outcome.heardFirst == 0)
     #expect(outcome.heardSecond >= 1)
-    #expect(outcome.after == R14CAgreement(modes: [], bound: false, records: 0, registrations: 0))
+    #expect(outcome.after == BindingAgreement(modes: [], bound: false, records: 0, registrations: 0))
   }
 
   /// A source in `.common` (the common set is default and B) is removed on the loop thread from
@@ -441,7 +442,7 @@ struct LoopThreadAddsAfterWaitingChangesTests {
   /// still receives it; removing `.common` then takes it off the loop (cancel once, no record).
   @Test func commonModeRemovalsByNameAndACommonModeJoiningWhileARemovalWaits() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "common removals") {
-      () throws -> (afterDefault: R14CAgreement?, inside: R14CAgreement?, log: [String]) in
+      () throws -> (afterDefault: BindingAgreement?, inside: BindingAgreement?, log: [String]) in
       let loop = try RunLoopThread(name: "r14c-t7")
       defer { loop.shutdownAndWait() }
       let log = EventLog()
@@ -460,7 +461,7 @@ struct LoopThreadAddsAfterWaitingChangesTests {
     guard let outcome else { return }
     #expect(outcome.afterDefault?.modes == [r14cModeB])
     #expect(outcome.afterDefault?.bound == true)
-    #expect(outcome.inside == R14CAgreement(modes: [], bound: false, records: 0, registrations: 0))
+    #expect(outcome.inside == BindingAgreement(modes: [], bound: false, records: 0, registrations: 0))
     #expect(outcome.log == ["schedule member", "cancel member"], "\(outcome.log)")
   }
 
@@ -582,7 +583,7 @@ extension LoopThreadAddsAfterWaitingChangesTests {
   /// loop holding one record for it; the nested run heard nothing of it.
   @Test func aLoopThreadAddAfterANestedRunThatAppliedOtherThreadsChanges() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "add after nested run") {
-      () throws -> (inside: R14CAgreement?, nestedSaw: [RunLoopMode], log: [String]) in
+      () throws -> (inside: BindingAgreement?, nestedSaw: [RunLoopMode], log: [String]) in
       let loop = try RunLoopThread(name: "r14c-t10")
       defer { loop.shutdownAndWait() }
       let log = EventLog()
@@ -626,7 +627,7 @@ extension LoopThreadAddsAfterWaitingChangesTests {
       return (inside, nestedSaw.snapshot, log.snapshot)
     }
     guard let outcome else { return }
-    #expect(outcome.inside == R14CAgreement(modes: [r14cModeB], bound: true, records: 2, registrations: 0))
+    #expect(outcome.inside == BindingAgreement(modes: [r14cModeB], bound: true, records: 2, registrations: 0))
     #expect(outcome.nestedSaw == [])
     #expect(
       outcome.log == [
@@ -643,7 +644,7 @@ extension LoopThreadAddsAfterWaitingChangesTests {
   /// takes it off the loop.
   @Test func aModeHeldByNameAndThroughCommonKeepsTheMemberAfterRemovingCommon() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "by name and common") {
-      () throws -> (inside: [RunLoopMode]?, afterCommon: R14CAgreement?, fired: Int, final: R14CAgreement?) in
+      () throws -> (inside: [RunLoopMode]?, afterCommon: BindingAgreement?, fired: Int, final: BindingAgreement?) in
       let loop = try RunLoopThread(name: "r14c-t11")
       defer { loop.shutdownAndWait() }
       let fired = AtomicCounter()
@@ -665,8 +666,8 @@ extension LoopThreadAddsAfterWaitingChangesTests {
     }
     guard let outcome else { return }
     #expect(outcome.inside == [.default, r14cModeC].sorted { $0.rawValue < $1.rawValue })
-    #expect(outcome.afterCommon == R14CAgreement(modes: [r14cModeC], bound: true, records: 1, registrations: 0))
+    #expect(outcome.afterCommon == BindingAgreement(modes: [r14cModeC], bound: true, records: 1, registrations: 0))
     #expect(outcome.fired >= 1)
-    #expect(outcome.final == R14CAgreement(modes: [], bound: false, records: 0, registrations: 0))
+    #expect(outcome.final == BindingAgreement(modes: [], bound: false, records: 0, registrations: 0))
   }
 }

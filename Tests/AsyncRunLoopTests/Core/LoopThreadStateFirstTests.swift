@@ -12,7 +12,7 @@ struct LoopThreadStateFirstTests {
   /// ignored; the loop holds no record.
   @Test func aLoopThreadInvalidationAfterAWaitingAddAndAReAddingCallout() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "invalidate after waits") {
-      () throws -> (inside: R14CAgreement?, log: [String], after: R14CAgreement?) in
+      () throws -> (inside: BindingAgreement?, log: [String], after: BindingAgreement?) in
       let loop = try RunLoopThread(name: "r14c-s1")
       defer { loop.shutdownAndWait() }
       let log = EventLog()
@@ -34,7 +34,7 @@ struct LoopThreadStateFirstTests {
       return (inside, log.snapshot, after)
     }
     guard let outcome else { return }
-    let none = R14CAgreement(modes: [], bound: false, records: 0, registrations: 0)
+    let none = BindingAgreement(modes: [], bound: false, records: 0, registrations: 0)
     #expect(outcome.inside == none)
     #expect(outcome.after == none)
     #expect(
@@ -48,7 +48,7 @@ struct LoopThreadStateFirstTests {
   /// re-add is ignored; the loop holds no record.
   @Test func aLoopThreadInvalidationOfACommandSourceWithWaitingPostsAndAdd() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "command invalidation") {
-      () throws -> (delivered: [Int], log: [String], late: Bool, after: R14CAgreement?) in
+      () throws -> (delivered: [Int], log: [String], late: Bool, after: BindingAgreement?) in
       let loop = try RunLoopThread(name: "r14c-s4")
       defer { loop.shutdownAndWait() }
       let log = EventLog()
@@ -78,7 +78,7 @@ struct LoopThreadStateFirstTests {
     #expect(outcome.delivered == [0, 1, 2])
     #expect(outcome.log == ["schedule", "cancel"], "\(outcome.log)")
     #expect(!outcome.late)
-    #expect(outcome.after == R14CAgreement(modes: [], bound: false, records: 0, registrations: 0))
+    #expect(outcome.after == BindingAgreement(modes: [], bound: false, records: 0, registrations: 0))
   }
 
   /// A timer in mode A (far in the future) gets a new fire date (now) on the loop thread while a
@@ -87,7 +87,7 @@ struct LoopThreadStateFirstTests {
   /// B runs (never in A).
   @Test func aLoopThreadSetFireDateWhileAWaitingCalloutMovesTheTimer() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "setFireDate with waiting move") {
-      () throws -> (inside: R14CAgreement?, firesA: Int, firesB: Int, after: R14CAgreement?) in
+      () throws -> (inside: BindingAgreement?, firesA: Int, firesB: Int, after: BindingAgreement?) in
       let loop = try RunLoopThread(name: "r14c-s2")
       defer { loop.shutdownAndWait() }
       let fires = AtomicCounter()
@@ -117,17 +117,17 @@ struct LoopThreadStateFirstTests {
       return (inside, firesA, firesB, after)
     }
     guard let outcome else { return }
-    #expect(outcome.inside == R14CAgreement(modes: [r14cModeB], bound: true, records: 1, registrations: 0))
+    #expect(outcome.inside == BindingAgreement(modes: [r14cModeB], bound: true, records: 1, registrations: 0))
     #expect(outcome.firesA == 0)
     #expect(outcome.firesB == 1)
-    #expect(outcome.after == R14CAgreement(modes: [], bound: false, records: 0, registrations: 0))
+    #expect(outcome.after == BindingAgreement(modes: [], bound: false, records: 0, registrations: 0))
   }
 
   /// The same, with the callout moving the timer to another loop: the new date goes with it, and
   /// it fires there once; the first loop holds nothing of it.
   @Test func aLoopThreadSetFireDateWhileAWaitingCalloutMovesTheTimerAway() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "setFireDate with waiting move away") {
-      () throws -> (here: R14CAgreement?, there: R14CAgreement?, fires: Int, loops: [String]) in
+      () throws -> (here: BindingAgreement?, there: BindingAgreement?, fires: Int, loops: [String]) in
       let loop = try RunLoopThread(name: "r14c-s3")
       let away = try RunLoopThread(name: "r14c-s3b")
       defer {
@@ -155,8 +155,8 @@ struct LoopThreadStateFirstTests {
       return (here, there, loops.snapshot.count, loops.snapshot)
     }
     guard let outcome else { return }
-    #expect(outcome.here == R14CAgreement(modes: [], bound: false, records: 0, registrations: 0))
-    #expect(outcome.there == R14CAgreement(modes: [], bound: false, records: 0, registrations: 0))
+    #expect(outcome.here == BindingAgreement(modes: [], bound: false, records: 0, registrations: 0))
+    #expect(outcome.there == BindingAgreement(modes: [], bound: false, records: 0, registrations: 0))
     #expect(outcome.loops == ["r14c-s3b"])
   }
 }

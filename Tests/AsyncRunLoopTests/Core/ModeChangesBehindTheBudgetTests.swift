@@ -47,7 +47,7 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures {
       loop.add(timer, to: named)
       loop.add(timer, to: other)
       try loop.performAndWait {}  // both adds applied
-      let sources = (0..<300).map { _ in R25Source() }
+      let sources = (0..<300).map { _ in RoutineCountingSource() }
       burstBehindHeldLoop(sources.map(\.source), on: loop) {
         timer.setFireDate(.now)  // applied by the first pass, which then fires .default's due timers
       } then: {
@@ -77,7 +77,7 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures {
       defer { loop.shutdownAndWait() }
       let fired = AtomicCounter()
       let timer = LoopTimer(after: .zero, repeatingEvery: repeating ? .seconds(3_600) : nil) { _ in fired.increment() }
-      let sources = (0..<300).map { _ in R25Source() }
+      let sources = (0..<300).map { _ in RoutineCountingSource() }
       burstBehindHeldLoop(sources.map(\.source), on: loop) {
         loop.add(timer)
       } then: {
@@ -130,7 +130,7 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures {
         fires.add("descriptor on \(RunLoopThread.current.name)")
       }
       writeByte(pipe.write)
-      let fillers = (0..<300).map { _ in R25Source() }
+      let fillers = (0..<300).map { _ in RoutineCountingSource() }
       var found: [String] = []
       let release = blockLoop(loopA)
       for counted in fillers { loopA.add(counted.source) }

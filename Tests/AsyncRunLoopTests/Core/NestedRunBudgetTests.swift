@@ -19,7 +19,7 @@ struct NestedRunBudgetTests {
       let scheduled = AtomicCounter()
       let deltas = Guarded<[Int]>([])
       let sources = (0..<1_000).map { index in
-        R25Source(index: index) { index, loop in
+        RoutineCountingSource(index: index) { index, loop in
           scheduled.increment()
           guard index == 5 else { return }
           for mode in [RunLoopMode.default, "r25-other"] {
@@ -60,7 +60,7 @@ struct NestedRunBudgetTests {
       let jobSent = TestGate()
       let perRun = Guarded<[Int]>([])
       let sources = (0..<1_000).map { index in
-        R25Source(index: index) { index, loop in
+        RoutineCountingSource(index: index) { index, loop in
           scheduled.increment()
           guard index == 5 else { return }
           _ = jobSent.wait(timeout: .seconds(10))
@@ -101,7 +101,7 @@ struct NestedRunBudgetTests {
       let loop = try RunLoopThread(name: "r25-nested-observer")
       defer { loop.shutdownAndWait() }
       let scheduled = AtomicCounter()
-      let sources = (0..<1_000).map { index in R25Source(index: index) { _, _ in scheduled.increment() } }
+      let sources = (0..<1_000).map { index in RoutineCountingSource(index: index) { _, _ in scheduled.increment() } }
       let armed = Guarded(false)
       let deltas = Guarded<[Int]>([])
       let observer = LoopObserver(activities: .beforeTimers) { _, _ in
@@ -142,7 +142,7 @@ struct NestedRunBudgetTests {
       let loop = try RunLoopThread(name: "r25-nested-timer")
       defer { loop.shutdownAndWait() }
       let scheduled = AtomicCounter()
-      let sources = (0..<1_000).map { index in R25Source(index: index) { _, _ in scheduled.increment() } }
+      let sources = (0..<1_000).map { index in RoutineCountingSource(index: index) { _, _ in scheduled.increment() } }
       let deltas = Guarded<[Int]>([])
       let timer = LoopTimer(after: .zero) { _ in
         let before = scheduled.current
@@ -176,7 +176,7 @@ struct NestedRunBudgetTests {
       let loop = try RunLoopThread(name: "r25-nested-block")
       defer { loop.shutdownAndWait() }
       let scheduled = AtomicCounter()
-      let sources = (0..<1_000).map { index in R25Source(index: index) { _, _ in scheduled.increment() } }
+      let sources = (0..<1_000).map { index in RoutineCountingSource(index: index) { _, _ in scheduled.increment() } }
       let perRun = Guarded<[Int]>([])
       let blockRanAt = Guarded<[Int]>([])
       let started = TestGate()
@@ -217,7 +217,7 @@ struct NestedRunBudgetTests {
       let result = Guarded<[String]>([])
       let atReturn = Guarded<[Int]>([])
       let sources = (0..<1_000).map { index in
-        R25Source(index: index) { index, loop in
+        RoutineCountingSource(index: index) { index, loop in
           scheduled.increment()
           guard index == 5 else { return }
           let ended = loop.run(mode: "r25-empty")
@@ -255,7 +255,7 @@ struct NestedRunBudgetTests {
         _ = changed.wait(timeout: .seconds(10))
         _ = loop.run(mode: .default, until: .now)
       }
-      let sources = (0..<1_000).map { _ in R25Source() }
+      let sources = (0..<1_000).map { _ in RoutineCountingSource() }
       let release = blockLoop(loop)
       for counted in sources[..<300] { loop.add(counted.source) }
       var found: [String] = []

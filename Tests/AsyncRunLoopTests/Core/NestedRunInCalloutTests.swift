@@ -148,12 +148,12 @@ struct NestedRunInCalloutTests: PassTestModes {
       }
     }
     let limit = LoopClock.Instant.now.advanced(by: .seconds(60 * watchdogScale))
-    var member: R20Member?
+    var member: AnyMemberHandle?
     var waiter: pthread_t?
     let waitResult = Guarded<Bool?>(nil)
     var task: Task<Void, Never>?
     do {
-      let canary = R20Canary(deaths)
+      let canary = ReleaseCanary(deaths)
       let nested: @Sendable () -> Void = {
         canary.touch()
         guard entered.increment() == 1 else { return }
@@ -163,23 +163,23 @@ struct NestedRunInCalloutTests: PassTestModes {
       switch callout {
       case .timer:
         let timer = LoopTimer(after: .milliseconds(1), repeatingEvery: .milliseconds(2)) { _ in nested() }
-        member = R20Member(
+        member = AnyMemberHandle(
           add: { $0.add(timer, to: .default) }, remove: { $0.remove(timer, from: .default) },
           invalidate: { timer.invalidate() }, trigger: {})
       case .observer:
         // beforeWaiting only: the afterWaiting that pairs with it would be a second callout.
         let observer = LoopObserver(activities: [.beforeWaiting]) { _, _ in nested() }
-        member = R20Member(
+        member = AnyMemberHandle(
           add: { $0.add(observer, to: .default) }, remove: { $0.remove(observer, from: .default) },
           invalidate: { observer.invalidate() }, trigger: {})
       case .source:
         let source = InputSource { _ in nested() }
-        member = R20Member(
+        member = AnyMemberHandle(
           add: { $0.add(source, to: .default) }, remove: { $0.remove(source, from: .default) },
           invalidate: { source.invalidate() }, trigger: { source.signal() })
       case .command:
         let command = CommandSource<Int> { _ in nested() }
-        member = R20Member(
+        member = AnyMemberHandle(
           add: { $0.add(command.source, to: .default) }, remove: { $0.remove(command.source, from: .default) },
           invalidate: { command.source.invalidate() }, trigger: { _ = command.post(1) })
       case .descriptor:
@@ -188,7 +188,7 @@ struct NestedRunInCalloutTests: PassTestModes {
           nested()
         }
         let write = pipe!.write
-        member = R20Member(
+        member = AnyMemberHandle(
           add: { try? $0.add(descriptor, to: .default) }, remove: { $0.remove(descriptor, from: .default) },
           invalidate: { descriptor.invalidate() }, trigger: { writeByte(write) })
       case .perform:
@@ -340,7 +340,7 @@ struct NestedRunInCalloutTests: PassTestModes {
     let limit = LoopClock.Instant.now.advanced(by: .seconds(60 * watchdogScale))
     let timer: LoopTimer
     do {
-      let canary = R20Canary(deaths)
+      let canary = ReleaseCanary(deaths)
       timer = LoopTimer(after: .zero, repeatingEvery: .milliseconds(2)) { _ in
         canary.touch()
         log.withLock { $0.append("callout") }
@@ -517,7 +517,7 @@ struct NestedRunInCalloutTests: PassTestModes {
   /// it does not fire there (it left), and a signal it sent itself fires once, back in the outer
   /// mode.
   @Test func aSourceRemovedFromANestedModeInsideItsHandlerDoesNotFireThere() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     defer { thread.quit() }
     let mode = modeM
     let (log, nested) = await thread.exec { loop -> ([String], RunLoopRunResult?) in
@@ -551,7 +551,7 @@ struct NestedRunInCalloutTests: PassTestModes {
   /// A descriptor in `.default` only becomes readable during a nested run of another mode: it
   /// does not fire in the nested run, and fires once the outer run resumes.
   @Test func readinessDuringANestedRunInAnotherModeIsDeliveredAfterIt() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     defer { thread.quit() }
     let pipe = makePipe()
     defer {

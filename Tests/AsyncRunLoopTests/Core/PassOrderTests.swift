@@ -194,7 +194,7 @@ struct PassOrderTests: PassTestModes {
   /// blocks first; a block a source releases runs before the sleep (B); a block a timer releases
   /// runs right after the timer, before the next pass (C).
   @Test func workPointsRunWhereTheDocumentSays() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     defer { thread.quit() }
     let loop = await thread.loop()
     let log = EventLog()

@@ -237,7 +237,7 @@ struct EveryModeSleepTimerTests {
   /// can end only by the shutdown even when the process is slow enough for the sleep to end first
   /// (a mode left empty by the sleep's timer finishes the run, as it should).
   @Test func aCurrentLoopShutDownDuringAPrivateModeRunWithASleepPending() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     let loop = await thread.loop()
     let sleeping = TestGate()
     let sleeper = Task(executorPreference: loop) { () -> Duration? in

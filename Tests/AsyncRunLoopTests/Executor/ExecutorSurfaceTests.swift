@@ -415,7 +415,7 @@ struct ExecutorRaceTests {
     let outcome = try await withWatchdog(timeout: .seconds(20), "actor calls racing shutdown") {
       () async throws -> (entries: [Int], offLoop: Int) in
       let loop = try RunLoopThread(name: "r18-actor")
-      let actor = R18Logger(loop: loop)
+      let actor = CallLoggingActor(loop: loop)
       let offLoop = AtomicCounter()
       let caller = Task {
         // (1,000 calls, not 3,000: each is two hops through the shared cooperative pool, and
@@ -438,7 +438,7 @@ struct ExecutorRaceTests {
     let outcome = try await withWatchdog(timeout: .seconds(30), "actor sleep across shutdown") {
       () async throws -> [Int] in
       let loop = try RunLoopThread(name: "r18-actor-sleep")
-      let actor = R18Logger(loop: loop)
+      let actor = CallLoggingActor(loop: loop)
       let sleepers = (0..<4).map { value in Task { try await actor.sleepThenAppend(value) } }
       try await Task.sleep(for: .milliseconds(5))
       await execShutdown(loop)
@@ -486,7 +486,7 @@ struct ExecutorRaceTests {
       let inModal = AtomicCounter()
       let observer = LoopObserver(activities: [.entry], repeats: true) { _, _ in inModal.increment() }
       loop.add(observer, to: r18ModeA)
-      let actor = R18Logger(loop: loop)
+      let actor = CallLoggingActor(loop: loop)
       let modal = Task { try? await loop.runModal(mode: r18ModeA) }
       #expect(await r18Poll { inModal.current == 1 })
       for value in 0..<50 { _ = await actor.append(value) }
@@ -521,7 +521,7 @@ struct ExecutorRaceTests {
     let outcome = try await withWatchdog(timeout: .seconds(30), "assumeIsolated in a handler") {
       () async throws -> (Bool?, Int) in
       let loop = try RunLoopThread(name: "r18-iso")
-      let actor = R18Logger(loop: loop)
+      let actor = CallLoggingActor(loop: loop)
       let handled = AtomicCounter()
       let commands = CommandSource<Int> { value in
         actor.assumeIsolated { isolated in
@@ -548,7 +548,7 @@ struct ExecutorRaceTests {
       let group = try LoopGroup(count: 3, name: "r18-group")
       let picked = (0..<6).map { _ in ObjectIdentifier(group.next()) }
       let expected = (group.loops + group.loops).map { ObjectIdentifier($0) }
-      let actors = group.loops.map { R18Logger(loop: $0) }
+      let actors = group.loops.map { CallLoggingActor(loop: $0) }
       await execOnNewThread { group.shutdownAndWait() }
       for actor in actors { _ = await actor.append(1) }
       var total = 0

@@ -11,8 +11,8 @@ struct IsolationIsExactTests: PassTestModes {
   /// the loop's jobs meanwhile, and the task resumes on the loop.
   @Test func runModalFromATaskPreferringTheLoopResumesOnIt() async throws {
     let loop = try RunLoopThread(name: "r3-modal-pref")
-    let overlap = Round3Overlap()
-    let worker = Round3Worker(loop: loop, overlap: overlap)
+    let overlap = JobOverlapCounter()
+    let worker = SerialCheckingWorker(loop: loop, overlap: overlap)
     loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: "r3-modal")
     let outcome = try await withWatchdog(timeout: .seconds(20), "modal run under the preference") {
       () async throws -> (RunLoopRunResult, Bool, Int) in
@@ -90,9 +90,9 @@ struct IsolationIsExactTests: PassTestModes {
   /// observer told in a run entered after the shutdown, or the thread's own code) would touch an
   /// actor's state while the actor's job runs on the fallback.
   @Test func theThreadAndTheFallbackNeverBothClaimIsolation() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     let loop = await thread.loop()
-    let actor = R7Actor(loop: loop)
+    let actor = OverlapRecordingActor(loop: loop)
     let fromDrainBlock = Guarded<(isolated: Bool, jobRunning: Bool)?>(nil)
     let accepted = loop.perform(inModes: [modeNever]) {
       fromDrainBlock.withLock { $0 = (loop.isIsolatingCurrentContext() == true, actor.inJob.snapshot) }
@@ -138,10 +138,10 @@ struct IsolationIsExactTests: PassTestModes {
   /// it returns `.stopped`, the actor goes on (on the fallback), and calls made meanwhile and
   /// afterwards all complete, one at a time.
   @Test func aModalRunEndedByShutdownLetsTheActorGoOnOnTheFallback() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     let loop = await thread.loop()
-    let overlap = Round3Overlap()
-    let actor = R7Actor(loop: loop, overlap: overlap)
+    let overlap = JobOverlapCounter()
+    let actor = OverlapRecordingActor(loop: loop, overlap: overlap)
     let mode = modeM
     let inModal = TestGate()
     let outerResult = Guarded<RunLoopRunResult?>(nil)
@@ -185,7 +185,7 @@ struct IsolationIsExactTests: PassTestModes {
   /// shutdown, then more after its thread exited: every job runs once, in the order enqueued
   /// from one task, never on the thread once it was shut down with the thread out of a run.
   @Test func jobsKeepTheirOrderAcrossTheDiversionAndTheThreadsExit() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     let loop = await thread.loop()
     let order = Guarded<[Int]>([])
     let onThread = Locked(0)

@@ -89,7 +89,7 @@ struct JobBurstTests {
   /// the front of the inbox, ahead of 500 jobs enqueued after the run ended. The next run runs all of them, in the order enqueued,
   /// once each.
   @Test func jobsACurrentLoopsRunLeftGoBackAheadOfLaterOnes() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     let loop = await thread.loop()
     let order = Guarded<[Int]>([])
     let first = 6_000

@@ -108,7 +108,7 @@ struct LoopClockSleepTests {
   /// its loop.
   @Test func cancellingALoopClockSleepInAnActorThrowsOnTheLoop() async throws {
     let loop = try RunLoopThread(name: "r3-clock-cancel")
-    let worker = Round3Worker(loop: loop, overlap: Round3Overlap())
+    let worker = SerialCheckingWorker(loop: loop, overlap: JobOverlapCounter())
     let outcome = try await withWatchdog(timeout: .seconds(20), "cancelled clock sleep") {
       let sleeper = Task { await worker.sleepOnTheLoopClock(for: .seconds(3600)) }
       try await Task.sleep(for: .milliseconds(10))

@@ -12,9 +12,9 @@ struct NestedRunInJobRunsNoJobsTests {
   /// (the actor's other calls included), but never two at once.
   @Test func aModalRunFromAnActorRunsOtherJobsButNeverTwoAtOnce() async throws {
     let loop = try RunLoopThread(name: "r3-modal-serial")
-    let overlap = Round3Overlap()
-    let worker = Round3Worker(loop: loop, overlap: overlap)
-    let other = Round3Worker(loop: loop, overlap: overlap)
+    let overlap = JobOverlapCounter()
+    let worker = SerialCheckingWorker(loop: loop, overlap: overlap)
+    let other = SerialCheckingWorker(loop: loop, overlap: overlap)
     let keepAlive = LoopTimer(after: .seconds(3600)) { _ in }
     loop.add(keepAlive, to: "r3-modal")
     let outcome = try await withWatchdog(timeout: .seconds(20), "modal run with callers") {
@@ -41,8 +41,8 @@ struct NestedRunInJobRunsNoJobsTests {
   /// job: the `run(mode:…)` doc names both.
   @Test func aRunNestedInATaskPreferringTheLoopRunsNoOtherJob() async throws {
     let loop = try RunLoopThread(name: "r3-pref-nested")
-    let overlap = Round3Overlap()
-    let worker = Round3Worker(loop: loop, overlap: overlap)
+    let overlap = JobOverlapCounter()
+    let worker = SerialCheckingWorker(loop: loop, overlap: overlap)
     let keepAlive = LoopTimer(after: .seconds(3600)) { _ in }
     loop.add(keepAlive, to: "r3-nested")
     let pokesDuringRun = try await withWatchdog(timeout: .seconds(20), "nested run in a preferring task") {
@@ -83,8 +83,8 @@ struct NestedRunInJobRunsNoJobsTests {
   /// it still ends (at its deadline) without starting another job inside the outer one.
   @Test func aModalRunLandingInARunNestedInAJobStartsNoJob() async throws {
     let loop = try RunLoopThread(name: "r3-modal-in-job")
-    let overlap = Round3Overlap()
-    let blocker = Round3Worker(loop: loop, overlap: overlap)
+    let overlap = JobOverlapCounter()
+    let blocker = SerialCheckingWorker(loop: loop, overlap: overlap)
     let keepAlive = LoopTimer(after: .seconds(3600)) { _ in }
     loop.add(keepAlive, to: "r3-outer")
     loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: "r3-inner")
@@ -109,8 +109,8 @@ struct NestedRunInJobRunsNoJobsTests {
   /// shutdown then ends nested modal runs at every level (`.stopped`), without a hang.
   @Test func nestedModalRunsFromOneActorEndInOrderAndAllStopAtShutdown() async throws {
     let loop = try RunLoopThread(name: "r3-modal-nested")
-    let overlap = Round3Overlap()
-    let worker = Round3Worker(loop: loop, overlap: overlap)
+    let overlap = JobOverlapCounter()
+    let worker = SerialCheckingWorker(loop: loop, overlap: overlap)
     loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: "r3-outer")
     loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: "r3-inner")
     let order = Locked<[String]>([])
@@ -250,7 +250,7 @@ struct NestedRunsAndTheExecutorTests {
         nestedDone.increment()
       }
       #expect(await r18Poll { inNested.current == 1 })
-      let actor = R18Logger(loop: loop)
+      let actor = CallLoggingActor(loop: loop)
       let answered = await actor.append(1)
       let slept = await Task(executorPreference: loop) { () -> Bool in
         (try? await Task.sleep(for: .milliseconds(2))) != nil

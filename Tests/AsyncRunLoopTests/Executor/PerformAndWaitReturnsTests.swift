@@ -62,7 +62,7 @@ struct PerformAndWaitReturnsTests {
     let second = try RunLoopThread(name: "r20-cycle-b")
     let deaths = AtomicCounter()
     let ran = AtomicCounter()
-    let canary = Guarded<R20Canary?>(R20Canary(deaths))
+    let canary = Guarded<ReleaseCanary?>(ReleaseCanary(deaths))
     let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "the cycle") { () -> String in
       try first.performAndWait { () -> String in
         (try? second.performAndWait { () -> String in
@@ -113,7 +113,7 @@ struct PerformAndWaitReturnsTests {
       })
     let deaths = AtomicCounter()
     let ran = AtomicCounter()
-    let canary = Guarded<R20Canary?>(R20Canary(deaths))
+    let canary = Guarded<ReleaseCanary?>(ReleaseCanary(deaths))
     let started = TestGate()
     let caller = Task {
       try await withWatchdogOnThread(timeout: .seconds(30), "performAndWait on a current loop") { () -> String in
@@ -149,7 +149,7 @@ struct PerformAndWaitReturnsTests {
   /// unrelated loop C synchronously: no cycle, so everything completes.
   @Test func performAndWaitChainsAcrossLoopsComplete() async throws {
     let loops = try (0..<3).map { try RunLoopThread(name: "r7-chain-\($0)") }
-    let actor = R7Actor(loop: loops[1])
+    let actor = OverlapRecordingActor(loop: loops[1])
     let value = try await withWatchdog(timeout: .seconds(20), "a chain of performAndWait") {
       try await actor.chain(through: loops[0], then: loops[2])
     }
@@ -166,7 +166,7 @@ struct PerformAndWaitReturnsTests {
       handed.map(\.name) == [
         "r7-group-0", "r7-group-1", "r7-group-2", "r7-group-0", "r7-group-1", "r7-group-2", "r7-group-0",
       ])
-    let actor = R7Actor(loop: group.loops[2])
+    let actor = OverlapRecordingActor(loop: group.loops[2])
     #expect(await actor.call())
     await execOnNewThread { group.shutdownAndWait() }
     #expect(group.loops.allSatisfy { $0.isShutDown })

@@ -191,7 +191,7 @@ struct DescriptorIdentityTests: PassTestModes {
       }
       let secondAdd = Guarded<String>("not tried")
       let sources = (0..<800).map { index in
-        R25Source(index: index) { index, loop in
+        RoutineCountingSource(index: index) { index, loop in
           guard index == 5 else { return }
           do throws(SystemCallError) {
             try loop.add(second)
@@ -238,7 +238,7 @@ struct DescriptorIdentityTests: PassTestModes {
   /// working. Here the first one was silenced (it reported an event while the loop ran a mode
   /// it is not in) when the second is added.
   @Test func aSecondSourceOnTheSameDescriptorNeverSilencesTheFirst() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     defer { thread.quit() }
     let pipe = makePipe()
     defer {
@@ -278,7 +278,7 @@ struct DescriptorIdentityTests: PassTestModes {
   /// is closed and whose number is reused by another file, with no new source: when its mode runs
   /// again it must not be registered on that other file (whose events it would then report).
   @Test func aSilencedSourceWhoseNumberNowNamesAnotherFileNeverReportsIt() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     defer { thread.quit() }
     let mode = modeM
     let (calls, reused) = await thread.exec { loop -> (Int, Bool) in
@@ -315,7 +315,7 @@ struct DescriptorIdentityTests: PassTestModes {
   /// A descriptor closed while its source is registered, and its number reused by a new
   /// descriptor with a new source: the new source gets the events, the old one none.
   @Test func aClosedDescriptorsNumberReusedByANewSourceNeverReachesTheOldOne() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     defer { thread.quit() }
     let (old, new, reused) = await thread.exec { loop -> (Int, Int, Bool) in
       let first = makePipe()
@@ -355,7 +355,7 @@ struct DescriptorIdentityTests: PassTestModes {
 
   /// The armed case of the same: a second source on a descriptor whose first source is armed.
   @Test func aSecondSourceOnAnArmedDescriptorIsRefused() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     defer { thread.quit() }
     let pipe = makePipe()
     defer {
@@ -385,7 +385,7 @@ struct DescriptorIdentityTests: PassTestModes {
   /// A pipe whose write end closed reports a hang-up to a readable source; a write end whose
   /// read end closed reports an error to a writable source.
   @Test func hangUpsAndErrorsAreReported() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     defer { thread.quit() }
     let reader = makePipe()
     let writer = makePipe()
@@ -462,7 +462,7 @@ struct DescriptorsSharingANumberTests {
   /// also after being silenced in another mode) is accepted and fires; the first never does.
   @Test(arguments: FirstEnds.allCases)
   func aSecondSourceAfterTheFirstLeftIsAccepted(how: FirstEnds) async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     defer { thread.quit() }
     let pipe = makePipe()
     defer {
@@ -514,7 +514,7 @@ struct DescriptorsSharingANumberTests {
   /// registration away.
   @Test(arguments: [false, true])
   func aReusedNumberServesTheSecondSourceAlsoAfterTheFirstIsInvalidated(silenced: Bool) async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     defer { thread.quit() }
     let mode = modeM
     let outcome = await thread.exec { loop -> String in
@@ -565,7 +565,7 @@ struct DescriptorsSharingANumberTests {
   /// epoll set): a second source on it is refused with EEXIST, and accepted once the sequence
   /// was invalidated.
   @Test func aPausedReadinessSequenceHoldsItsDescriptorUntilInvalidated() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     defer { thread.quit() }
     let pipe = makePipe()
     defer {

@@ -72,7 +72,7 @@ struct InputSourceRoutineTests {
 
   /// signal() before add fires once after the add; signal() on an invalidated source is a no-op.
   @Test func signalBeforeAddFiresOnceAndAfterInvalidateNever() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     defer { thread.quit() }
     let outcome = await thread.exec { loop -> [Int] in
       let performed = Locked(0)
@@ -97,7 +97,7 @@ struct InputSourceRoutineTests {
   /// A signal from inside its own perform routine fires it again exactly once: not lost, and the
   /// loop does not spin on it (it sleeps afterwards).
   @Test func aSignalFromItsOwnPerformFiresOnceMore() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     defer { thread.quit() }
     let outcome = await thread.exec { loop -> (Int, Int) in
       let performed = Locked(0)
@@ -132,7 +132,7 @@ struct InputSourceRoutineTests {
 
   /// Ready sources fire lower order first, equal orders in signalling order, in one pass.
   @Test func readySourcesFireByOrderThenSignallingOrder() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     defer { thread.quit() }
     let order = await thread.exec { loop -> [String] in
       let log = Locked<[String]>([])
@@ -157,7 +157,7 @@ struct InputSourceRoutineTests {
   /// A source in two modes (by name, and through `.common`) fires once per signal, whichever of
   /// its modes runs.
   @Test func aSourceInSeveralModesFiresOncePerSignal() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     defer { thread.quit() }
     let mode = modeM
     let counts = await thread.exec { loop -> [Int] in

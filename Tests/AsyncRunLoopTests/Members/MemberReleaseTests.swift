@@ -24,8 +24,8 @@ struct MemberReleaseTests {
     }
     var loop: RunLoopThread? = try RunLoopThread(name: "r20-release")
     weak let weakPoller = loop?.shared.poller
-    var member: R20Member? = R20Member.make(
-      kind, canary: R20Canary(deaths), fired: fired, cancels: cancels, schedules: schedules,
+    var member: AnyMemberHandle? = AnyMemberHandle.make(
+      kind, canary: ReleaseCanary(deaths), fired: fired, cancels: cancels, schedules: schedules,
       selfInvalidating: ending == .fromOwnCallout, pipe: pipe)
     #expect(deaths.current == 0)
     if let loop { member?.add(loop) }
@@ -75,12 +75,12 @@ struct MemberReleaseTests {
     let deaths = AtomicCounter()
     let delivered = AtomicCounter()
     do {
-      let canary = R20Canary(deaths)
-      let commands = CommandSource<R20Canary> { _ in
+      let canary = ReleaseCanary(deaths)
+      let commands = CommandSource<ReleaseCanary> { _ in
         canary.touch()
         delivered.increment()
       }
-      for _ in 0..<3 { #expect(commands.post(R20Canary(deaths))) }
+      for _ in 0..<3 { #expect(commands.post(ReleaseCanary(deaths))) }
       #expect(commands.pendingCount == 3)
     }
     #expect(await r20Eventually { deaths.current == 4 }, "released \(deaths.current) of 4")
@@ -97,9 +97,9 @@ struct MemberReleaseTests {
     let cancels = AtomicCounter()
     var loop: RunLoopThread? = try RunLoopThread(name: "r20-pending")
     weak let weakPoller = loop?.shared.poller
-    var commands: CommandSource<R20Canary>? = {
-      let canary = R20Canary(deaths)
-      return CommandSource<R20Canary>(
+    var commands: CommandSource<ReleaseCanary>? = {
+      let canary = ReleaseCanary(deaths)
+      return CommandSource<ReleaseCanary>(
         cancel: { _, _ in cancels.increment() },
         handler: { command in
           canary.touch()
@@ -109,7 +109,7 @@ struct MemberReleaseTests {
     }()
     if let loop, let commands { loop.add(commands.source, to: .default) }
     let release = await execOnNewThread { [loop] in blockLoop(loop!) }
-    for _ in 0..<5 { #expect(commands?.post(R20Canary(deaths)) == true) }
+    for _ in 0..<5 { #expect(commands?.post(ReleaseCanary(deaths)) == true) }
     if dropLoop {
       loop = nil
     } else {
@@ -136,7 +136,7 @@ struct MemberReleaseTests {
     weak let weakPoller = loop?.shared.poller
     do {
       let strongLoop = loop!
-      let canary = R20Canary(deaths)
+      let canary = ReleaseCanary(deaths)
       let timer = LoopTimer(after: .milliseconds(1), repeatingEvery: .milliseconds(3)) { _ in
         canary.touch()
         _ = strongLoop.name
@@ -169,7 +169,7 @@ struct MemberReleaseTests {
         do {
           var sources: [InputSource] = []
           for _ in 0..<count {
-            let canary = R20Canary(deaths)
+            let canary = ReleaseCanary(deaths)
             sources.append(
               InputSource(
                 schedule: { _, loop, _ in
@@ -231,8 +231,8 @@ struct MemberReleaseTests {
     }
     var loop: RunLoopThread? = try RunLoopThread(name: "r20-outlive")
     weak let weakPoller = loop?.shared.poller
-    var member: R20Member? = R20Member.make(
-      kind, canary: R20Canary(deaths), fired: fired, cancels: counter, schedules: counter, selfInvalidating: false,
+    var member: AnyMemberHandle? = AnyMemberHandle.make(
+      kind, canary: ReleaseCanary(deaths), fired: fired, cancels: counter, schedules: counter, selfInvalidating: false,
       pipe: pipe)
     if let loop { member?.add(loop) }
     member?.trigger()
@@ -274,21 +274,21 @@ struct MemberReleaseTests {
   func commandsDroppedByAnInvalidatedSourceWithNoLoopAreReleased(wasOnALoop: Bool) async throws {
     let deaths = AtomicCounter()
     let delivered = AtomicCounter()
-    var commands: CommandSource<R20Canary>? = CommandSource<R20Canary> { command in
+    var commands: CommandSource<ReleaseCanary>? = CommandSource<ReleaseCanary> { command in
       command.touch()
       delivered.increment()
     }
     if wasOnALoop {
       let loop = try RunLoopThread(name: "r20-removed-cmd")
       loop.add(commands!.source, to: .default)
-      #expect(commands?.post(R20Canary(deaths)) == true)
+      #expect(commands?.post(ReleaseCanary(deaths)) == true)
       #expect(await r20Eventually { delivered.current == 1 })
       loop.remove(commands!.source, from: .default)
       _ = try await withWatchdogOnThread(timeout: .seconds(20), "a round trip") { try loop.performAndWait {} }
-      for _ in 0..<3 { #expect(commands?.post(R20Canary(deaths)) == true) }
+      for _ in 0..<3 { #expect(commands?.post(ReleaseCanary(deaths)) == true) }
       await execShutdown(loop)
     } else {
-      for _ in 0..<3 { #expect(commands?.post(R20Canary(deaths)) == true) }
+      for _ in 0..<3 { #expect(commands?.post(ReleaseCanary(deaths)) == true) }
     }
     let before = wasOnALoop ? 1 : 0
     #expect(deaths.current == before)
@@ -298,7 +298,7 @@ struct MemberReleaseTests {
       "released \(deaths.current - before) of 3 dropped commands; pendingCount \(commands?.pendingCount ?? -1)")
     #expect(commands?.pendingCount == 0)
     #expect(commands?.droppedCount == 3)
-    #expect(commands?.post(R20Canary(deaths)) == false)  // refused: that canary is released at once
+    #expect(commands?.post(ReleaseCanary(deaths)) == false)  // refused: that canary is released at once
     #expect(delivered.current == before)
     #expect(deaths.current == before + 4)
     commands = nil

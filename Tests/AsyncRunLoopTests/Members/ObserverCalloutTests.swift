@@ -645,7 +645,7 @@ struct ObserverRoutineTests {
 
   /// Observers of one activity are told lower order first, whatever order they were added in.
   @Test func observersAreToldByOrder() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     defer { thread.quit() }
     let log = await thread.exec { loop -> [String] in
       let log = Locked<[String]>([])
@@ -672,7 +672,7 @@ struct ObserverRoutineTests {
   /// starts after `invalidate()` returns); one added there is told from then on, once per
   /// activity.
   @Test func invalidatedInTheSameNotificationIsNotToldAndAddedIsToldAfter() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     defer { thread.quit() }
     let log = await thread.exec { loop -> [String] in
       let log = Locked<[String]>([])
@@ -708,7 +708,7 @@ struct ObserverRoutineTests {
   /// A run nested in a timer's callout tells its own mode's observers entry ... exit between the
   /// outer run's activities, and the outer run goes on afterwards.
   @Test func aNestedRunsActivitiesSitInsideTheOuterPass() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     defer { thread.quit() }
     let mode = modeM
     let log = await thread.exec { loop -> [String] in

@@ -155,7 +155,7 @@ struct RefusedAddLeavesMemberFreeTests {
       }
       let scheduled = AtomicCounter()
       let sources = (0..<600).map { index in
-        R25Source(index: index) { index, loop in
+        RoutineCountingSource(index: index) { index, loop in
           scheduled.increment()
           guard index == 300 else { return }
           switch callout {
@@ -240,7 +240,7 @@ struct RefusedAddLeavesMemberFreeTests {
       defer { close(devNull) }
       let events = Guarded<[DescriptorEvents]>([])
       let source = DescriptorSource(descriptor: devNull) { _, got in events.withLock { $0.append(got) } }
-      let sources = (0..<600).map { _ in R25Source() }
+      let sources = (0..<600).map { _ in RoutineCountingSource() }
       let release = blockLoop(loop)
       for counted in sources[..<300] { loop.add(counted.source) }
       var found: [String] = []
@@ -288,7 +288,7 @@ struct RefusedAddLeavesMemberFreeTests {
           withExtendedLifetime(token) { events.withLock { $0.append(got) } }
         }
       }()
-      let sources = (0..<300).map { _ in R25Source() }
+      let sources = (0..<300).map { _ in RoutineCountingSource() }
       let release = blockLoop(loop)
       for counted in sources { loop.add(counted.source) }
       race([

@@ -133,7 +133,7 @@ struct DroppingPoliciesUnderLoadTests {
   @Test func assumeIsolatedOffTheLoopTrapsNamingTheLoop() async throws {
     let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
       let loop = try RunLoopThread(name: "r18-trap-loop")
-      let actor = R18Logger(loop: loop)
+      let actor = CallLoggingActor(loop: loop)
       r18AssumeIsolated(actor)
     }
     expectStandardError(of: result, mentions: "r18-trap-loop")

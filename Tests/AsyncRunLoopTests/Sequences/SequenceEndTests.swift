@@ -63,9 +63,9 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
     let cancels = AtomicCounter()
     let scheduled = AtomicCounter()
     do {
-      let canary = R20Canary(deaths)
+      let canary = ReleaseCanary(deaths)
       let sequence = loop.sourceSequence(
-        of: R20Canary.self,
+        of: ReleaseCanary.self,
         onSchedule: { _, _ in
           canary.touch()
           scheduled.increment()
@@ -74,7 +74,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
           canary.touch()
           cancels.increment()
         })
-      for _ in 0..<3 { #expect(sequence.post(R20Canary(deaths)).isEnqueued) }
+      for _ in 0..<3 { #expect(sequence.post(ReleaseCanary(deaths)).isEnqueued) }
       #expect(await r20Eventually { scheduled.current == 1 })
     }
     #expect(await r20Eventually { deaths.current == 4 }, "released \(deaths.current) of 4")
@@ -96,9 +96,9 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
     let started = TestGate()
     let consumer: Task<Void, Never>
     do {
-      let canary = R20Canary(deaths)
+      let canary = ReleaseCanary(deaths)
       let sequence = loop.sourceSequence(
-        of: R20Canary.self,
+        of: ReleaseCanary.self,
         onSchedule: { _, _ in
           canary.touch()
           scheduled.increment()
@@ -107,7 +107,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
           canary.touch()
           cancels.increment()
         })
-      #expect(sequence.post(R20Canary(deaths)).isEnqueued)
+      #expect(sequence.post(ReleaseCanary(deaths)).isEnqueued)
       consumer = Task(executorPreference: loop) {
         started.open()
         if !cancelWhileWaiting {
@@ -164,15 +164,15 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
     let loop = try RunLoopThread(name: "r20-discard")
     let deaths = AtomicCounter()
     let cancels = AtomicCounter()
-    var buffered: SourceSequence<R20Canary>? = loop.sourceSequence(
-      of: R20Canary.self, onCancel: { _ in cancels.increment() })
+    var buffered: SourceSequence<ReleaseCanary>? = loop.sourceSequence(
+      of: ReleaseCanary.self, onCancel: { _ in cancels.increment() })
     let started = TestGate()
     let consumer = Task { [buffered] in
       started.open()
       while !Task.isCancelled { await Task.yield() }
       for await element in buffered! { element.touch() }
     }
-    for _ in 0..<3 { #expect(buffered?.post(R20Canary(deaths)).isEnqueued == true) }
+    for _ in 0..<3 { #expect(buffered?.post(ReleaseCanary(deaths)).isEnqueued == true) }
     _ = await execOnNewThread { started.wait(timeout: .seconds(10)) }
     consumer.cancel()
     _ = try await withWatchdog(timeout: .seconds(20), "the cancelled consumer") { await consumer.value }
@@ -187,8 +187,8 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
   @Test func anElementRefusedByDropNewestIsReleased() async throws {
     let loop = try RunLoopThread(name: "r20-drop-newest")
     let deaths = AtomicCounter()
-    let sequence = loop.sourceSequence(of: R20Canary.self, buffering: .dropNewest(2))
-    for _ in 0..<5 { _ = sequence.post(R20Canary(deaths)) }
+    let sequence = loop.sourceSequence(of: ReleaseCanary.self, buffering: .dropNewest(2))
+    for _ in 0..<5 { _ = sequence.post(ReleaseCanary(deaths)) }
     #expect(await r20Eventually { deaths.current == 3 }, "released \(deaths.current) of 3")
     #expect(sequence.droppedCount == 3)
     #expect(sequence.bufferedCount == 2)
@@ -294,10 +294,11 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
     defer { loop.shutdownAndWait() }
     let cancels = SequenceCallLog()
     let sequence = loop.sourceSequence(
-      of: R6Object.self, onCancel: { cancelLoop in cancels.record(onLoopThread: cancelLoop.isOnLoopThread) })
+      of: WeaklyObservedObject.self, onCancel: { cancelLoop in cancels.record(onLoopThread: cancelLoop.isOnLoopThread) }
+    )
     let watchers = (0..<4).map { _ in R6Weak() }
     for watcher in watchers {
-      let object = R6Object()
+      let object = WeaklyObservedObject()
       watcher.object = object
       #expect(sequence.post(object) == .enqueued)
     }
@@ -312,7 +313,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
     }
     #expect(count == 0)
     #expect(watchers.allSatisfy { $0.object == nil })
-    #expect(sequence.post(R6Object()) == .terminated)
+    #expect(sequence.post(WeaklyObservedObject()) == .terminated)
     await eventually("cancel routine") { cancels.count == 1 }
     #expect(cancels.allOnLoopThread)
   }
@@ -322,11 +323,11 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
   @Test func cancelledBetweenElementsOfABatchEndsAtOnce() async throws {
     let loop = try RunLoopThread(name: "r6-cancel-mid")
     defer { loop.shutdownAndWait() }
-    let sequence = loop.sourceSequence(of: R6Object.self)
+    let sequence = loop.sourceSequence(of: WeaklyObservedObject.self)
     let watchers = (0..<5).map { _ in R6Weak() }
     let release = blockLoop(loop)
     for watcher in watchers {
-      let object = R6Object()
+      let object = WeaklyObservedObject()
       watcher.object = object
       _ = sequence.post(object)
     }
@@ -344,7 +345,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
     }
     #expect(count == 1)
     #expect(watchers.allSatisfy { $0.object == nil })
-    #expect(sequence.post(R6Object()) == .terminated)
+    #expect(sequence.post(WeaklyObservedObject()) == .terminated)
   }
 
   /// Cancelled while suspended, for every kind of sequence, from a task that prefers the
@@ -430,7 +431,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
     try await withWatchdogOnThread {
       let loop = try RunLoopThread(name: name)
       weakLoop.loop = loop
-      let object = R6Object()
+      let object = WeaklyObservedObject()
       captured.object = object
       do {
         let source = loop.sourceSequence(
@@ -462,7 +463,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
     let captured = R6Weak()
     let cancels = SequenceCallLog()
     let sequence: SourceSequence<Int> = {
-      let object = R6Object()
+      let object = WeaklyObservedObject()
       captured.object = object
       return loop.sourceSequence(
         of: Int.self, onSchedule: { _, _ in withExtendedLifetime(object) {} },
@@ -487,10 +488,10 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
   @Test func elementsDroppedByDropOldestDoNotAccumulate() async throws {
     let loop = try RunLoopThread(name: "r6-dropped-release")
     defer { loop.shutdownAndWait() }
-    let sequence = loop.sourceSequence(of: R6Object.self, buffering: .dropOldest(2))
+    let sequence = loop.sourceSequence(of: WeaklyObservedObject.self, buffering: .dropOldest(2))
     let watchers = (0..<1000).map { _ in R6Weak() }
     for (index, watcher) in watchers.enumerated() {
-      let object = R6Object()
+      let object = WeaklyObservedObject()
       watcher.object = object
       _ = sequence.post(object)
       if index.isMultiple(of: 2) {
@@ -514,10 +515,10 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
   @Test func elementsDroppedFromTheReleasedSideDoNotAccumulate() async throws {
     let loop = try RunLoopThread(name: "r6-dropped-released")
     defer { loop.shutdownAndWait() }
-    let sequence = loop.sourceSequence(of: R6Object.self, buffering: .dropOldest(2))
+    let sequence = loop.sourceSequence(of: WeaklyObservedObject.self, buffering: .dropOldest(2))
     let watchers = (0..<1000).map { _ in R6Weak() }
     for watcher in watchers {
-      let object = R6Object()
+      let object = WeaklyObservedObject()
       watcher.object = object
       _ = sequence.post(object)
       await loopBarrier(loop)  // blocks run before sources in a pass: the source fires in this pass
@@ -537,18 +538,19 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
     defer { loop.shutdownAndWait() }
     let cancels = SequenceCallLog()
     let sequence = loop.sourceSequence(
-      of: R6Object.self, onCancel: { cancelLoop in cancels.record(onLoopThread: cancelLoop.isOnLoopThread) })
+      of: WeaklyObservedObject.self, onCancel: { cancelLoop in cancels.record(onLoopThread: cancelLoop.isOnLoopThread) }
+    )
     let watchers = (0..<6).map { _ in R6Weak() }
     let release = blockLoop(loop)
     for watcher in watchers.prefix(4) {
-      let object = R6Object()
+      let object = WeaklyObservedObject()
       watcher.object = object
       _ = sequence.post(object)
     }
     release.open()
     await loopBarrier(loop)
     for watcher in watchers.suffix(2) {  // posted, not yet released
-      let object = R6Object()
+      let object = WeaklyObservedObject()
       watcher.object = object
       _ = sequence.post(object)
     }
@@ -559,7 +561,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
     #expect(first == true)
     await eventually("everything released") { watchers.allSatisfy { $0.object == nil } }
     await eventually("cancel") { cancels.count == 1 }
-    #expect(sequence.post(R6Object()) == .terminated)
+    #expect(sequence.post(WeaklyObservedObject()) == .terminated)
   }
 }
 

@@ -56,7 +56,7 @@ struct SequencesRacingTheirEndTests {
       () async throws -> (seen: [Int: [Int]], accepted: [Int: [Int]]) in
       let loop = try RunLoopThread(name: "r18-src-actor")
       let sequence = loop.sourceSequence(of: R18Item.self, buffering: .unbounded)
-      let actor = R18Logger(loop: loop)
+      let actor = CallLoggingActor(loop: loop)
       let consumer = Task { await actor.consume(sequence) }
       let accepted = await r18RacePosts(
         producers: producers, perProducer: perProducer, end: { loop.shutdown() },

@@ -87,7 +87,7 @@ struct CrossLoopWaitsRacingShutdownTests {
   /// the current loop's thread runs its loop, the same call completes.
   @Test func aCurrentLoopBlockedWaitingIsSeenInTheGraph() async throws {
     let loopA = try RunLoopThread(name: "r8-cur-a")
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     let current = await thread.loop()
     let blocked = try await withWatchdog(timeout: .seconds(20), "A's block calling the waiting current loop") {
       await thread.exec { _ in
@@ -166,7 +166,7 @@ struct CrossLoopWaitsRacingShutdownTests {
   /// After the current loop's jobs were diverted, its own thread answers false to the
   /// isolation question, while a block `performAndWait` runs inline there.
   @Test func aDivertedCurrentLoopsThreadIsNotIsolatedButRunsItsOwnPerformAndWaitInline() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     let loop = await thread.loop()
     loop.shutdown()
     let answers = await thread.exec { loop -> (Bool?, String) in

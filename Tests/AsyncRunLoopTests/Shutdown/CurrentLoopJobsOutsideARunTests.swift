@@ -12,7 +12,7 @@ struct CurrentLoopJobsOutsideARunTests {
   /// is shut down. Promised: outside a run every accepted job stays in the inbox, so the shutdown
   /// hands them all to the fallback in order: every call completes and no two run at once.
   @Test func loopThreadAddsAndRemovesOutsideARunLeaveJobsInTheInbox() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     let loop = await thread.loop()
     let actor = R15Actor(loop: loop)
     let calls = Task {

@@ -264,7 +264,7 @@ struct CurrentLoopLifecycleTests {
   /// third thread: the documented outcome is `RunLoopError.shutDown` ("if the loop has shut down
   /// (or shuts down before running it)"), not a wait for the thread to exit.
   @Test func performAndWaitOnACurrentLoopShutDownBeforeRunningItThrows() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     let loop = await thread.loop()
     let outcome = Guarded<Result<Int, any Error>?>(nil)
     let waiter = TestGate()

@@ -7,7 +7,7 @@ import Testing
 /// whether two of its jobs ever overlapped.
 actor CurrentLoopCounter: LoopActor {
   nonisolated let loop: RunLoopThread
-  nonisolated let overlap = Round3Overlap()
+  nonisolated let overlap = JobOverlapCounter()
   private(set) var calls = 0
 
   init(loop: RunLoopThread) { self.loop = loop }

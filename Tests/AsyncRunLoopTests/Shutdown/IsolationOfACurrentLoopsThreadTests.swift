@@ -14,10 +14,10 @@ struct IsolationOfACurrentLoopsThreadTests {
   /// a job of the loop's actor is queued; another thread shuts the loop down; the job runs on the
   /// fallback while the region is still open. The region must not have counted as isolated.
   @Test func noLoopJobRunsElsewhereWhileItsThreadCountsAsIsolated() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     defer { thread.quit() }
     let loop = await thread.loop()
-    let actor = R7Actor(loop: loop)
+    let actor = OverlapRecordingActor(loop: loop)
     let regionEntered = TestGate()
     let jobRan = TestGate()
     let region = Task {
@@ -48,7 +48,7 @@ struct IsolationOfACurrentLoopsThreadTests {
   /// Inside a run the thread counts as isolated (callouts may `assumeIsolated`); out of one it
   /// does not, before any shutdown too.
   @Test func aCurrentLoopsThreadIsIsolatedOnlyInsideARun() async throws {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     defer { thread.quit() }
     let outcome = await thread.exec { loop -> (outside: Bool, inCallout: Bool?, afterRun: Bool) in
       let outside = loop.isIsolatingCurrentContext() == true

@@ -40,7 +40,7 @@ struct LoopReleaseTests {
     let deaths = AtomicCounter()
     var actor: R20Pinned? = R20Pinned(loop: loop!)
     do {
-      let canary = R20Canary(deaths)
+      let canary = ReleaseCanary(deaths)
       loop!.add(LoopTimer(after: .seconds(3600)) { _ in canary.touch() }, to: .default)
     }
     loop = nil
@@ -97,7 +97,7 @@ struct LoopReleaseTests {
     var probe: CommandSource<Int>? = CommandSource<Int> { _ in delivered.increment() }
     let limit = LoopClock.Instant.now.advanced(by: .seconds(60 * watchdogScale))
     do {
-      let canary = R20Canary(deaths)
+      let canary = ReleaseCanary(deaths)
       let timer = LoopTimer(after: .zero) { _ in
         canary.touch()
         let result = RunLoopThread.current.run(mode: r20Nest, until: limit, returnAfterSourceHandled: true)
@@ -114,7 +114,7 @@ struct LoopReleaseTests {
     let secondResult = Guarded<RunLoopRunResult?>(nil)
     let inNested = TestGate()
     do {
-      let canary = R20Canary(deaths)
+      let canary = ReleaseCanary(deaths)
       let timer = LoopTimer(after: .zero) { _ in
         canary.touch()
         inNested.open()

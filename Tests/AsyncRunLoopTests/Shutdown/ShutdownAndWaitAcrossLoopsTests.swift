@@ -208,10 +208,10 @@ struct ShutdownAndWaitAcrossLoopsTests: PassTestModes {
   func aShutdownDuringANestedRunLosesNoCallAndNeverOverlaps(site: R7NestingSite) async throws {
     let rounds = 20
     for round in 0..<rounds {
-      let thread = R7Thread()
+      let thread = CommandedCurrentLoopThread()
       let loop = await thread.loop()
-      let overlap = Round3Overlap()
-      let actor = R7Actor(loop: loop, overlap: overlap)
+      let overlap = JobOverlapCounter()
+      let actor = OverlapRecordingActor(loop: loop, overlap: overlap)
       let nestedEntered = TestGate()
       let nestedResult = Guarded<RunLoopRunResult?>(nil)
       let outerResult = Guarded<RunLoopRunResult?>(nil)

@@ -13,8 +13,8 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
   /// block the drain runs: all return, and every accepted job ran.
   @Test func shutdownFromManyThreadsJobsAndDrainedBlocksAllReturn() async throws {
     let loop = try RunLoopThread(name: "r3-shutdown-everywhere")
-    let overlap = Round3Overlap()
-    let worker = Round3Worker(loop: loop, overlap: overlap)
+    let overlap = JobOverlapCounter()
+    let worker = SerialCheckingWorker(loop: loop, overlap: overlap)
     let drainedBlockRan = Locked(false)
     loop.perform(inModes: ["r3-never-run"]) {
       loop.shutdownAndWait()  // on the loop thread, during the drain: only (re)starts the shutdown
@@ -166,7 +166,7 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
     let deaths = AtomicCounter()
     let ran = AtomicCounter()
     do {
-      let canary = R20Canary(deaths)
+      let canary = ReleaseCanary(deaths)
       #expect(
         !loop.perform {
           canary.touch()
@@ -174,7 +174,7 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
         })
     }
     do {
-      let canary = R20Canary(deaths)
+      let canary = ReleaseCanary(deaths)
       let outcome = await execOnNewThread { () -> Bool in
         do {
           try loop.performAndWait {
@@ -201,7 +201,7 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
     weak let weakPoller = loop?.shared.poller
     let deaths = AtomicCounter()
     do {
-      let canary = R20Canary(deaths)
+      let canary = ReleaseCanary(deaths)
       #expect(loop?.perform(inModes: [r20Never]) { canary.touch() } == true)
     }
     _ = try await withWatchdogOnThread(timeout: .seconds(20), "a round trip") { [loop] in
@@ -223,7 +223,7 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
     let loop = try RunLoopThread(name: "r20-never-wait")
     let deaths = AtomicCounter()
     let started = TestGate()
-    let canary = Guarded<R20Canary?>(R20Canary(deaths))
+    let canary = Guarded<ReleaseCanary?>(ReleaseCanary(deaths))
     let waiter = Task {
       try await withWatchdogOnThread(timeout: .seconds(30), "performAndWait in a never-run mode") { () -> String in
         started.open()
@@ -255,7 +255,7 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
   @Test func shutdownBehindABurstPairsEveryScheduleWithOneCancel() throws {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "shutdown behind a burst") { () -> [String] in
       let loop = try RunLoopThread(name: "r25-shutdown")
-      let sources = (0..<1_000).map { _ in R25Source() }
+      let sources = (0..<1_000).map { _ in RoutineCountingSource() }
       let blockRuns = AtomicCounter()
       burstBehindHeldLoop(sources.map(\.source), on: loop) {
         for counted in sources[700...] { loop.remove(counted.source) }
@@ -265,7 +265,7 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
       loop.shutdownAndWait()
       var found = miscounted(sources, schedules: 1, cancels: 1)
       if blockRuns.current != 1 { found.append("block ran \(blockRuns.current) times") }
-      let late = R25Source()
+      let late = RoutineCountingSource()
       loop.add(late.source)
       if late.source.isValid { found.append("a late add left its source valid") }
       if late.schedules.current != 0 || late.cancels.current != 0 { found.append("late source's routines ran") }
@@ -285,7 +285,7 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "shutdown mid-burst") { () -> [String] in
       let loop = try RunLoopThread(name: "r25-shutdown-inside")
       let sources = (0..<1_000).map { index in
-        R25Source(index: index) { index, loop in if index == 100 { loop.shutdown() } }
+        RoutineCountingSource(index: index) { index, loop in if index == 100 { loop.shutdown() } }
       }
       let blockRuns = AtomicCounter()
       burstBehindHeldLoop(sources.map(\.source), on: loop) {
@@ -309,7 +309,7 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
       let inNested = TestGate()
       let results = Guarded<[String]>([])
       let sources = (0..<1_000).map { index in
-        R25Source(index: index) { index, loop in
+        RoutineCountingSource(index: index) { index, loop in
           guard index == 100 else { return }
           let keepAlive = LoopTimer(after: .seconds(3_600)) { _ in }
           loop.add(keepAlive)
@@ -336,8 +336,8 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
   @Test func aDrainWhoseCancelRoutinesRunNestedWhileAddsArrive() throws {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "drain churn") { () -> [String] in
       let loop = try RunLoopThread(name: "r25-drain-churn")
-      let fresh = (0..<300).map { _ in R25Source() }
-      let racing = (0..<1_000).map { _ in R25Source() }
+      let fresh = (0..<300).map { _ in RoutineCountingSource() }
+      let racing = (0..<1_000).map { _ in RoutineCountingSource() }
       let nestedResults = Guarded<[RunLoopRunResult]>([])
       let cancels = AtomicCounter()
       let schedules = AtomicCounter()
@@ -385,8 +385,8 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
   @Test func shutdownAndWaitRacingTheReleaseOfABurst() async throws {
     let failures = try await failuresOverRounds(10, timeout: .seconds(30), "shutdown races") { round, failures in
       guard let loop = try? RunLoopThread(name: "r25-shutdown-race") else { return failures.append("no loop") }
-      let sources = (0..<1_000).map { _ in R25Source() }
-      let late = (0..<300).map { _ in R25Source() }
+      let sources = (0..<1_000).map { _ in RoutineCountingSource() }
+      let late = (0..<300).map { _ in RoutineCountingSource() }
       let release = blockLoop(loop)
       for counted in sources { loop.add(counted.source) }
       for counted in sources[500...] { loop.remove(counted.source) }

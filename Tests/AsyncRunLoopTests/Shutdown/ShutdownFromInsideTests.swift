@@ -13,7 +13,7 @@ struct ShutdownFromInsideTests {
   @Test func anActorShuttingDownItsOwnLoopLeavesNoCallHanging() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(40), "own shutdown") { () async throws -> [Int] in
       let loop = try RunLoopThread(name: "r18-own-shutdown")
-      let actor = R18Logger(loop: loop)
+      let actor = CallLoggingActor(loop: loop)
       let early = Task {
         for value in 0..<200 { _ = await actor.append(value) }
       }
@@ -35,7 +35,7 @@ struct ShutdownFromInsideTests {
     let outcome = try await withWatchdog(timeout: .seconds(20), "cross-loop wait at shutdown") {
       () async throws -> [String] in
       let home = try RunLoopThread(name: "r18-home")
-      let actor = R18Logger(loop: home)
+      let actor = CallLoggingActor(loop: home)
       var answers: [String] = []
       for _ in 0..<30 {
         let other = try RunLoopThread(name: "r18-other")
@@ -55,7 +55,7 @@ struct ShutdownFromInsideTests {
     let outcome = try await withWatchdog(timeout: .seconds(30), "assumeIsolated everywhere") {
       () async throws -> Int in
       let loop = try RunLoopThread(name: "r18-iso-all")
-      let actor = R18Logger(loop: loop)
+      let actor = CallLoggingActor(loop: loop)
       let done = AtomicCounter()
       let check: @Sendable () -> Void = {
         actor.assumeIsolated { isolated in _ = isolated.append(0) }

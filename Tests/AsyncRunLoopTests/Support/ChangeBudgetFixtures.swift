@@ -11,7 +11,7 @@ import Testing
 
 /// An input source that counts its routines; `onSchedule` runs (with the number of schedules so
 /// far, this one included) inside the schedule routine.
-final class R25Source: Sendable {
+final class RoutineCountingSource: Sendable {
   let schedules = AtomicCounter()
   let cancels = AtomicCounter()
   let performs = AtomicCounter()
@@ -32,10 +32,10 @@ final class R25Source: Sendable {
 }
 
 /// The total of every source's schedule routine calls.
-func totalSchedules(_ sources: [R25Source]) -> Int { sources.reduce(0) { $0 + $1.schedules.current } }
+func totalSchedules(_ sources: [RoutineCountingSource]) -> Int { sources.reduce(0) { $0 + $1.schedules.current } }
 
 /// Sources whose schedule and cancel counts are not exactly `schedules` and `cancels`.
-func miscounted(_ sources: [R25Source], schedules: Int, cancels: Int) -> [String] {
+func miscounted(_ sources: [RoutineCountingSource], schedules: Int, cancels: Int) -> [String] {
   sources.enumerated().compactMap { index, counted in
     let (got, gotCancels) = (counted.schedules.current, counted.cancels.current)
     return got == schedules && gotCancels == cancels ? nil : "source \(index): schedule \(got), cancel \(gotCancels)"
@@ -141,7 +141,7 @@ extension ChangeBudgetMeasures {
         calls.increment()
       }
       let observer = LoopObserver(activities: .beforeTimers, repeats: false) { _, _ in calls.increment() }
-      let sources = (0..<fillers).map { _ in R25Source() }
+      let sources = (0..<fillers).map { _ in RoutineCountingSource() }
       @Sendable func move(to mode: RunLoopMode, removing: RunLoopMode?) {
         switch kind {
         case .timer:
@@ -187,7 +187,7 @@ extension ChangeBudgetMeasures {
       let fired = AtomicCounter()
       let timer = LoopTimer(after: sooner ? .seconds(3_600) : .zero) { _ in fired.increment() }
       let sources = (0..<800).map { index in
-        R25Source(index: index) { index, _ in
+        RoutineCountingSource(index: index) { index, _ in
           guard index == 5 else { return }
           timer.setFireDate(sooner ? .now : .now.advanced(by: .seconds(3_600)))
         }

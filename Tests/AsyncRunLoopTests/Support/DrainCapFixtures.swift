@@ -21,7 +21,7 @@ let r15ModeX: RunLoopMode = "r15-x"
 /// An actor on a loop, for jobs that run the loop nested.
 actor R15Actor: LoopActor {
   nonisolated let loop: RunLoopThread
-  nonisolated let overlap = Round3Overlap()
+  nonisolated let overlap = JobOverlapCounter()
   private(set) var calls = 0
 
   init(loop: RunLoopThread) { self.loop = loop }

@@ -33,7 +33,7 @@ enum R18End: Sendable, CustomStringConvertible {
 }
 
 /// An actor pinned to a loop that logs calls in order.
-actor R18Logger: LoopActor {
+actor CallLoggingActor: LoopActor {
   nonisolated let loop: RunLoopThread
   private(set) var entries: [Int] = []
   init(loop: RunLoopThread) { self.loop = loop }
@@ -253,7 +253,7 @@ final class R18Weak: @unchecked Sendable {  // Safety: only a weak reference, se
 }
 
 /// `assumeIsolated` from synchronous code.
-func r18AssumeIsolated(_ actor: R18Logger) {
+func r18AssumeIsolated(_ actor: CallLoggingActor) {
   actor.assumeIsolated { _ in }
 }
 
@@ -298,7 +298,7 @@ func r18TimerSchedulings(_ loop: RunLoopThread) -> UInt64 {
   (try? loop.performAndWait { loop.core.timerSequence }) ?? 0
 }
 
-extension R18Logger {
+extension CallLoggingActor {
   /// Shuts this actor's own loop down from inside one of its methods.
   func shutDownOwnLoop() {
     loop.shutdownAndWait()  // on its own thread: only starts the shutdown

@@ -9,7 +9,7 @@ import Testing
 
 /// Counts the jobs of one loop that are on the stack at once (only ever touched on that loop's
 /// thread, or on the fallback queue after it terminated): more than one breaks the serial contract.
-final class Round3Overlap: Sendable {
+final class JobOverlapCounter: Sendable {
   private let state = Locked((current: 0, maximum: 0, total: 0))
   func enter() {
     state.withLock {
@@ -23,14 +23,14 @@ final class Round3Overlap: Sendable {
   var total: Int { state.withLock { $0.total } }
 }
 
-/// An actor on a loop whose methods record, through a shared `Round3Overlap`, whether a job of the
+/// An actor on a loop whose methods record, through a shared `JobOverlapCounter`, whether a job of the
 /// loop started while another one was on the stack.
-actor Round3Worker: LoopActor {
+actor SerialCheckingWorker: LoopActor {
   nonisolated let loop: RunLoopThread
-  nonisolated let overlap: Round3Overlap
+  nonisolated let overlap: JobOverlapCounter
   private(set) var calls = 0
 
-  init(loop: RunLoopThread, overlap: Round3Overlap) {
+  init(loop: RunLoopThread, overlap: JobOverlapCounter) {
     self.loop = loop
     self.overlap = overlap
   }

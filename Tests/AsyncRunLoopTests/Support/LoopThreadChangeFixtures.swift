@@ -16,7 +16,7 @@ let r14cModeB: RunLoopMode = "r14c-b"
 let r14cModeC: RunLoopMode = "r14c-c"
 
 /// What the loop and a member's binding say, read on the loop thread.
-struct R14CAgreement: Sendable, Equatable, CustomStringConvertible {
+struct BindingAgreement: Sendable, Equatable, CustomStringConvertible {
   var modes: [RunLoopMode]
   var bound: Bool
   var records: Int
@@ -28,9 +28,9 @@ struct R14CAgreement: Sendable, Equatable, CustomStringConvertible {
 }
 
 /// Reads the agreement for `member` on `loop`'s thread (nil when the loop refused the block).
-func r14cAgreement(_ member: some LoopMember, on loop: RunLoopThread) -> R14CAgreement? {
+func r14cAgreement(_ member: some LoopMember, on loop: RunLoopThread) -> BindingAgreement? {
   try? loop.performAndWait {
-    R14CAgreement(
+    BindingAgreement(
       modes: loop.core.modes(of: member).sorted { $0.rawValue < $1.rawValue },
       bound: member.isBound(to: loop.shared),
       records: loop.core.modeTable.allRecords.count,
@@ -39,8 +39,8 @@ func r14cAgreement(_ member: some LoopMember, on loop: RunLoopThread) -> R14CAgr
 }
 
 /// The same, read on the loop thread itself (inside a callout or block).
-func r14cAgreementHere(_ member: some LoopMember, on loop: RunLoopThread) -> R14CAgreement {
-  R14CAgreement(
+func r14cAgreementHere(_ member: some LoopMember, on loop: RunLoopThread) -> BindingAgreement {
+  BindingAgreement(
     modes: loop.core.modes(of: member).sorted { $0.rawValue < $1.rawValue },
     bound: member.isBound(to: loop.shared),
     records: loop.core.modeTable.allRecords.count,

@@ -10,7 +10,7 @@ import Testing
 
 /// A thread of the test's own that binds a `RunLoopThread.current` loop and then runs the
 /// closures the test sends it, one at a time, until told to exit (its loop then drains).
-final class R7Thread: Sendable {
+final class CommandedCurrentLoopThread: Sendable {
   private let commands = Guarded<[@Sendable (RunLoopThread) -> Void]>([])
   private let quitting = Guarded(false)
   private let published = Guarded<RunLoopThread?>(nil)
@@ -59,14 +59,14 @@ final class R7Thread: Sendable {
 }
 
 /// An actor on a loop that records overlapping jobs and whether one is in progress.
-actor R7Actor: LoopActor {
+actor OverlapRecordingActor: LoopActor {
   nonisolated let loop: RunLoopThread
-  nonisolated let overlap: Round3Overlap
+  nonisolated let overlap: JobOverlapCounter
   /// A job of this actor is running now (readable from anywhere).
   nonisolated let inJob = Guarded(false)
   private(set) var calls = 0
 
-  init(loop: RunLoopThread, overlap: Round3Overlap = Round3Overlap()) {
+  init(loop: RunLoopThread, overlap: JobOverlapCounter = JobOverlapCounter()) {
     self.loop = loop
     self.overlap = overlap
   }
@@ -124,7 +124,7 @@ enum R7NestingSite: String, CaseIterable, Sendable {
   case job, block, timer, observer
 }
 
-extension R7Actor {
+extension OverlapRecordingActor {
   /// On this actor's loop: waits for `first`, whose block waits for `second`.
   func chain(through first: RunLoopThread, then second: RunLoopThread) throws -> Int {
     try first.performAndWait { () throws -> Int in
@@ -149,7 +149,7 @@ extension PassTestModes {
     _ observedMode: RunLoopMode = .default,
     _ body: @escaping @Sendable (RunLoopThread, EventLog) -> T
   ) async -> ([String], T) {
-    let thread = R7Thread()
+    let thread = CommandedCurrentLoopThread()
     defer { thread.quit() }
     return await thread.exec { loop in
       let log = EventLog()

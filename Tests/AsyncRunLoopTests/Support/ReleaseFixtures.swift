@@ -6,7 +6,7 @@ import Testing
 /// An object whose `deinit` counts on a per-test counter: captured by the closures under test, it
 /// shows when the library let go of them (a deinit counter, not a weak reference: a weak reference
 /// to something that stays alive leaves a side table LeakSanitizer reports).
-final class R20Canary: Sendable {
+final class ReleaseCanary: Sendable {
   let deaths: AtomicCounter
   init(_ deaths: AtomicCounter) { self.deaths = deaths }
   deinit { deaths.increment() }
@@ -39,7 +39,7 @@ enum R20Ending: String, CaseIterable, Sendable, CustomTestStringConvertible {
 }
 
 /// One member of any kind, reduced to what the tests do with it. Holds the member strongly.
-struct R20Member: Sendable {
+struct AnyMemberHandle: Sendable {
   let add: @Sendable (RunLoopThread) -> Void
   let remove: @Sendable (RunLoopThread) -> Void
   let invalidate: @Sendable () -> Void
@@ -49,9 +49,9 @@ struct R20Member: Sendable {
   /// `canary` is captured by every closure the member holds; `fired` counts callouts, `cancels`
   /// cancel routines (sources only). With `selfInvalidating`, the first callout invalidates it.
   static func make(
-    _ kind: R20Kind, canary: R20Canary, fired: AtomicCounter, cancels: AtomicCounter, schedules: AtomicCounter,
+    _ kind: R20Kind, canary: ReleaseCanary, fired: AtomicCounter, cancels: AtomicCounter, schedules: AtomicCounter,
     selfInvalidating: Bool, pipe: (read: Int32, write: Int32)?
-  ) -> R20Member {
+  ) -> AnyMemberHandle {
     switch kind {
     case .source:
       let source = InputSource(
@@ -68,7 +68,7 @@ struct R20Member: Sendable {
           fired.increment()
           if selfInvalidating { source.invalidate() }
         })
-      return R20Member(
+      return AnyMemberHandle(
         add: { $0.add(source, to: .default) }, remove: { $0.remove(source, from: .default) },
         invalidate: { source.invalidate() }, trigger: { source.signal() })
     case .command:
@@ -88,7 +88,7 @@ struct R20Member: Sendable {
           if selfInvalidating { box.withLock { $0 }?.invalidate() }
         })
       if selfInvalidating { box.withLock { $0 = command.source } }
-      return R20Member(
+      return AnyMemberHandle(
         add: { $0.add(command.source, to: .default) }, remove: { $0.remove(command.source, from: .default) },
         invalidate: { command.source.invalidate() }, trigger: { _ = command.post(1) })
     case .timer:
@@ -97,7 +97,7 @@ struct R20Member: Sendable {
         fired.increment()
         if selfInvalidating { timer.invalidate() }
       }
-      return R20Member(
+      return AnyMemberHandle(
         add: { $0.add(timer, to: .default) }, remove: { $0.remove(timer, from: .default) },
         invalidate: { timer.invalidate() }, trigger: {})
     case .observer:
@@ -107,7 +107,7 @@ struct R20Member: Sendable {
         fired.increment()
         if selfInvalidating { observer.invalidate() }
       }
-      return R20Member(
+      return AnyMemberHandle(
         add: { $0.add(observer, to: .default) }, remove: { $0.remove(observer, from: .default) },
         invalidate: { observer.invalidate() }, trigger: {})
     case .descriptor:
@@ -118,7 +118,7 @@ struct R20Member: Sendable {
         fired.increment()
         if selfInvalidating { source.invalidate() }
       }
-      return R20Member(
+      return AnyMemberHandle(
         add: { try? $0.add(descriptor, to: .default) }, remove: { $0.remove(descriptor, from: .default) },
         invalidate: { descriptor.invalidate() }, trigger: { writeByte(pipe.write) })
     }

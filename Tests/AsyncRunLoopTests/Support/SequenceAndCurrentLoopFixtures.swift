@@ -7,13 +7,13 @@ import Testing
 // MARK: - Helpers
 
 /// A class instance whose release a weak reference observes.
-final class R6Object: Sendable {}
+final class WeaklyObservedObject: Sendable {}
 
-/// A weak reference to an `R6Object`, shared with closures.
+/// A weak reference to an `WeaklyObservedObject`, shared with closures.
 final class R6Weak: @unchecked Sendable {
   // Safety: written once by the test before the object is shared, read by polls afterwards;
   // the runtime zeroes weak references atomically.
-  weak var object: R6Object?
+  weak var object: WeaklyObservedObject?
 }
 
 /// A weak reference to a loop.

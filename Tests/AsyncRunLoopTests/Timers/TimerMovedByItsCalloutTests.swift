@@ -413,7 +413,7 @@ struct TimersAndObserversMovedByTheirCalloutsTests {
   /// it), invalidated after, and the loop holds no record of it.
   @Test func aOneShotObserverReAddedAndNestedInItsCalloutIsToldOnce() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "one-shot re-add") {
-      () throws -> (told: Int, valid: Bool, agreement: R14CAgreement?) in
+      () throws -> (told: Int, valid: Bool, agreement: BindingAgreement?) in
       let loop = try RunLoopThread(name: "r14c-h4")
       defer { loop.shutdownAndWait() }
       let told = AtomicCounter()
@@ -436,6 +436,6 @@ struct TimersAndObserversMovedByTheirCalloutsTests {
     guard let outcome else { return }
     #expect(outcome.told == 1)
     #expect(!outcome.valid)
-    #expect(outcome.agreement == R14CAgreement(modes: [], bound: false, records: 0, registrations: 0))
+    #expect(outcome.agreement == BindingAgreement(modes: [], bound: false, records: 0, registrations: 0))
   }
 }
