@@ -56,7 +56,7 @@ struct CommonModeMembershipTests: MemberPromiseSettling, SharedTestLoops, PassTe
   /// mode joins the common set (the add re-evaluates the silenced ones), exactly once.
   @Test func aSilencedCommonSourceFiresInAModeThatJoinsTheCommonSetLater() throws {
     let loop = try RunLoopThread(name: "r19-common")
-    let pipe = R19Pipe()
+    let pipe = FireCountingPipe()
     let (silenced, afterJoin, listed) = try loop.performAndWait { () throws -> (Int, Int, Int) in
       try loop.add(pipe.source, to: .common)
       writeByte(pipe.write)

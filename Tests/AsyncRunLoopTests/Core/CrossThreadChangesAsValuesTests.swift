@@ -27,11 +27,11 @@ struct CrossThreadChangesAsValuesTests {
       let threads = (0..<4).map { thread in
         startThread {
           var random = R10Random(state: UInt64(thread + 1) &* 0x9E37_79B9)
-          var sources = (0..<5).map { _ in R10CountedSource() }
+          var sources = (0..<5).map { _ in ScheduleCountingSource() }
           var timers = (0..<4).map { _ in makeParkedTimer { _ in } }
           var sourceModes = [Set<RunLoopMode>](repeating: [], count: 5)
           var timerModes = [Set<RunLoopMode>](repeating: [], count: 4)
-          var retired: [R10CountedSource] = []
+          var retired: [ScheduleCountingSource] = []
           func watch(_ object: AnyObject) {
             weak let weakObject = object
             let probe: () -> Bool = { weakObject != nil }
@@ -54,7 +54,7 @@ struct CrossThreadChangesAsValuesTests {
                 default:
                   sources[index].source.invalidate()
                   retired.append(sources[index])
-                  sources[index] = R10CountedSource()
+                  sources[index] = ScheduleCountingSource()
                   watch(sources[index].source)
                   sourceModes[index] = []
                 }
@@ -129,14 +129,14 @@ struct CrossThreadChangesAsValuesTests {
         two.shutdownAndWait()
       }
       let problems = Locked<[String]>([])
-      let kept = Locked<[R10CountedSource]>([])
+      let kept = Locked<[ScheduleCountingSource]>([])
       let threads = (0..<3).map { thread in
         startThread {
           var random = R10Random(state: UInt64(thread + 11))
-          var all: [R10CountedSource] = []
-          var valid: [R10CountedSource] = []
+          var all: [ScheduleCountingSource] = []
+          var valid: [ScheduleCountingSource] = []
           _ = repeatRounds(300, budget: .milliseconds(600)) { _ in
-            let source = R10CountedSource()
+            let source = ScheduleCountingSource()
             all.append(source)
             one.add(source.source, to: r10ModeA)
             one.remove(source.source, from: r10ModeA)
@@ -187,7 +187,7 @@ struct CrossThreadChangesAsValuesTests {
       var alive = 0
       for round in 0..<6 {
         let loop = try RunLoopThread(name: "r10-race")
-        let counted = Locked<[R10CountedSource]>([])
+        let counted = Locked<[ScheduleCountingSource]>([])
         let probes = Locked<[() -> Bool]>([])
         let done = Locked(false)
         let pipe = makePipe()
@@ -206,7 +206,7 @@ struct CrossThreadChangesAsValuesTests {
               let mode: RunLoopMode = [r10ModeA, .default, .common][random.next(3)]
               switch random.next(4) {
               case 0:
-                let source = R10CountedSource()
+                let source = ScheduleCountingSource()
                 counted.withLock { $0.append(source) }
                 loop.add(source.source, to: mode)
                 if random.next(2) == 0 { loop.remove(source.source, from: mode) }

@@ -13,7 +13,7 @@ struct DeepNestingTests {
     let outcome = try await withWatchdog(timeout: .seconds(30), "deep nest \(kind)") { () async throws -> [String] in
       let loop = try RunLoopThread(name: "r18-deep")
       let log = EventLog()
-      let actor = R18Nester(loop: loop, log: log)
+      let actor = NestingLoopActor(loop: loop, log: log)
       await actor.deepNest(kind)
       #expect(await r18Poll { log.count("inner") == 1 })
       await execShutdown(loop)

@@ -11,8 +11,8 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures {
   /// loop runs only the default mode meanwhile. Without the budget the three changes are applied in
   /// one pass and the member never fires in the default mode; with the removal left to a later
   /// pass, it must not either (the removal was made, the member's side changed at the call).
-  @Test(arguments: R25MovedKind.allCases)
-  func aMemberMovedToAnotherModeBehindTheBudgetDoesNotFireInTheOldMode(kind: R25MovedKind) throws {
+  @Test(arguments: MovedMemberKind.allCases)
+  func aMemberMovedToAnotherModeBehindTheBudgetDoesNotFireInTheOldMode(kind: MovedMemberKind) throws {
     let outcome = try Self.moveBehind(fillers: 300, kind: kind)
     #expect(outcome?.before == 0, "fired in the mode it was removed from")
     #expect(outcome?.after == 1, "fired in the mode it was moved to")
@@ -20,8 +20,8 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures {
 
   /// The control for the test above: the same three changes with no burst between them are
   /// applied in one pass, and the member fires only in the mode it was moved to.
-  @Test(arguments: R25MovedKind.allCases)
-  func aMemberMovedToAnotherModeInOnePassDoesNotFireInTheOldMode(kind: R25MovedKind) throws {
+  @Test(arguments: MovedMemberKind.allCases)
+  func aMemberMovedToAnotherModeInOnePassDoesNotFireInTheOldMode(kind: MovedMemberKind) throws {
     let outcome = try Self.moveBehind(fillers: 0, kind: kind)
     #expect(outcome?.before == 0, "fired in the mode it was removed from")
     #expect(outcome?.after == 1, "fired in the mode it was moved to")

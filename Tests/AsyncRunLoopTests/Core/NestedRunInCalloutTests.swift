@@ -69,7 +69,7 @@ struct NestedRunInCalloutTests: PassTestModes {
   /// not armed there, armed when its own mode runs again, and it fires exactly once.
   @Test func aSourceResumedDuringANestedRunOfAnotherModeFiresWhenItsModeRuns() throws {
     let loop = try RunLoopThread(name: "r19-pause")
-    let pipe = R19Pipe()
+    let pipe = FireCountingPipe()
     let (whilePaused, inOther, after, listed) = try loop.performAndWait { () throws -> (Int, Int, Int, Int) in
       try loop.add(pipe.source, to: .default)
       loop.core.setPaused(pipe.source, true)
@@ -95,8 +95,8 @@ struct NestedRunInCalloutTests: PassTestModes {
   /// mode; the sibling, made readable again, fires in the outer mode's next pass (never lost).
   @Test func aSourceSilencedByANestedRunInAHandlerFiresInTheOuterMode() throws {
     let loop = try RunLoopThread(name: "r19-nested")
-    let trigger = R19Pipe()
-    let sibling = R19Pipe()
+    let trigger = FireCountingPipe()
+    let sibling = FireCountingPipe()
     let nested = DescriptorSource(descriptor: trigger.read) { _, _ in
       _ = drainDescriptor(trigger.read)
       trigger.fires.withLock { $0 += 1 }

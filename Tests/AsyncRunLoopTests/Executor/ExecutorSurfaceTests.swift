@@ -13,7 +13,7 @@ struct ExecutorSurfaceTests {
     let outcome = try await withWatchdog(timeout: .seconds(20), "isolation") {
       () async throws -> (actor: (Bool?, Bool), off: Bool?, task: [Bool], inline: Bool) in
       let loop = try RunLoopThread(name: "r14s-iso")
-      let actor = R14SActor(loop: loop)
+      let actor = PinnedSurfaceActor(loop: loop)
       let place = await actor.whereAmI()
       let inline = try await actor.performInline()
       let task = await Task(executorPreference: loop) { () -> [Bool] in
@@ -43,7 +43,7 @@ struct ExecutorSurfaceTests {
     let outcome = try await withWatchdog(timeout: .seconds(20), "cycle") { () async throws -> String in
       let loopA = try RunLoopThread(name: "r14s-cyc-a")
       let loopB = try RunLoopThread(name: "r14s-cyc-b")
-      let actor = R14SActor(loop: loopA)
+      let actor = PinnedSurfaceActor(loop: loopA)
       let answer = await actor.waitInACycle(through: loopB)
       await execShutdown(loopA)
       await execShutdown(loopB)
@@ -59,7 +59,7 @@ struct ExecutorSurfaceTests {
     let outcome = try await withWatchdog(timeout: .seconds(20), "fallback") {
       () async throws -> (place: (Bool?, Bool), most: Int, calls: Int, task: Bool?) in
       let loop = try RunLoopThread(name: "r14s-fb")
-      let actor = R14SActor(loop: loop)
+      let actor = PinnedSurfaceActor(loop: loop)
       _ = await actor.whereAmI()
       await execShutdown(loop)
       let place = await actor.whereAmI()
@@ -132,7 +132,7 @@ struct ExecutorSurfaceTests {
       loop.add(LoopObserver(activities: .entry) { _, _ in entered.open() }, to: r14sModeA)
       let source = InputSource(perform: { _ in })
       loop.add(source, to: r14sModeA)
-      let actor = R14SActor(loop: loop)
+      let actor = PinnedSurfaceActor(loop: loop)
       async let result = actor.modalUntilSignalled()
       _ = await r14sPoll { entered.opened }
       await actor.ping(source)
@@ -353,7 +353,7 @@ extension ExecutorSurfaceTests {
         await Task.yield()  // a job of the loop runs during the modal run
         return loop.isOnLoopThread
       }.value
-      let actor = R14SActor(loop: loop)
+      let actor = PinnedSurfaceActor(loop: loop)
       async let actorSlept = actor.sleep(for: .milliseconds(10))
       let taskSlept = await Task(executorPreference: loop) { () -> Duration in
         let start = ContinuousClock.now
@@ -507,7 +507,7 @@ struct ExecutorRaceTests {
       () async throws -> [String] in
       let loop = try RunLoopThread(name: "r18-nested")
       let log = EventLog()
-      let actor = R18Nester(loop: loop, log: log)
+      let actor = NestingLoopActor(loop: loop, log: log)
       await actor.nest()
       await execShutdown(loop)
       return log.snapshot

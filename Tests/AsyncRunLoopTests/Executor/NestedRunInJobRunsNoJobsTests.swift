@@ -273,7 +273,7 @@ struct NestedRunsAndTheExecutorTests {
       () async throws -> [String] in
       let loop = try RunLoopThread(name: "r18-sleep-nest")
       let log = EventLog()
-      let actor = R18Nester(loop: loop, log: log)
+      let actor = NestingLoopActor(loop: loop, log: log)
       let sleeper = Task { await actor.sleepThenLog() }
       #expect(await r18Poll { log.count("sleeping") == 1 })
       await actor.nestLong()

@@ -78,7 +78,7 @@ struct SleepsAndTheDrainTests {
     let outcome = try await withWatchdog(timeout: .seconds(20), "drain jobs") {
       () async throws -> (calls: Int, late: String) in
       let loop = try RunLoopThread(name: "r14s-drain")
-      let actor = R14SActor(loop: loop)
+      let actor = PinnedSurfaceActor(loop: loop)
       let done = Locked<Task<String, Never>?>(nil)
       let source = InputSource(
         cancel: { _, _ in
@@ -116,7 +116,7 @@ extension SleepsAndTheDrainTests {
     let outcome = try await withWatchdog(timeout: .seconds(20), "assumeIsolated") {
       () async throws -> [Int] in
       let loop = try RunLoopThread(name: "r14s-assume")
-      let actor = R14SActor(loop: loop)
+      let actor = PinnedSurfaceActor(loop: loop)
       await actor.slowCall()
       let seen = Locked<[Int]>([])
       let fired = TestGate()
@@ -185,7 +185,7 @@ extension SleepsAndTheDrainTests {
       }
       _ = await r14sPoll { made.withLock { $0 } != nil }
       guard let loop = made.withLock({ $0 }) else { return (-1, -1, nil) }
-      let actor = R14SActor(loop: loop)
+      let actor = PinnedSurfaceActor(loop: loop)
       await withTaskGroup(of: Void.self) { group in
         for _ in 0..<8 {
           group.addTask {

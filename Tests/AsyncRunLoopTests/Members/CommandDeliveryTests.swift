@@ -507,7 +507,7 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
     let failures = try await failuresOverRounds(150, budget: .seconds(3), "posts vs invalidate vs shutdown") {
       round, failures in
       guard let loop = try? RunLoopThread(name: "r26-post") else { return failures.append("no loop") }
-      let ledger = R26Ledger()
+      let ledger = CommandDeliveryLedger()
       let schedules = AtomicCounter()
       let cancels = AtomicCounter()
       let commands = CommandSource<Int>(
@@ -539,7 +539,7 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
   func droppingTheLoopOrTheSourceWithCommandsPendingDeliversThem(dropSource: Bool) async throws {
     let failures = try await failuresOverRounds(60, budget: .seconds(3), "drop with commands pending") {
       round, failures in
-      let ledger = R26Ledger()
+      let ledger = CommandDeliveryLedger()
       let cancels = AtomicCounter()
       guard var loop = try? RunLoopThread(name: "r26-drop") else { return failures.append("no loop") }
       let keeper = Guarded<CommandSource<Int>?>(nil)
@@ -569,7 +569,7 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
   @Test func postsBeforeAnAddThatRacesTheShutdownAreAccountedFor() async throws {
     let failures = try await failuresOverRounds(200, budget: .seconds(3), "add vs shutdown") { round, failures in
       guard let loop = try? RunLoopThread(name: "r26-addshut") else { return failures.append("no loop") }
-      let ledger = R26Ledger()
+      let ledger = CommandDeliveryLedger()
       let schedules = AtomicCounter()
       let cancels = AtomicCounter()
       let commands = CommandSource<Int>(
@@ -601,7 +601,7 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
     let failures = try await failuresOverRounds(200, budget: .seconds(3), "remove+invalidate vs shutdown") {
       round, failures in
       guard let loop = try? RunLoopThread(name: "r26-rem") else { return failures.append("no loop") }
-      let ledger = R26Ledger()
+      let ledger = CommandDeliveryLedger()
       let schedules = AtomicCounter()
       let cancels = AtomicCounter()
       let commands = CommandSource<Int>(
@@ -639,7 +639,7 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
     let failures = try await failuresOverRounds(200, budget: .seconds(3), "self-invalidating handler") {
       round, failures in
       let loop = Self.sharedLoop
-      let ledger = R26Ledger()
+      let ledger = CommandDeliveryLedger()
       let cancels = AtomicCounter()
       let afterCancel = AtomicCounter()
       let holder = Guarded<InputSource?>(nil)
@@ -679,7 +679,7 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
     let failures = try await failuresOverRounds(100, budget: .seconds(3), "move while blocked") { round, failures in
       let loopA = Self.sharedLoop
       let loopB = Self.secondLoop
-      let ledger = R26Ledger()
+      let ledger = CommandDeliveryLedger()
       let pairs = PairLog()
       let fires = Guarded<[String]>([])
       let commands = CommandSource<Int>(
@@ -729,7 +729,7 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
   @Test func handlerPostsChainWhileAnotherThreadInvalidates() async throws {
     let failures = try await failuresOverRounds(200, budget: .seconds(3), "chained posts") { round, failures in
       let loop = Self.sharedLoop
-      let ledger = R26Ledger()
+      let ledger = CommandDeliveryLedger()
       let cancels = AtomicCounter()
       let afterCancel = AtomicCounter()
       let holder = Guarded<CommandSource<Int>?>(nil)

@@ -13,7 +13,7 @@ struct DescriptorIdentityTests: PassTestModes {
   /// mode (once), not in the old one.
   @Test func aSilencedSourceMovedToAnotherModeFiresThere() throws {
     let loop = try RunLoopThread(name: "r19-move")
-    let pipe = R19Pipe()
+    let pipe = FireCountingPipe()
     let (inDefault, inSecond) = try loop.performAndWait { () throws -> (Int, Int) in
       try loop.add(pipe.source, to: .default)
       writeByte(pipe.write)
@@ -35,7 +35,7 @@ struct DescriptorIdentityTests: PassTestModes {
   /// source on the number fires for its pipe; the old one never does, and leaves the list.
   @Test func aSilencedSourceWhoseNumberIsReusedNeverFiresForTheNewFile() throws {
     let loop = try RunLoopThread(name: "r19-reuse")
-    let old = R19Pipe()
+    let old = FireCountingPipe()
     let fresh = makePipe()
     let number = old.read
     let newFires = Locked(0)
@@ -76,7 +76,7 @@ struct DescriptorIdentityTests: PassTestModes {
   @Test
   func aClosedButDuplicatedDescriptorDoesNotSpinAModeThatIgnoresIt() throws {
     let loop = try RunLoopThread(name: "r19-spin")
-    let pipe = R19Pipe()
+    let pipe = FireCountingPipe()
     let wakeUps = Locked(0)
     let observer = LoopObserver(activities: .afterWaiting) { _, _ in wakeUps.withLock { $0 += 1 } }
     let (kept, wakes) = try loop.performAndWait { () throws -> (Int32, Int) in
@@ -100,7 +100,7 @@ struct DescriptorIdentityTests: PassTestModes {
   /// A loop shut down with silenced sources: they are detached (cancelled) and the list is empty.
   @Test func shuttingDownWithSilencedSourcesLeavesNothingListed() throws {
     let loop = try RunLoopThread(name: "r19-down")
-    let pipes = (0..<8).map { _ in R19Pipe() }
+    let pipes = (0..<8).map { _ in FireCountingPipe() }
     let cancelled = Locked(0)
     let sources = pipes.map { pipe in
       DescriptorSource(

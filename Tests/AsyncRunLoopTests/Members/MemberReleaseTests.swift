@@ -9,8 +9,8 @@ struct MemberReleaseTests {
   /// Every member kind, every way its stay can end: what its closures captured is released
   /// (exactly once), a source's cancel routine runs exactly once per schedule, and a dropped loop
   /// gives its poller back.
-  @Test(arguments: R20Kind.allCases, R20Ending.allCases)
-  func everyClosureAMemberHoldsIsReleasedWhenItsStayEnds(kind: R20Kind, ending: R20Ending) async throws {
+  @Test(arguments: ReleasedMemberKind.allCases, R20Ending.allCases)
+  func everyClosureAMemberHoldsIsReleasedWhenItsStayEnds(kind: ReleasedMemberKind, ending: R20Ending) async throws {
     let deaths = AtomicCounter()
     let fired = AtomicCounter()
     let cancels = AtomicCounter()
@@ -217,8 +217,8 @@ struct MemberReleaseTests {
   /// Fixed: the binding forgets its last loop once the member is invalidated, or once that loop
   /// applied its removal. A removed `CommandSource` keeps it, as documented, so that the loop can
   /// deliver what is posted meanwhile: invalidating it lets go.
-  @Test(arguments: R20Kind.allCases, R20LoopGone.allCases)
-  func aMemberThatOutlivesItsLoopLetsGoOfTheLoopsDescriptors(kind: R20Kind, gone: R20LoopGone) async throws {
+  @Test(arguments: ReleasedMemberKind.allCases, R20LoopGone.allCases)
+  func aMemberThatOutlivesItsLoopLetsGoOfTheLoopsDescriptors(kind: ReleasedMemberKind, gone: R20LoopGone) async throws {
     let deaths = AtomicCounter()
     let fired = AtomicCounter()
     let counter = AtomicCounter()

@@ -335,19 +335,19 @@ struct RefusedAddsReportOnceTests {
       self.plainCancels = plainCancels
       self.books = books
       pipe = makePipe()
-      commands = books.makeSource(token: R22Token(freed))
-      let plainToken = R22Token(freed)
+      commands = books.makeSource(token: DeinitCountingToken(freed))
+      let plainToken = DeinitCountingToken(freed)
       plain = InputSource(
         schedule: { _, _, _ in
           withExtendedLifetime(plainToken) {}
           plainSchedules.increment()
         },
         cancel: { _, _ in plainCancels.increment() }, perform: { _ in })
-      let timerToken = R22Token(freed)
+      let timerToken = DeinitCountingToken(freed)
       timer = LoopTimer(after: .seconds(3_600)) { _ in withExtendedLifetime(timerToken) {} }
-      let observerToken = R22Token(freed)
+      let observerToken = DeinitCountingToken(freed)
       observer = LoopObserver(activities: .all) { _, _ in withExtendedLifetime(observerToken) {} }
-      let readinessToken = R22Token(freed)
+      let readinessToken = DeinitCountingToken(freed)
       readiness = DescriptorSource(descriptor: pipe.read) { _, _ in withExtendedLifetime(readinessToken) {} }
       for command in 0..<3 { books.post(commands, command) }
     }

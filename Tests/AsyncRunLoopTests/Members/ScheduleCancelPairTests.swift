@@ -199,7 +199,7 @@ struct ScheduleCancelPairTests: MemberPromiseSettling, SharedTestLoops {
       let loopA = try RunLoopThread(name: "r26-A")
       let loopB = try RunLoopThread(name: "r26-B")
       let pairs = PairLog()
-      let ledger = R26Ledger()
+      let ledger = CommandDeliveryLedger()
       let commands = CommandSource<Int>(
         schedule: { _, loop, _ in pairs.schedule(loop) }, cancel: { _, loop in pairs.cancel(loop) }
       ) { ledger.deliver($0) }
@@ -270,7 +270,7 @@ struct ScheduleCancelPairTests: MemberPromiseSettling, SharedTestLoops {
     let failures = try await failuresOverRounds(80, budget: .seconds(4), "handler moves") { round, failures in
       let loopA = Self.sharedLoop
       let loopB = Self.secondLoop
-      let ledger = R26Ledger()
+      let ledger = CommandDeliveryLedger()
       let pairs = PairLog()
       let holder = Guarded<InputSource?>(nil)
       let commands = CommandSource<Int>(

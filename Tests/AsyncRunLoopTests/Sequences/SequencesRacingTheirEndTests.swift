@@ -11,8 +11,8 @@ struct SequencesRacingTheirEndTests {
   /// Promised: every accepted post is delivered exactly once, in each producer's order, also
   /// when the sequence ends (loop shutdown, `invalidate()`, the source's removal) mid-stream; the
   /// consumer (slow: it yields often) then ends, and `onCancel` runs once.
-  @Test(arguments: [R18End.shutdown, .invalidate, .remove])
-  func sourceSequencePostsRacingTheEndAreDeliveredOnceInOrder(end: R18End) async throws {
+  @Test(arguments: [StreamEnding.shutdown, .invalidate, .remove])
+  func sourceSequencePostsRacingTheEndAreDeliveredOnceInOrder(end: StreamEnding) async throws {
     let producers = 4
     let perProducer = 1500
     let outcome = try await withWatchdog(timeout: .seconds(20), "source posts racing \(end)") {
@@ -74,8 +74,8 @@ struct SequencesRacingTheirEndTests {
   /// Promised (`CommandSource`): every command `post` accepted is handled exactly once, in
   /// posting order per thread, also when the source is invalidated, removed (then invalidated)
   /// or its loop shuts down mid-stream.
-  @Test(arguments: [R18End.shutdown, .invalidate, .remove])
-  func commandSourcePostsRacingTheEndAreHandledOnceInOrder(end: R18End) async throws {
+  @Test(arguments: [StreamEnding.shutdown, .invalidate, .remove])
+  func commandSourcePostsRacingTheEndAreHandledOnceInOrder(end: StreamEnding) async throws {
     let producers = 4
     let perProducer = 1500
     let outcome = try await withWatchdog(timeout: .seconds(20), "command posts racing \(end)") {
@@ -105,8 +105,8 @@ struct SequencesRacingTheirEndTests {
   /// Promised (`SignalSequence`): the elements are the numbers of signals they stand for, and
   /// signals made before `invalidate()` are still delivered: the delivered counts add up to the
   /// number of signals `signal()` accepted (returned true for), with many signalling threads.
-  @Test(arguments: [R18End.shutdown, .invalidate, .remove])
-  func signalSequenceCountsAddUpToTheAcceptedSignals(end: R18End) async throws {
+  @Test(arguments: [StreamEnding.shutdown, .invalidate, .remove])
+  func signalSequenceCountsAddUpToTheAcceptedSignals(end: StreamEnding) async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "signals racing \(end)") {
       () async throws -> (delivered: Int, accepted: Int, elements: Int) in
       let loop = try RunLoopThread(name: "r18-sig")
@@ -137,8 +137,8 @@ struct SequencesRacingTheirEndTests {
   /// Promised: async producers waiting in `send` on a full `.bounded` buffer learn
   /// `.terminated` when the sequence ends; each element `send` answered `.enqueued` for is
   /// delivered once; nothing hangs.
-  @Test(arguments: [R18End.shutdown, .invalidate])
-  func waitingSendersAreReleasedWhenABoundedSequenceEnds(end: R18End) async throws {
+  @Test(arguments: [StreamEnding.shutdown, .invalidate])
+  func waitingSendersAreReleasedWhenABoundedSequenceEnds(end: StreamEnding) async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "senders racing \(end)") {
       () async throws -> (seen: [Int], enqueued: [Int], terminated: Int) in
       let loop = try RunLoopThread(name: "r18-send")

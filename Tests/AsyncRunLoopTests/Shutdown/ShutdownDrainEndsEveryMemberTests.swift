@@ -416,7 +416,7 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
       guard let loop = try? RunLoopThread(name: "r26-drainadd") else { return failures.append("no loop") }
       let schedules = AtomicCounter()
       let cancels = AtomicCounter()
-      let ledger = R26Ledger()
+      let ledger = CommandDeliveryLedger()
       let made = Guarded<[CommandSource<Int>]>([])
       let timers = Guarded<[LoopTimer]>([])
       let adder: @Sendable (Int) -> Void = { producer in

@@ -108,7 +108,7 @@ actor R25Pinned: LoopActor {
 }
 
 /// A member kind moved between modes behind a burst.
-enum R25MovedKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
+enum MovedMemberKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
   case timer, descriptor, observer
   var testDescription: String { rawValue }
 }
@@ -123,7 +123,7 @@ enum R25Callout: String, CaseIterable, Sendable, CustomTestStringConvertible {
 protocol ChangeBudgetMeasures {}
 
 extension ChangeBudgetMeasures {
-  static func moveBehind(fillers: Int, kind: R25MovedKind) throws -> (before: Int, after: Int)? {
+  static func moveBehind(fillers: Int, kind: MovedMemberKind) throws -> (before: Int, after: Int)? {
     let other: RunLoopMode = "r25-moved-other"
     return try withWatchdogSync(timeout: .seconds(20), "moved \(kind)") { () -> (before: Int, after: Int) in
       let loop = try RunLoopThread(name: "r25-moved")

@@ -18,7 +18,7 @@ struct R18Item: Sendable, Equatable {
 }
 
 /// How a stream is ended while producers still post.
-enum R18End: Sendable, CustomStringConvertible {
+enum StreamEnding: Sendable, CustomStringConvertible {
   case shutdown
   case invalidate
   case remove
@@ -67,7 +67,7 @@ func r18Poll(timeout: Duration = .seconds(10), _ condition: @Sendable () -> Bool
 }
 
 /// Ends a stream the way `end` says, from the calling thread.
-func r18End(_ end: R18End, loop: RunLoopThread, source: InputSource, invalidate: () -> Void) {
+func r18End(_ end: StreamEnding, loop: RunLoopThread, source: InputSource, invalidate: () -> Void) {
   switch end {
   case .shutdown: loop.shutdown()
   case .invalidate: invalidate()
@@ -104,7 +104,7 @@ func r18RacePosts(
 }
 
 /// An actor whose method runs its loop nested in a custom mode while a job for itself is queued.
-actor R18Nester: LoopActor {
+actor NestingLoopActor: LoopActor {
   nonisolated let loop: RunLoopThread
   let log: EventLog
   init(loop: RunLoopThread, log: EventLog) {
@@ -126,7 +126,7 @@ actor R18Nester: LoopActor {
   }
 }
 
-extension R18Nester {
+extension NestingLoopActor {
   func sleepThenLog() async {
     log.add("sleeping")
     try? await Task.sleep(for: .milliseconds(20))
@@ -162,7 +162,7 @@ enum R18Callout: Sendable, CustomStringConvertible {
   }
 }
 
-extension R18Nester {
+extension NestingLoopActor {
   /// Runs the loop nested in mode A; a callout of `kind` there runs it nested again in mode B.
   /// A job for this actor is queued before; it must not run before this method returns.
   func deepNest(_ kind: R18Callout) {

@@ -18,7 +18,7 @@ actor R26NestingActor: LoopActor {
 }
 
 /// The books of a command source under test: how often each command was delivered.
-final class R26Ledger: Sendable {
+final class CommandDeliveryLedger: Sendable {
   let delivered = Guarded<[Int: Int]>([:])
   let order = Guarded<[Int]>([])
   let accepted = Guarded<Set<Int>>([])
@@ -59,7 +59,7 @@ final class R26Ledger: Sendable {
 }
 
 /// Posts `count` commands of `producer` (numbered `producer * 1000 + index`), noting the accepted.
-func postAll(_ commands: CommandSource<Int>, _ ledger: R26Ledger, producer: Int, count: Int) {
+func postAll(_ commands: CommandSource<Int>, _ ledger: CommandDeliveryLedger, producer: Int, count: Int) {
   for index in 0..<count {
     let command = producer * 1000 + index
     if commands.post(command) { ledger.accept(command) }

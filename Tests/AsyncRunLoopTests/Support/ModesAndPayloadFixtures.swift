@@ -35,7 +35,7 @@ final class R10PassCounter: Sendable {
 }
 
 /// A custom source that counts its own schedule and cancel calls (per loop name).
-final class R10CountedSource: Sendable {
+final class ScheduleCountingSource: Sendable {
   let counts = Locked<[String: (schedule: Int, cancel: Int)]>([:])
   let source: InputSource
 

@@ -8,7 +8,7 @@ import Testing
 // already bound to that loop keeping the earlier add (`RunLoopThread.bind`).
 
 /// Counts its own deinits: captured by a member's closures, it tells whether they were released.
-final class R22Token: Sendable {
+final class DeinitCountingToken: Sendable {
   let freed: AtomicCounter
   init(_ freed: AtomicCounter) { self.freed = freed }
   deinit { freed.increment() }

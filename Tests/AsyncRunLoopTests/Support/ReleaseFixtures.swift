@@ -14,7 +14,7 @@ final class ReleaseCanary: Sendable {
 }
 
 /// The member kinds under test.
-enum R20Kind: String, CaseIterable, Sendable, CustomTestStringConvertible {
+enum ReleasedMemberKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
   case source, command, timer, observer, descriptor
   var testDescription: String { rawValue }
 }
@@ -49,7 +49,8 @@ struct AnyMemberHandle: Sendable {
   /// `canary` is captured by every closure the member holds; `fired` counts callouts, `cancels`
   /// cancel routines (sources only). With `selfInvalidating`, the first callout invalidates it.
   static func make(
-    _ kind: R20Kind, canary: ReleaseCanary, fired: AtomicCounter, cancels: AtomicCounter, schedules: AtomicCounter,
+    _ kind: ReleasedMemberKind, canary: ReleaseCanary, fired: AtomicCounter, cancels: AtomicCounter,
+    schedules: AtomicCounter,
     selfInvalidating: Bool, pipe: (read: Int32, write: Int32)?
   ) -> AnyMemberHandle {
     switch kind {

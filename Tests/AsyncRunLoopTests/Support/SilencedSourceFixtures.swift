@@ -19,7 +19,7 @@ func r19IsReaped(_ loop: RunLoopThread) -> Bool {
 }
 
 /// A readable pipe whose source counts its fires (and drains, so each write fires once).
-final class R19Pipe: Sendable {
+final class FireCountingPipe: Sendable {
   let read: Int32
   let write: Int32
   let fires = Locked(0)

@@ -64,7 +64,7 @@ final class R14SOverlap: Sendable {
 }
 
 /// An actor pinned to a loop.
-actor R14SActor: LoopActor {
+actor PinnedSurfaceActor: LoopActor {
   nonisolated let loop: RunLoopThread
   let overlap = R14SOverlap()
   var calls = 0
@@ -105,13 +105,13 @@ actor R14SActor: LoopActor {
   func ping(_ source: InputSource) { source.signal() }
 }
 
-extension R14SActor {
+extension PinnedSurfaceActor {
   /// `performAndWait` on the actor's loop from the actor (inline on the loop thread; on the
   /// fallback after termination, where it must throw rather than wait).
   func performInlineOrThrow() throws -> Bool { try loop.performAndWait { true } }
 }
 
-extension R14SActor {
+extension PinnedSurfaceActor {
   /// The actor's state read through a dynamic isolation check (`assumeIsolated`): traps unless
   /// the caller runs isolated to the actor's loop.
   nonisolated func callsAssumingIsolation() -> Int { assumeIsolated { $0.calls } }
@@ -120,7 +120,7 @@ extension R14SActor {
   func callsThroughDynamicCheck() -> Int { callsAssumingIsolation() }
 }
 
-extension R14SActor {
+extension PinnedSurfaceActor {
   /// Sleeps (the actor's executor schedules the job on the loop's timers); returns the time slept.
   func sleep(for duration: Duration) async -> Duration {
     let start = ContinuousClock.now
