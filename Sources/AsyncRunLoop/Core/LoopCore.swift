@@ -16,6 +16,8 @@ final class LoopCore {
   let shared: LoopShared
   let poller: EpollPoller
   let modeTable = ModeTable()
+  /// Metrics and stall-watch stamps (see `LoopCore.observed`).
+  let monitor: LoopMonitor
 
   /// The handle callouts receive: the user's, or, once it was dropped, a stand-in.
   @inline(__always)
@@ -131,6 +133,7 @@ final class LoopCore {
   init(shared: LoopShared) {
     self.shared = shared
     self.poller = shared.poller
+    monitor = LoopMonitor(observation: shared.observation)
     localJobs.reserveCapacity(256)
   }
 
@@ -315,7 +318,7 @@ final class LoopCore {
       if let request = performs[index], request.sequence < changeBarrier, request.canRun(in: mode, inCommon: inCommon) {
         performs[index] = nil
         livePerformCount -= 1
-        request.block()
+        observed(.performedBlock) { request.block() }
       }
       index += 1
     }
@@ -366,9 +369,11 @@ final class LoopCore {
       guard job.sequence < changeBarrier else { break }
       localJobIndex += 1
       // Each job runs in the role it was enqueued in, so its awaits do not hop (see `JobRole`).
-      switch job.role {
-      case .serial: job.job.runSynchronously(on: serial)
-      case .task: job.job.runSynchronously(on: task)
+      observed(.job, priority: TaskPriority(job.job.priority), since: job.enqueuedAt) {
+        switch job.role {
+        case .serial: job.job.runSynchronously(on: serial)
+        case .task: job.job.runSynchronously(on: task)
+        }
       }
     }
   }

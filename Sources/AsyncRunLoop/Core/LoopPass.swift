@@ -47,6 +47,8 @@ extension LoopCore {
     // No entry/exit told. A shutdown ends every run `.stopped`, also one that a block of its
     // drain starts in a mode it emptied.
     if isFinished(run) { return shared.isShutDown ? .stopped : .finished }
+    monitor.runBegan(mode)
+    defer { monitor.runEnded() }
     notifyObservers(contents, .entry)  // 1
     let result = runPasses(&run)
     notifyObservers(contents, .exit)  // 10
@@ -86,6 +88,7 @@ extension LoopCore {
     defer { unfiredReadySources = outerUnfired }
     let mode = run.contents.mode
     while true {
+      let pass = monitor.passBegan()
       beginPass(run)  // 2
       notifyObservers(run.contents, .beforeSources)  // 3
       runWork(in: mode, applyingControls: false)  // work point A: blocks and jobs sent so far
@@ -96,6 +99,7 @@ extension LoopCore {
       let firedTimers = fireDueTimers(in: run.contents)
       let firedScheduledJobs = fireEveryModeTimers(besides: run.contents)
       runWork(in: mode, applyingControls: firedTimers || firedScheduledJobs)
+      monitor.passEnded(pass)
       if let result = endOfPass(run, handledSource: handledSource) { return result }
       passControlBudget = Self.controlsPerPass
     }
@@ -277,9 +281,9 @@ extension LoopCore {
         deferredSignalled.append(record)
         continue
       }
-      guard let perform = source.consumeSignal(on: shared) else { continue }
+      guard let (perform, signalledAt) = source.consumeSignal(on: shared) else { continue }
       unfiredReadySources = ready[(index + 1)...]
-      perform(source)
+      observed(.sourceHandler, label: source.label, since: signalledAt) { perform(source) }
       fired = true
     }
     unfiredReadySources = outerUnfired
@@ -331,6 +335,7 @@ extension LoopCore {
     // The owned thread's own run lets go of its handle while it sleeps (see `LoopCore+Thread`).
     let letsGo = sleeps && run.keepsAlive
     if letsGo { releaseHandleForSleep() }
+    if sleeps { monitor.willSleep() }
     switch mechanism {
     case .futex:
       if sleeps { poller.sleepOnFutex(ticket: ticket) }  // 7
@@ -341,6 +346,7 @@ extension LoopCore {
       }
       noteUnknownTokensAfterWait()
     }
+    if sleeps { monitor.didWake() }
     applyControls(afterWake: true, bounded: true)  // awake again; this pass is the one a wake-up asked for
     if announcesSleep { notifyObservers(run.contents, .afterWaiting) }  // 8
     return fired
