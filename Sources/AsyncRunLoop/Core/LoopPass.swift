@@ -339,14 +339,21 @@ extension LoopCore {
     switch mechanism {
     case .futex:
       if sleeps { poller.sleepOnFutex(ticket: ticket) }  // 7
+      if sleeps { monitor.didWake() }
       if letsGo { reacquireHandleAfterSleep() }
     case .epoll:
-      poller.wait(block: sleeps, afterWait: { if letsGo { reacquireHandleAfterSleep() } }) { token, events in  // 7
+      let slept = sleeps
+      poller.wait(
+        block: sleeps,
+        afterWait: {
+          if slept { monitor.didWake() }
+          if letsGo { reacquireHandleAfterSleep() }
+        }
+      ) { token, events in  // 7
         fired = handleReadiness(token: token, events: events, contents: run.contents) || fired
       }
       noteUnknownTokensAfterWait()
     }
-    if sleeps { monitor.didWake() }
     applyControls(afterWake: true, bounded: true)  // awake again; this pass is the one a wake-up asked for
     if announcesSleep { notifyObservers(run.contents, .afterWaiting) }  // 8
     return fired

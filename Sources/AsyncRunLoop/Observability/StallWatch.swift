@@ -45,10 +45,11 @@ public final class StallWatch: Sendable {
     finish()
   }
 
-  /// Delivers a report: the handler first (on the calling thread), then the sequence.
+  /// Delivers a report: to the sequence first (so a handler that sees it knows the sequence holds
+  /// it, or counted it as dropped), then to the handler, on the calling thread.
   func deliver(_ report: StallReport) {
-    handler?(report)
     if case .dropped = continuation.yield(report) { dropped.add(1, ordering: .relaxed) }
+    handler?(report)
   }
 
   /// Ends `reports` (the watch was cancelled or replaced).
