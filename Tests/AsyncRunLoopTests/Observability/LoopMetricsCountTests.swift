@@ -9,6 +9,7 @@ import Testing
 struct LoopMetricsCountTests {
   @Test func countersMoveByExactlyTheWorkTheTestProduced() async throws {
     let loop = try RunLoopThread(name: "metrics-counts")
+    loop.setMetricsEnabled(true)  // applied before the first block below
     // Both readings are taken on the loop's thread inside a block: at a quiescent moment. A block
     // is counted at its start, its duration and its pass's at their ends: so the first reading's
     // block and pass fall in the difference, the second's do not.
