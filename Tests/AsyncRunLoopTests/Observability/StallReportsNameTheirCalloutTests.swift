@@ -28,6 +28,15 @@ struct StallReportsNameTheirCalloutTests {
     source.signal()
     waitUntil("the source") { fired.snapshot.contains("source") }
 
+    let commands = CommandSource<Int>(label: "command buffer") { _ in
+      usleep(Self.slow)
+      fired.withLock { _ = $0.insert("command") }
+    }
+    loop.add(commands.source, to: .default)
+    commands.post(1)
+    waitUntil("the command") { fired.snapshot.contains("command") }
+    commands.source.invalidate()
+
     let timer = LoopTimer(after: .zero, label: "tick") { _ in
       usleep(Self.slow)
       fired.withLock { _ = $0.insert("timer") }
@@ -83,6 +92,7 @@ struct StallReportsNameTheirCalloutTests {
       reports.filter { $0.kind == kind && $0.label == label }
     }
     #expect(only(.sourceHandler, "commands").count == 1)
+    #expect(only(.sourceHandler, "command buffer").count == 1)
     #expect(only(.timer, "tick").count == 1)
     #expect(only(.readinessHandler, "pipe").count == 1)
     #expect(only(.observer(.beforeSources), "watcher").count == 1)
