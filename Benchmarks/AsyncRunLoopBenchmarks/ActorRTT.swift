@@ -98,8 +98,8 @@ actor QueuePinger {
 /// actor-rtt / asyncrunloop: `LoopPinger` on loop A (client CPU) awaits `LoopPonger` on loop B
 /// (server CPU).
 final class AsyncRunLoopActorRTT: LatencySession {
-  private let loopA: RunLoopThread
-  private let loopB: RunLoopThread
+  let loopA: RunLoopThread
+  let loopB: RunLoopThread
   private let pinger: LoopPinger
   private let ponger: LoopPonger
 

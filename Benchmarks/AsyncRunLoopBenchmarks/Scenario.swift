@@ -33,6 +33,8 @@ enum Scenario {
   static let extra: [(name: String, run: Runner)] = [
     ("foundation-wake-routes", WakeScenarios.foundationRoutes),
     ("bridged-foundation-rtt", BridgedFoundationScenarios.bridgedFoundationRTT),
+    ("metrics-overhead-wake", MetricsScenarios.wake),
+    ("metrics-overhead-actor", MetricsScenarios.actor),
   ]
 
   static var allNames: [String] { (standard + extra).map(\.name) }

@@ -21,6 +21,8 @@ final class LoopCore {
   let shared: LoopShared
   let poller: EpollPoller
   let modeTable = ModeTable()
+  /// Metrics and stall-watch stamps (see `LoopCore.observed`).
+  let monitor: LoopMonitor
 
   /// The handle callouts receive: the user's, or, once it was dropped, a stand-in.
   @inline(__always)
@@ -69,6 +71,7 @@ final class LoopCore {
   init(shared: LoopShared) {
     self.shared = shared
     self.poller = shared.poller
+    monitor = LoopMonitor(observation: shared.observation)
   }
 
   // MARK: Taking the inbox
@@ -166,7 +169,7 @@ final class LoopCore {
     var index = 0
     // (The barrier is read again for each block: one may apply changes.)
     while let request = blocks.takeNext(from: &index, in: mode, inCommon: inCommon, before: changes.barrier) {
-      request.block()
+      observed(.performedBlock) { request.block() }
     }
     blocks.endScan()
   }
@@ -200,9 +203,11 @@ final class LoopCore {
     // waits too.
     while let job = jobs.takeNext(before: changes.barrier, end: end) {
       // Each job runs in the role it was enqueued in, so its awaits do not hop (see `JobRole`).
-      switch job.role {
-      case .serial: job.job.runSynchronously(on: serial)
-      case .task: job.job.runSynchronously(on: task)
+      observed(.job, priority: TaskPriority(job.job.priority), since: job.enqueuedAt) {
+        switch job.role {
+        case .serial: job.job.runSynchronously(on: serial)
+        case .task: job.job.runSynchronously(on: task)
+        }
       }
     }
   }

@@ -21,4 +21,6 @@ struct LoopJob {
   let role: JobRole
   /// The inbox's sequence number when it arrived (see `LoopInbox.sequence`).
   var sequence: UInt64 = 0
+  /// When it was enqueued (`LoopClock`), while the loop keeps metrics; else 0.
+  var enqueuedAt: Int64 = 0
 }

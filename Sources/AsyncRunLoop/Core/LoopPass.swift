@@ -46,6 +46,8 @@ extension LoopCore {
     // No entry/exit told. A shutdown ends every run `.stopped`, also one that a block of its
     // drain starts in a mode it emptied.
     if isFinished(run) { return shared.isShutDown ? .stopped : .finished }
+    monitor.runBegan(mode)
+    defer { monitor.runEnded() }
     notifyObservers(contents, .entry)  // 1
     let result = runPasses(&run)
     notifyObservers(contents, .exit)  // 10
@@ -87,6 +89,7 @@ extension LoopCore {
     defer { signalled.endNestedRun(restoring: outerUnfired) }
     let mode = run.contents.mode
     while true {
+      let pass = monitor.passBegan()
       beginPass(run)  // 2
       notifyObservers(run.contents, .beforeSources)  // 3
       runWork(in: mode, applyingControls: false)  // work point A: blocks and jobs sent so far
@@ -97,6 +100,7 @@ extension LoopCore {
       let firedTimers = fireDueTimers(in: run.contents)
       let firedScheduledJobs = fireEveryModeTimers(besides: run.contents)
       runWork(in: mode, applyingControls: firedTimers || firedScheduledJobs)
+      monitor.passEnded(pass)
       if let result = endOfPass(run, handledSource: handledSource) { return result }
       changes.beginPass()
     }
@@ -230,9 +234,9 @@ extension LoopCore {
         signalled.deferSource(record)
         continue
       }
-      guard let perform = source.consumeSignal(on: shared) else { continue }
+      guard let (perform, signalledAt) = source.consumeSignal(on: shared) else { continue }
       signalled.unfired = ready[(index + 1)...]
-      perform(source)
+      observed(.sourceHandler, label: source.label, since: signalledAt) { perform(source) }
       fired = true
     }
     signalled.unfired = outerUnfired
@@ -284,12 +288,21 @@ extension LoopCore {
     // The owned thread's own run lets go of its handle while it sleeps (see `LoopCore+Thread`).
     let letsGo = sleeps && run.keepsAlive
     if letsGo { releaseHandleForSleep() }
+    if sleeps { monitor.willSleep() }
     switch mechanism {
     case .futex:
       if sleeps { poller.sleepOnFutex(ticket: ticket) }  // 7
+      if sleeps { monitor.didWake() }
       if letsGo { reacquireHandleAfterSleep() }
     case .epoll:
-      poller.wait(block: sleeps, afterWait: { if letsGo { reacquireHandleAfterSleep() } }) { token, events in  // 7
+      let slept = sleeps
+      poller.wait(
+        block: sleeps,
+        afterWait: {
+          if slept { monitor.didWake() }
+          if letsGo { reacquireHandleAfterSleep() }
+        }
+      ) { token, events in  // 7
         fired = handleReadiness(token: token, events: events, contents: run.contents) || fired
       }
       noteUnknownTokensAfterWait()

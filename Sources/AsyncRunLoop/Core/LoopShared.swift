@@ -11,8 +11,8 @@ import Synchronization
 /// load and a compare, and stays right when the handle is replaced (a dropped loop drains with a
 /// stand-in handle).
 final class LoopShared: @unchecked Sendable {  // Safety: proof below
-  // Safety: `name`, `ownsThread`, `isMainLoop`, `poller`, `inboxLock`, `threadLock` and
-  // `terminatedGate` are immutable references. `inbox` and `handleDropped` are only touched with
+  // Safety: `name`, `ownsThread`, `isMainLoop`, `poller`, `inboxLock`, `threadLock`,
+  // `terminatedGate` and `observation` (itself `Sendable`) are immutable references. `inbox` and `handleDropped` are only touched with
   // `inboxLock` held; `threadState` only with `threadLock` held. `handle` and `core` are written
   // in init, and `handle` again only by the dropping handle's deinit under `inboxLock` while the
   // loop thread holds no reference to it (asleep, see `LoopCore.releaseHandleForSleep`), or by the
@@ -31,6 +31,8 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   var ownsThread: Bool { kind == .ownsThread }
   var isMainLoop: Bool { kind == .main }
   let poller: EpollPoller
+  /// Metrics and the stall watch, as other threads see them (see `LoopMonitor` for the loop's side).
+  let observation: LoopObservation
 
   // `@exclusivity(unchecked)`: a dynamic exclusivity check costs a thread-local lookup per access,
   // which after a wake-up was the largest user-space item left in the wake-rtt profile. `inbox`
@@ -100,6 +102,7 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
     inbox = LoopInbox(kind: kind)
     threadIsIsolated = Atomic(inbox.life.loopThreadIsIsolated)
     self.poller = poller
+    observation = LoopObservation(loopName: name)
   }
 
   /// Under `inboxLock`, after the lifecycle changed (a current loop's thread entered or left a

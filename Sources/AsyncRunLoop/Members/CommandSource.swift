@@ -54,17 +54,19 @@ public final class CommandSource<Command: Sendable>: Sendable {
   ///   - order: Among ready sources, lower orders fire first.
   ///   - schedule: Called once, on the loop thread, when the source is first added to a loop.
   ///   - cancel: Called once, on the loop thread, when the source leaves its loop.
+  ///   - label: A name for diagnostics (stall reports name the source by it).
   ///   - handler: Called on the loop thread for each command, in posting order.
   @inlinable
   public init(
     order: Int = 0,
+    label: String? = nil,
     schedule: (@Sendable (InputSource, RunLoopThread, RunLoopMode) -> Void)? = nil,
     cancel: (@Sendable (InputSource, RunLoopThread) -> Void)? = nil,
     handler: @escaping @Sendable (Command) -> Void
   ) {
     let buffer = self.buffer
     source = InputSource(
-      order: order, schedule: schedule,
+      order: order, label: label, schedule: schedule,
       cancel: cancel,
       // Invalidated: refuse further posts, then deliver what was accepted (before cancel).
       close: { _ in _ = buffer.drain(into: handler, closing: true) },

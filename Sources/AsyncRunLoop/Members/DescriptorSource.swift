@@ -67,6 +67,8 @@ public final class DescriptorSource: LoopMember, @unchecked Sendable {  // Safet
   public let interest: DescriptorEvents
   /// Among readiness sources ready in the same pass, lower orders fire first.
   public let order: Int
+  /// A name for diagnostics: stall reports name the member by it (see `StallReport.label`).
+  public let label: String?
   /// Set (once, before the handler is told `[.error]`) when the loop refused an add made from
   /// another thread; only touched with `lock` held.
   private var refusal: SystemCallError?
@@ -81,22 +83,25 @@ public final class DescriptorSource: LoopMember, @unchecked Sendable {  // Safet
   ///   - descriptor: The descriptor to watch; it must stay open while the source is scheduled.
   ///   - interest: `.readable`, `.writable`, or both.
   ///   - order: Lower orders fire first among readiness sources ready in the same pass.
+  ///   - label: A name for diagnostics (stall reports).
   ///   - handler: Called on the loop thread with the events that occurred.
   public convenience init(
-    descriptor: Int32, interest: DescriptorEvents = .readable, order: Int = 0,
+    descriptor: Int32, interest: DescriptorEvents = .readable, order: Int = 0, label: String? = nil,
     handler: @escaping @Sendable (DescriptorSource, DescriptorEvents) -> Void
   ) {
-    self.init(descriptor: descriptor, interest: interest, order: order, handler: handler, onInvalidate: nil)
+    self.init(
+      descriptor: descriptor, interest: interest, order: order, label: label, handler: handler, onInvalidate: nil)
   }
 
   init(
-    descriptor: Int32, interest: DescriptorEvents, order: Int,
+    descriptor: Int32, interest: DescriptorEvents, order: Int, label: String? = nil,
     handler: @escaping @Sendable (DescriptorSource, DescriptorEvents) -> Void,
     onInvalidate: (@Sendable () -> Void)?
   ) {
     self.descriptor = descriptor
     self.interest = interest
     self.order = order
+    self.label = label
     self.state = CalloutMemberState(callout: handler, onInvalidate: onInvalidate)
   }
 
@@ -149,7 +154,7 @@ public final class DescriptorSource: LoopMember, @unchecked Sendable {  // Safet
   /// was removed from that mode by a call the loop has not applied yet.
   func fire(_ events: DescriptorEvents, on loop: LoopShared, record: MemberRecord, in claim: ModeClaim) -> Bool {
     guard let current = lock.withLock({ state.callout(on: loop, for: record, in: claim) }) else { return false }
-    current(self, events)
+    loop.observed(.readinessHandler, label: label) { current(self, events) }
     return true
   }
 }

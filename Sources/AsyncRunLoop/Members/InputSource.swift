@@ -25,12 +25,16 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
 
   /// Among sources that are ready in the same pass, lower orders fire first.
   public let order: Int
+  /// A name for diagnostics: stall reports name the member by it (see `StallReport.label`).
+  public let label: String?
 
   private let lock = PthreadLock.make()
   // No dynamic exclusivity checks (see `ModeContents`): only touched under `lock`, and no access
   // spans a callout.
   @exclusivity(unchecked) private var state: SignalState
   @exclusivity(unchecked) private var binding = MemberBinding()
+  /// When the pending signal was sent (`LoopClock`), if its loop keeps metrics; else 0.
+  @exclusivity(unchecked) private var signalledAt: Int64 = 0
 
   /// Creates a source. The routines are called on the thread of the loop it is added to, and
   /// released once the source is invalidated.
@@ -38,14 +42,17 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
   ///   - order: Lower orders fire first among sources ready in the same pass.
   ///   - schedule: Called once when the source is first added to a loop.
   ///   - cancel: Called once when the source leaves its loop or is invalidated.
+  ///   - label: A name for diagnostics (stall reports).
   ///   - perform: Called each time the loop fires the signalled source.
   public convenience init(
     order: Int = 0,
+    label: String? = nil,
     schedule: (@Sendable (InputSource, RunLoopThread, RunLoopMode) -> Void)? = nil,
     cancel: (@Sendable (InputSource, RunLoopThread) -> Void)? = nil,
     perform: @escaping @Sendable (InputSource) -> Void
   ) {
-    self.init(order: order, schedule: schedule, cancel: cancel, close: nil, discard: nil, perform: perform)
+    self.init(
+      order: order, label: label, schedule: schedule, cancel: cancel, close: nil, discard: nil, perform: perform)
   }
 
   /// Internal: `close` runs once, on a loop thread, when the invalidated source is done on its
@@ -60,6 +67,7 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
   @usableFromInline
   init(
     order: Int,
+    label: String? = nil,
     schedule: (@Sendable (InputSource, RunLoopThread, RunLoopMode) -> Void)?,
     cancel: (@Sendable (InputSource, RunLoopThread) -> Void)?,
     close: (@Sendable (InputSource) -> Void)?,
@@ -67,6 +75,7 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
     perform: @escaping @Sendable (InputSource) -> Void
   ) {
     self.order = order
+    self.label = label
     self.state = SignalState(
       routines: .init(schedule: schedule, perform: perform, cancel: cancel, close: close, discard: discard))
   }
@@ -83,7 +92,12 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
   public func signal() {
     let target: (loop: LoopShared, record: MemberRecord)? = lock.withLock {
       guard binding.isValid, state.signal() else { return nil }
-      return binding.loopAndRecord  // nil when not on a loop: the loop it joins picks the signal up
+      // nil when not on a loop: the loop it joins picks the signal up
+      guard let target = binding.loopAndRecord else { return nil }
+      if target.loop.observation.stampsArrivals.load(ordering: .relaxed) {
+        signalledAt = LoopClock.monotonicNanoseconds()
+      }
+      return target
     }
     if let target { target.loop.enqueueSignalled(target.record) }
   }
@@ -148,14 +162,16 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
   }
 
   /// Clears the signal just before `perform` runs and returns the routine to run, or nil when the
-  /// source was invalidated, is no longer signalled, or is no longer on `loop`. Loop thread.
-  func consumeSignal(on loop: LoopShared) -> (@Sendable (InputSource) -> Void)? {
+  /// source was invalidated, is no longer signalled, or is no longer on `loop`; with the time the
+  /// signal was sent (0: not stamped). Loop thread.
+  func consumeSignal(on loop: LoopShared) -> (perform: @Sendable (InputSource) -> Void, signalledAt: Int64)? {
     // Not `withLock`: a closure returned through its generic result is re-abstracted, which
     // heap-allocated a thunk context on every fire of the source.
     lock.lock()
     defer { lock.unlock() }
-    guard binding.isValid, binding.loop === loop else { return nil }
-    return state.consumeSignal()
+    guard binding.isValid, binding.loop === loop, let perform = state.consumeSignal() else { return nil }
+    defer { signalledAt = 0 }
+    return (perform, signalledAt)
   }
 }
 

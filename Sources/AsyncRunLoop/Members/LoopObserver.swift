@@ -48,6 +48,8 @@ public final class LoopObserver: LoopMember, @unchecked Sendable {  // Safety: p
   public let repeats: Bool
   /// Among observers of the same activity, lower orders are told first.
   public let order: Int
+  /// A name for diagnostics: stall reports name the member by it (see `StallReport.label`).
+  public let label: String?
 
   private let lock = PthreadLock.make()
   // No dynamic exclusivity checks (a thread-local lookup each, on every fire): these are only
@@ -61,21 +63,24 @@ public final class LoopObserver: LoopMember, @unchecked Sendable {  // Safety: p
   ///   - activities: What to be told about.
   ///   - repeats: false to be told once and then invalidated.
   ///   - order: Lower orders are told first.
+  ///   - label: A name for diagnostics (stall reports).
   ///   - callout: Runs on the loop thread with the activity that occurred.
   public convenience init(
-    activities: LoopActivity, repeats: Bool = true, order: Int = 0,
+    activities: LoopActivity, repeats: Bool = true, order: Int = 0, label: String? = nil,
     callout: @escaping @Sendable (LoopObserver, LoopActivity) -> Void
   ) {
-    self.init(activities: activities, repeats: repeats, order: order, callout: callout, onInvalidate: nil)
+    self.init(
+      activities: activities, repeats: repeats, order: order, label: label, callout: callout, onInvalidate: nil)
   }
 
   init(
-    activities: LoopActivity, repeats: Bool, order: Int,
+    activities: LoopActivity, repeats: Bool, order: Int, label: String? = nil,
     callout: @escaping @Sendable (LoopObserver, LoopActivity) -> Void, onInvalidate: (@Sendable () -> Void)?
   ) {
     self.activities = activities
     self.repeats = repeats
     self.order = order
+    self.label = label
     self.state = CalloutMemberState(callout: callout, onInvalidate: onInvalidate)
   }
 
@@ -105,7 +110,7 @@ public final class LoopObserver: LoopMember, @unchecked Sendable {  // Safety: p
       return callout
     }
     guard let current else { return }
-    current(self, activity)
+    loop.observed(.observer(activity), label: label) { current(self, activity) }
     // The callout's end and a one-shot observer's invalidation in one critical section: between
     // two, another loop the callout moved the observer to would find it valid and not firing, and
     // tell it a second time.

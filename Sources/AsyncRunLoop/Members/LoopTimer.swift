@@ -44,6 +44,8 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   let intervalNanoseconds: Int64?
   /// How late the loop may fire the timer to coalesce wake-ups. Never negative.
   let toleranceNanoseconds: Int64
+  /// A name for diagnostics: stall reports name the member by it (see `StallReport.label`).
+  public let label: String?
 
   private let lock = PthreadLock.make()
   // No dynamic exclusivity checks (a thread-local lookup each, on every fire): these are only
@@ -72,17 +74,20 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   ///   - interval: The repeat interval; nil (or negative) for a one-shot timer.
   ///   - tolerance: How late the loop may fire it (negative counts as zero; for a repeating
   ///     timer, at most half the interval).
+  ///   - label: A name for diagnostics (stall reports).
   ///   - handler: Runs on the loop thread at each fire.
   public convenience init(
     fireAt fireDate: LoopClock.Instant, repeatingEvery interval: Duration? = nil,
-    tolerance: Duration = .zero, handler: @escaping @Sendable (LoopTimer) -> Void
+    tolerance: Duration = .zero, label: String? = nil, handler: @escaping @Sendable (LoopTimer) -> Void
   ) {
-    self.init(fireAt: fireDate, repeatingEvery: interval, tolerance: tolerance, handler: handler, onInvalidate: nil)
+    self.init(
+      fireAt: fireDate, repeatingEvery: interval, tolerance: tolerance, label: label, handler: handler,
+      onInvalidate: nil)
   }
 
   init(
     fireAt fireDate: LoopClock.Instant, repeatingEvery interval: Duration? = nil,
-    tolerance: Duration = .zero, handler: @escaping @Sendable (LoopTimer) -> Void,
+    tolerance: Duration = .zero, label: String? = nil, handler: @escaping @Sendable (LoopTimer) -> Void,
     onInvalidate: (@Sendable () -> Void)?
   ) {
     let intervalNs = interval?.saturatedNanoseconds
@@ -90,15 +95,18 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     self.toleranceNanoseconds = Self.effectiveTolerance(
       tolerance.saturatedNanoseconds, interval: intervalNanoseconds)
     self.fireDateNs = fireDate.nanoseconds
+    self.label = label
     self.state = CalloutMemberState(callout: handler, onInvalidate: onInvalidate)
   }
 
   /// Creates a timer that first fires `delay` from now.
   public convenience init(
     after delay: Duration, repeatingEvery interval: Duration? = nil, tolerance: Duration = .zero,
-    handler: @escaping @Sendable (LoopTimer) -> Void
+    label: String? = nil, handler: @escaping @Sendable (LoopTimer) -> Void
   ) {
-    self.init(fireAt: .now.advanced(by: delay), repeatingEvery: interval, tolerance: tolerance, handler: handler)
+    self.init(
+      fireAt: .now.advanced(by: delay), repeatingEvery: interval, tolerance: tolerance, label: label,
+      handler: handler)
   }
 
   /// Creates a timer from seconds given as floating-point numbers (the CFRunLoop/NSTimer style).
@@ -281,8 +289,9 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     }
     firingLoop = loop
     versionAtFire = fireDateVersion
+    let firesFor = fireDateNs
     lock.unlock()
-    current(self)
+    loop.observed(.timer, label: label, since: firesFor) { current(self) }
     let now = LoopClock.monotonicNanoseconds()
     lock.lock()
     firingLoop = nil

@@ -1,0 +1,31 @@
+/// The one hook every callout of a pass goes through (jobs, blocks, source and readiness handlers,
+/// timers, observers). Loop thread only.
+extension LoopCore {
+  /// Runs `body`, one callout of `kind`, counted and timed when metrics are on and stamped for the
+  /// stall watcher when a watch is on; off, it costs one test of a loop-thread flag (the label
+  /// and priority are not even computed).
+  /// - Parameters:
+  ///   - label: The member's label.
+  ///   - priority: A job's priority.
+  ///   - since: When what the callout answers arrived (`LoopClock`; 0: not known).
+  @inline(__always)
+  func observed<Result>(
+    _ kind: LoopCalloutKind, label: @autoclosure () -> String? = nil,
+    priority: @autoclosure () -> TaskPriority? = nil, since: Int64 = 0, _ body: () throws -> Result
+  ) rethrows -> Result {
+    guard monitor.isActive else { return try body() }
+    let token = monitor.begin(kind, label: label(), priority: priority(), since: since)
+    defer { monitor.end(token) }
+    return try body()
+  }
+}
+
+extension LoopShared {
+  /// `LoopCore.observed`, for members firing on this loop's thread.
+  @inline(__always)
+  func observed<Result>(
+    _ kind: LoopCalloutKind, label: @autoclosure () -> String? = nil, since: Int64 = 0, _ body: () throws -> Result
+  ) rethrows -> Result {
+    try core.observed(kind, label: label(), since: since, body)
+  }
+}

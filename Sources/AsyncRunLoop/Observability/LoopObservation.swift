@@ -1,0 +1,138 @@
+import Synchronization
+
+/// The callout a loop's thread is stuck in, as the stall watcher sees it.
+struct CalloutStamp {
+  let kind: LoopCalloutKind
+  let label: String?
+  let priority: TaskPriority?
+  let mode: RunLoopMode
+  let depth: Int
+  let number: UInt64
+  /// When the callout started.
+  let started: Int64
+  /// Since when the thread has been in it without running a nested pass (`started`, or the end
+  /// of the last run nested in it): a stall is measured from here.
+  let stuckSince: Int64
+
+  func report(loopName: String, phase: StallReport.Phase) -> StallReport {
+    StallReport(
+      loopName: loopName, kind: kind, label: label, priority: priority, mode: mode, nestingDepth: depth,
+      started: LoopClock.Instant(nanoseconds: started), calloutNumber: number, phase: phase)
+  }
+}
+
+/// The cross-thread half of a loop's observability: the metrics storage readers snapshot, the
+/// stall watch, and the stamp of the callout the loop's thread is in, which the stall watcher
+/// reads without the loop thread's help. Any thread.
+final class LoopObservation: @unchecked Sendable {  // Safety: proof below
+  // Safety: `storage`, `watch`, `current` and `reportedCallout` are only touched with `lock` held;
+  // `stampsArrivals` is an atomic; `loopName` is immutable.
+
+  let loopName: String
+  /// Metrics are on: producers stamp what they hand the loop (a job's enqueue, a source's
+  /// signal). Relaxed: a stamp taken or skipped around the switch only adds or misses one sample.
+  let stampsArrivals = Atomic<Bool>(false)
+
+  private let lock = PthreadLock.make()
+  private var storage: LoopMetricsStorage?
+  private var watch: StallWatch?
+  /// The callout the loop's thread is in, unless a run nested in it is running passes (then the
+  /// loop is not stuck); only kept while a watch is on.
+  private var current: CalloutStamp?
+  /// The callout the watcher reported as still running (its `.ended` report is always made).
+  private var reportedCallout: UInt64 = 0
+  /// The callout whose `.stillRunning` report the watcher is delivering now (0: none), and the
+  /// `.ended` report the loop's thread left for the watcher to deliver after it (so that a
+  /// callout's two reports never arrive in the wrong order, without calling out under a lock).
+  private var watcherDelivering: UInt64 = 0
+  private var pendingEnd: (report: StallReport, watch: StallWatch)?
+
+  init(loopName: String) {
+    self.loopName = loopName
+  }
+
+  // MARK: Metrics
+
+  /// The metrics storage, once metrics were first switched on. Any thread.
+  var metricsStorage: LoopMetricsStorage? { lock.withLock { storage } }
+
+  /// Loop thread (or before it starts): publishes the storage and whether producers stamp.
+  func publishMetrics(_ storage: LoopMetricsStorage, enabled: Bool) {
+    lock.withLock { self.storage = storage }
+    stampsArrivals.store(enabled, ordering: .relaxed)
+  }
+
+  // MARK: Stall watch
+
+  /// Installs `watch` (nil: none); returns the one it replaces. Any thread.
+  func replaceWatch(with watch: StallWatch?) -> StallWatch? {
+    lock.withLock {
+      defer { self.watch = watch }
+      return self.watch
+    }
+  }
+
+  /// Takes `watch` off if it is still the one installed; true when it was. Any thread.
+  func removeWatch(_ watch: StallWatch) -> Bool {
+    lock.withLock {
+      guard self.watch === watch else { return false }
+      self.watch = nil
+      current = nil
+      return true
+    }
+  }
+
+  /// Loop thread: the thread is now stuck in `stamp` (nil: it is running a pass).
+  @inline(__always)
+  func publish(_ stamp: CalloutStamp?) {
+    lock.withLock { current = stamp }
+  }
+
+  /// Loop thread: the callout `stamp` ended at `now` (a pass runs again). Returns its `.ended`
+  /// report to deliver, when it ran past the threshold or was reported as still running, unless
+  /// the watcher is delivering that report right now (then the watcher delivers this one after).
+  func calloutEnded(_ stamp: CalloutStamp, now: Int64) -> (report: StallReport, watch: StallWatch)? {
+    lock.withLock {
+      current = nil
+      guard let watch else { return nil }
+      let duration = now - stamp.started
+      guard reportedCallout == stamp.number || duration >= watch.thresholdNanoseconds else { return nil }
+      let report = stamp.report(loopName: loopName, phase: .ended(duration: .nanoseconds(duration)))
+      guard watcherDelivering != stamp.number else {
+        pendingEnd = (report, watch)
+        return nil
+      }
+      return (report, watch)
+    }
+  }
+
+  /// The watcher delivered its report: the `.ended` report the loop's thread left meanwhile, to
+  /// deliver now.
+  func watcherDelivered() -> (report: StallReport, watch: StallWatch)? {
+    lock.withLock {
+      watcherDelivering = 0
+      defer { pendingEnd = nil }
+      return pendingEnd
+    }
+  }
+
+  /// The watcher's look at `now`: a report for a callout stuck past the threshold (once per
+  /// callout), and the time the next stall could be due.
+  func check(now: Int64) -> (report: StallReport?, watch: StallWatch?, nextCheck: Int64) {
+    lock.withLock {
+      guard let watch else { return (nil, nil, Int64.max) }
+      let threshold = watch.thresholdNanoseconds
+      // Nothing running, or reported already: a callout starting from now stalls at now + threshold at
+      // the earliest.
+      guard let stamp = current, stamp.number != reportedCallout else {
+        return (nil, watch, now.addingSaturating(threshold))
+      }
+      let due = stamp.stuckSince.addingSaturating(threshold)
+      guard due <= now else { return (nil, watch, due) }
+      reportedCallout = stamp.number
+      watcherDelivering = stamp.number
+      let report = stamp.report(loopName: loopName, phase: .stillRunning(elapsed: .nanoseconds(now - stamp.started)))
+      return (report, watch, now.addingSaturating(threshold))
+    }
+  }
+}

@@ -1,0 +1,95 @@
+import CAsyncRunLoop
+import Glibc
+
+/// The one thread that watches every loop with a stall watch on: it sleeps until the earliest
+/// moment a watched callout could pass its threshold, reads each loop's stamp (`LoopObservation`),
+/// and reports the callouts stuck past it — with no help from the stuck threads. Started the first
+/// time a watch is made; it then stays (asleep while no loop is watched).
+///
+/// It wakes at most once per threshold per watched loop while that loop runs, and not at all
+/// while no loop is watched.
+final class StallWatcher: @unchecked Sendable {  // Safety: proof below
+  // Safety: `watched`, `started` and `changed` are only touched with `lock` held; `condition`
+  // only through pthread_cond_* with `lock` held or after it (signalling).
+
+  static let shared = StallWatcher()
+
+  private let lock = PthreadLock.make()
+  private let condition: UnsafeMutablePointer<pthread_cond_t>
+  private var watched: [ObjectIdentifier: LoopObservation] = [:]
+  private var started = false
+  /// A loop was added since the watcher last looked: look again before sleeping.
+  private var changed = false
+
+  private init() {
+    condition = .allocate(capacity: 1)
+    pthread_cond_init(condition, nil)
+  }
+
+  /// Watches `observation`'s loop from now on (starting the thread the first time). Any thread.
+  func add(_ observation: LoopObservation) {
+    let start: Bool = lock.withLock {
+      watched[ObjectIdentifier(observation)] = observation
+      changed = true
+      defer { started = true }
+      return !started
+    }
+    pthread_cond_signal(condition)
+    if start { startThread() }
+  }
+
+  /// Stops watching `observation`'s loop. Any thread.
+  func remove(_ observation: LoopObservation) {
+    _ = lock.withLock { watched.removeValue(forKey: ObjectIdentifier(observation)) }
+  }
+
+  private func startThread() {
+    var thread = pthread_t()
+    let rc = pthread_create(
+      &thread, nil,
+      { _ in
+        _ = carl_set_thread_name("stall-watcher")
+        StallWatcher.shared.run()  // never returns
+      }, nil)
+    precondition(rc == 0, "AsyncRunLoop: could not start the stall watcher thread (\(rc))")
+    pthread_detach(thread)
+  }
+
+  /// The watcher's life: look, report (outside the lock), sleep until the next possible stall.
+  private func run() -> Never {
+    while true {
+      let loops: [LoopObservation] = lock.withLock {
+        changed = false
+        return Array(watched.values)
+      }
+      let now = LoopClock.monotonicNanoseconds()
+      var next = Int64.max
+      for observation in loops {
+        let (report, watch, nextCheck) = observation.check(now: now)
+        next = min(next, nextCheck)
+        guard let report, let watch else { continue }
+        watch.deliver(report)  // the handler runs here, on this thread
+        if let ended = observation.watcherDelivered() { ended.watch.deliver(ended.report) }
+      }
+      lock.lock()
+      if !changed { sleep(until: next) }
+      lock.unlock()
+    }
+  }
+
+  /// With `lock` held: waits on the condition until `deadline` (`LoopClock`; `Int64.max`: until
+  /// signalled).
+  private func sleep(until deadline: Int64) {
+    guard deadline != Int64.max else {
+      lock.wait(on: condition)
+      return
+    }
+    let delay = max(0, deadline - LoopClock.monotonicNanoseconds())
+    var wake = timespec()
+    clock_gettime(CLOCK_REALTIME, &wake)
+    let total = Int64(wake.tv_nsec) + delay
+    wake.tv_sec += Int(total / 1_000_000_000)
+    wake.tv_nsec = Int(total % 1_000_000_000)
+    _ = lock.wait(on: condition, until: wake)
+  }
+}

@@ -1,0 +1,83 @@
+import Glibc
+import Testing
+
+@testable import AsyncRunLoop
+
+/// A loop's metrics count exactly what ran on it (issue 27, item 2): N jobs move the job counter
+/// by N, and so on, and each latency histogram holds one value per event it measures.
+@Suite("Loop metrics count what ran")
+struct LoopMetricsCountTests {
+  @Test func countersMoveByExactlyTheWorkTheTestProduced() async throws {
+    let loop = try RunLoopThread(name: "metrics-counts")
+    loop.setMetricsEnabled(true)  // applied before the first block below
+    // Both readings are taken on the loop's thread inside a block: at a quiescent moment. A block
+    // is counted at its start, its duration and its pass's at their ends: so the first reading's
+    // block and pass fall in the difference, the second's do not.
+    let before = try loop.performAndWait { loop.metrics }
+
+    let jobs = 40
+    for _ in 0..<jobs { await Task(executorPreference: loop) {}.value }
+
+    let blocks = 25
+    for _ in 0..<blocks { try loop.performAndWait {} }  // the last one is counted before it returns
+
+    let fires = Guarded(0)
+    let source = InputSource { _ in fires.withLock { $0 += 1 } }
+    loop.add(source, to: .default)
+    let signals = 15
+    for round in 1...signals {
+      source.signal()
+      waitUntil("fire \(round)") { fires.snapshot == round }
+    }
+
+    let timers = 6
+    let timerFires = Guarded(0)
+    for round in 1...timers {
+      loop.add(LoopTimer(after: .zero) { _ in timerFires.withLock { $0 += 1 } }, to: .default)
+      waitUntil("timer \(round)") { timerFires.snapshot == round }
+    }
+
+    let told = Guarded(0)
+    let observer = LoopObserver(activities: .all) { _, _ in told.withLock { $0 += 1 } }
+    loop.add(observer, to: .default)
+    loop.wakeUp()
+    waitUntil("the observer") { told.snapshot > 0 }
+    observer.invalidate()
+    source.invalidate()
+    // (After the invalidations: the observer is told no more.)
+    let after = try loop.performAndWait { loop.metrics }
+
+    let delta = after - before
+    let blocksRun = UInt64(blocks + 1)  // the reading block's too
+    #expect(delta.jobs == UInt64(jobs))
+    #expect(delta.performedBlocks == blocksRun)
+    #expect(delta.sourcesFired == UInt64(signals))
+    #expect(delta.timersFired == UInt64(timers))
+    #expect(delta.observerCallouts == UInt64(told.snapshot))
+    #expect(delta.readinessEvents == 0)
+    // One latency per measured event: every job and signal was stamped (metrics were on).
+    #expect(delta.jobQueueDelay.count == UInt64(jobs))
+    #expect(delta.signalLatency.count == UInt64(signals))
+    #expect(delta.timerLateness.count == UInt64(timers))
+    let callouts = UInt64(jobs) + blocksRun + UInt64(signals) + UInt64(timers) + UInt64(told.snapshot)
+    #expect(delta.calloutDuration.count == callouts)  // the first reading block's, not the second's
+    #expect(delta.passes > 0 && delta.passDuration.count == delta.passes)
+    // At most one wake-up per pass; the second reading's pass woke already but has not ended.
+    #expect(delta.wakeUps > 0 && delta.wakeUps <= delta.passes + 1)
+    loop.shutdownAndWait()
+  }
+
+  @Test func switchedOffTheCountersStandStill() async throws {
+    let loop = try RunLoopThread(name: "metrics-off")
+    loop.setMetricsEnabled(false)
+    try loop.performAndWait {}
+    let before = loop.metrics
+    for _ in 0..<10 { try loop.performAndWait {} }
+    await Task(executorPreference: loop) {}.value
+    #expect(loop.metrics == before)
+    loop.setMetricsEnabled(true)
+    try loop.performAndWait {}  // applied before this block: counted
+    #expect((loop.metrics - before).performedBlocks == 1)
+    loop.shutdownAndWait()
+  }
+}
