@@ -35,7 +35,7 @@ public enum LoopTimerError: Error, Equatable, CustomStringConvertible {
 ///   `invalidateAndWait()`, which refuses (throws) instead of deadlocking.
 public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proof below
   // Safety: `intervalNanoseconds`, `toleranceNanoseconds` are immutable. `state` (binding,
-  // handler), `fireDateNs`, the fire-date versions, `firingLoop`, `deferredLoops` and
+  // handler), `fireDateNs`, `delayFromAdd`, the fire-date versions, `firingLoop`, `deferredLoops` and
   // `firingWaiters` are only touched with `lock` held. The loop-thread side (heap entries) lives in the loop's `MemberRecord`.
 
   static var kindName: String { "LoopTimer" }
@@ -59,6 +59,9 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   /// Bumped by every `setFireDate`; `versionAtFire` is its value when the running callout began.
   @exclusivity(unchecked) private var fireDateVersion: UInt64 = 0
   @exclusivity(unchecked) private var versionAtFire: UInt64 = 0
+  /// `init(after:)`'s delay, until a virtual-time loop resolves it against its own clock when the
+  /// timer first joins it (`resolveDelay(now:)`); a system loop's time is the creator's.
+  @exclusivity(unchecked) private var delayFromAdd: Int64?
   /// Threads in `invalidateAndWait` waiting for the running callout to end.
   @exclusivity(unchecked) private var firingWaiters: [BlockingGate] = []
   /// The record a reschedule was sent for and not applied yet: the loop reads the date when it
@@ -99,6 +102,7 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     handler: @escaping @Sendable (LoopTimer) -> Void
   ) {
     self.init(fireAt: .now.advanced(by: delay), repeatingEvery: interval, tolerance: tolerance, handler: handler)
+    lock.withLock { delayFromAdd = delay.saturatedNanoseconds }
   }
 
   /// Creates a timer from seconds given as floating-point numbers (the CFRunLoop/NSTimer style).
@@ -231,6 +235,15 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
 
   // MARK: Loop-facing (loop thread)
 
+  /// A virtual-time loop, as the timer joins it: a timer made with `init(after:)` whose date was
+  /// never set counts its delay from the loop's time `now`. Once only. Any thread.
+  func resolveDelay(now: Int64) {
+    lock.withLock {
+      if let delay = delayFromAdd, fireDateVersion == 0 { fireDateNs = now.addingSaturating(delay) }
+      delayFromAdd = nil
+    }
+  }
+
   /// The current fire date in nanoseconds. Loop thread (any thread is safe).
   var fireDateNanoseconds: Int64 { lock.withLock { fireDateNs } }
 
@@ -283,7 +296,7 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     versionAtFire = fireDateVersion
     lock.unlock()
     current(self)
-    let now = LoopClock.monotonicNanoseconds()
+    let now = loop.nowNanoseconds
     lock.lock()
     firingLoop = nil
     let recordHere = state.binding.record(on: loop)
