@@ -96,7 +96,8 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     self.state = CalloutMemberState(callout: handler, onInvalidate: onInvalidate)
   }
 
-  /// Creates a timer that first fires `delay` from now.
+  /// Creates a timer that first fires `delay` from now. (On a virtual-time loop, from that loop's
+  /// time when the timer is first added to it: see `AsyncRunLoopTesting`.)
   public convenience init(
     after delay: Duration, repeatingEvery interval: Duration? = nil, tolerance: Duration = .zero,
     handler: @escaping @Sendable (LoopTimer) -> Void
