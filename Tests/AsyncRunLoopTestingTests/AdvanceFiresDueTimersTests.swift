@@ -49,6 +49,20 @@ struct AdvanceFiresDueTimersTests {
     #expect(log.entries.count == plan.count)
   }
 
+  /// The example of the `AsyncRunLoopTesting` article and of "Testing code that uses loops".
+  @Test func heartbeatEveryThirtySecondsBeatsTenTimesInFiveMinutes() async throws {
+    let virtual = try VirtualTimeLoop()
+    defer { virtual.shutdownAndWait() }
+    let beats = Beats()
+    let heartbeat = LoopTimer(after: .seconds(30), repeatingEvery: .seconds(30)) { _ in beats.count += 1 }
+    virtual.loop.add(heartbeat, to: .common)
+    await virtual.advance(by: .seconds(300))
+    #expect(try virtual.loop.performAndWait { beats.count } == 10)
+  }
+
+  /// Touched on the loop thread only (the timer's callout and performAndWait), hence unchecked.
+  final class Beats: @unchecked Sendable { var count = 0 }
+
   @Test func repeatingTimerFiresOncePerIntervalOnItsGrid() async throws {
     let virtual = try VirtualTimeLoop(name: "vt-repeat")
     defer { virtual.shutdownAndWait() }
