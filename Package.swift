@@ -13,6 +13,7 @@ let package = Package(
   products: [
     .library(name: "AsyncRunLoop", targets: ["AsyncRunLoop"]),
     .library(name: "AsyncRunLoopFoundation", targets: ["AsyncRunLoopFoundation"]),
+    .library(name: "AsyncRunLoopTesting", targets: ["AsyncRunLoopTesting"]),
   ],
   targets: [
     // System headers that Glibc's Swift module does not expose (epoll, eventfd, timerfd,
@@ -27,6 +28,17 @@ let package = Package(
     .target(
       name: "AsyncRunLoopFoundation",
       dependencies: ["AsyncRunLoop"],
+      swiftSettings: strictSettings
+    ),
+    // The virtual-time test loop that users import in their tests.
+    .target(
+      name: "AsyncRunLoopTesting",
+      dependencies: ["AsyncRunLoop"],
+      swiftSettings: strictSettings
+    ),
+    .testTarget(
+      name: "AsyncRunLoopTestingTests",
+      dependencies: ["AsyncRunLoop", "AsyncRunLoopTesting"],
       swiftSettings: strictSettings
     ),
     .executableTarget(
@@ -115,7 +127,8 @@ let package = Package(
       name: "AsyncRunLoopTests",
       // The executables are dependencies so that `swift test` builds them next to the test binary.
       dependencies: [
-        "AsyncRunLoop", "CAsyncRunLoop", "CTestHarness", "MainLoopFixture", "MainThreadDelegateExample",
+        "AsyncRunLoop", "AsyncRunLoopTesting", "CAsyncRunLoop", "CTestHarness", "MainLoopFixture",
+        "MainThreadDelegateExample",
         "AsyncMainFixture", "AsyncMainExample",
         "CustomInputSourceExample", "ObserverLogExample", "EchoServerExample",
       ],

@@ -84,10 +84,13 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
     core.handleWillDeinit(makeStandIn: { RunLoopThread(standInFor: self) })
   }
 
-  init(name: String, ownsThread: Bool, isMainLoop: Bool) throws(SystemCallError) {
+  init(
+    name: String, ownsThread: Bool, isMainLoop: Bool, timeSource: LoopTimeSource = .system
+  ) throws(SystemCallError) {
     self.name = name
     self.isStandIn = false
-    shared = LoopShared(name: name, ownsThread: ownsThread, isMainLoop: isMainLoop, poller: try EpollPoller())
+    shared = LoopShared(
+      name: name, ownsThread: ownsThread, isMainLoop: isMainLoop, poller: try EpollPoller(), timeSource: timeSource)
     let core = LoopCore(shared: shared)
     self.core = core
     shared.coreIfSet = core

@@ -29,6 +29,7 @@ extension LoopCore {
     guard !hasTerminated, !isDraining else { return }
     isDraining = true
     defer { isDraining = false }
+    if case .manual(let clock) = shared.timeSource { clock.loopEnded() }  // tests waiting for idle go on
     var round = 0
     let start = LoopClock.monotonicNanoseconds()
     // From the cap on, other threads' changes are refused as they arrive, also in the middle of

@@ -120,7 +120,7 @@ extension LoopCore {
   @inline(__always)
   private func endOfPass(_ run: RunContext, handledSource: Bool) -> RunLoopRunResult? {
     if run.returnAfterSourceHandled && handledSource { return .handledSource }
-    if run.deadline != Int64.max && run.deadline <= LoopClock.monotonicNanoseconds() { return .timedOut }
+    if run.deadline != Int64.max && run.deadline <= shared.nowNanoseconds { return .timedOut }
     if consumeStop() { return .stopped }
     if let shouldEnd = run.shouldEnd, shouldEnd() { return .stopped }
     if isFinished(run) { return .finished }
@@ -134,7 +134,7 @@ extension LoopCore {
   /// after step 4 (the next pass fires it); a block for this mode that a nested run collected; a
   /// run that was asked to end.
   private func mustNotSleep(_ run: RunContext) -> Bool {
-    run.deadline != Int64.max && run.deadline <= LoopClock.monotonicNanoseconds()
+    run.deadline != Int64.max && run.deadline <= shared.nowNanoseconds
       || changes.hasWaiting || hasRunnableJobs || isFinished(run) || hasDeferredSource(in: run.contents)
       || signalled.hasCollected || hasRunnablePerform(in: run.contents.mode)
       || (run.shouldEnd?() ?? false)
@@ -155,7 +155,7 @@ extension LoopCore {
   /// run that fires them, and an owned or the main loop's outermost run stays anyway.
   private var sleepsKeepRunAlive: Bool {
     guard let sleeps = modeTable.everyModeContents, let first = sleeps.timers.firstDeadline else { return false }
-    return (shared.divertsJobsAtShutdown && runDepth == 1) || first <= LoopClock.monotonicNanoseconds()
+    return (shared.divertsJobsAtShutdown && runDepth == 1) || first <= shared.nowNanoseconds
   }
 
   /// Nothing to watch in the mode, and no jobs (that may run here) or blocks for this mode
@@ -254,6 +254,7 @@ extension LoopCore {
       if let next = contents.timers.deadlineAfterFirst { timerWake = min(timerWake, max(next, first.deadline)) }
       wake = min(wake ?? Int64.max, timerWake)
     }
+    if case .manual(let clock) = shared.timeSource { return clock.loopWillWake(at: wake) }  // no timerfd
     poller.setTimer(deadline: wake)
   }
 
@@ -284,6 +285,8 @@ extension LoopCore {
       mechanism = sleepMechanism
       sleeps = !mustNotSleep(run) && decideToSleep(on: mechanism, ticket: &ticket)
     }
+    // A virtual clock moves here: the "sleep" until the next timer is a jump of its time.
+    if sleeps, case .manual(let clock) = shared.timeSource { sleeps = clock.loopWouldSleep() }
     var fired = false
     // The owned thread's own run lets go of its handle while it sleeps (see `LoopCore+Thread`).
     let letsGo = sleeps && run.keepsAlive

@@ -11,9 +11,10 @@ import Synchronization
 /// load and a compare, and stays right when the handle is replaced (a dropped loop drains with a
 /// stand-in handle).
 final class LoopShared: @unchecked Sendable {  // Safety: proof below
-  // Safety: `name`, `ownsThread`, `isMainLoop`, `poller`, `inboxLock`, `threadLock`,
-  // `terminatedGate` and `observation` (itself `Sendable`) are immutable references. `inbox` and `handleDropped` are only touched with
-  // `inboxLock` held; `threadState` only with `threadLock` held. `handle` and `core` are written
+  // Safety: `name`, `ownsThread`, `isMainLoop`, `poller`, `timeSource`, `inboxLock`, `threadLock`,
+  // `terminatedGate` and `observation` (itself `Sendable`) are immutable references. `inbox` and
+  // `handleDropped` are only touched with `inboxLock` held; `threadState` only with `threadLock`
+  // held. `handle` and `core` are written
   // in init, and `handle` again only by the dropping handle's deinit under `inboxLock` while the
   // loop thread holds no reference to it (asleep, see `LoopCore.releaseHandleForSleep`), or by the
   // loop thread itself; the loop thread reads it after `reacquireHandleAfterSleep` took the lock.
@@ -33,6 +34,8 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   let poller: EpollPoller
   /// Metrics and the stall watch, as other threads see them (see `LoopMonitor` for the loop's side).
   let observation: LoopObservation
+  /// Where the loop reads the time (`LoopTimeSource`); fixed for the loop's life.
+  let timeSource: LoopTimeSource
 
   // `@exclusivity(unchecked)`: a dynamic exclusivity check costs a thread-local lookup per access,
   // which after a wake-up was the largest user-space item left in the wake-rtt profile. `inbox`
@@ -95,7 +98,8 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   /// The next `serial`.
   private static let serials = Atomic<UInt64>(1)
 
-  init(name: String, ownsThread: Bool, isMainLoop: Bool, poller: EpollPoller) {
+  init(name: String, ownsThread: Bool, isMainLoop: Bool, poller: EpollPoller, timeSource: LoopTimeSource = .system) {
+    self.timeSource = timeSource
     serial = Self.serials.wrappingAdd(1, ordering: .relaxed).oldValue
     self.name = name
     kind = isMainLoop ? .main : ownsThread ? .ownsThread : .current

@@ -35,7 +35,7 @@ extension RunLoopThread {
   public func run(
     mode: RunLoopMode = .default, for duration: Duration, returnAfterSourceHandled: Bool = false
   ) -> RunLoopRunResult {
-    run(mode: mode, until: .now.advanced(by: duration), returnAfterSourceHandled: returnAfterSourceHandled)
+    run(mode: mode, until: clockNow.advanced(by: duration), returnAfterSourceHandled: returnAfterSourceHandled)
   }
 
   /// Has the loop run `mode` (a modal run) while the calling task is suspended, and returns why
@@ -117,6 +117,6 @@ extension RunLoopThread {
     mode: RunLoopMode, for duration: Duration, returnAfterSourceHandled: Bool = false
   ) async throws(RunLoopError) -> RunLoopRunResult {
     try await runModal(
-      mode: mode, until: .now.advanced(by: duration), returnAfterSourceHandled: returnAfterSourceHandled)
+      mode: mode, until: clockNow.advanced(by: duration), returnAfterSourceHandled: returnAfterSourceHandled)
   }
 }

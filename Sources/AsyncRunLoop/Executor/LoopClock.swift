@@ -43,7 +43,9 @@ public struct LoopClock: Clock, Sendable {
 
   init(loop: RunLoopThread) { self.loop = loop }
 
-  public var now: Instant { .now }
+  /// The current time: the loop's for the clock of a loop (a virtual-time loop's is virtual),
+  /// otherwise the monotonic clock's.
+  public var now: Instant { loop?.clockNow ?? .now }
 
   /// The clock's resolution: one nanosecond (the kernel's `timerfd` resolution).
   public var minimumResolution: Duration { .nanoseconds(1) }
@@ -77,7 +79,9 @@ public struct LoopClock: Clock, Sendable {
   /// now. On the caller's executor, as that one (the `Clock` protocol's own `sleep(for:)` runs on
   /// the global executor, where `LoopClock()` cannot see the caller's loop).
   nonisolated(nonsending) public func sleep(for duration: Duration, tolerance: Duration? = nil) async throws {
-    try await sleep(until: .now.advanced(by: duration), tolerance: tolerance)
+    // From the time of the loop that will serve the sleep (a virtual-time loop's is its own).
+    let base = (loop ?? RunLoopThread.currentIfExists)?.clockNow ?? .now
+    try await sleep(until: base.advanced(by: duration), tolerance: tolerance)
   }
 
   @inline(__always)

@@ -29,9 +29,17 @@ import Dispatch
 
   /// Both roles' `enqueue(_:at:…)` (see `LoopSerialExecutor`).
   func schedule<C: Clock>(_ job: UnownedJob, role: JobRole, at instant: C.Instant, tolerance: C.Duration?, clock: C) {
-    guard let delay = Self.duration(clock.now.duration(to: instant)) else {
+    // An instant of the loop's own clock (`loop.clock`): exactly that deadline, also in virtual time.
+    if let deadline = instant as? LoopClock.Instant, clock is LoopClock {
+      return schedule(job, role: role, at: deadline, tolerance: tolerance.flatMap(Self.duration))
+    }
+    guard var delay = Self.duration(clock.now.duration(to: instant)) else {
       return scheduleByClock(job, role: role, at: instant, tolerance: tolerance, clock: clock)
     }
+    // A virtual-time loop: the instant was read on another clock a moment ago (`Task.sleep(for:)`
+    // on `ContinuousClock`), so the delay left is a hair short; taken up to the next whole
+    // millisecond, a virtual sleep does not depend on how long that moment was.
+    if case .manual = shared.timeSource { delay = VirtualClock.roundedUpToMilliseconds(delay) }
     schedule(job, role: role, in: delay, tolerance: tolerance.flatMap(Self.duration))
   }
 
@@ -57,9 +65,13 @@ import Dispatch
   /// the job is enqueued at its deadline from a Dispatch timer instead (after termination it then
   /// runs on the fallback queue, still isolated to the loop).
   private func schedule(_ job: UnownedJob, role: JobRole, in delay: Duration, tolerance: Duration?) {
+    schedule(job, role: role, at: clockNow.advanced(by: delay), tolerance: tolerance)
+  }
+
+  /// `schedule(_:role:in:tolerance:)` at a deadline on the loop's clock.
+  private func schedule(_ job: UnownedJob, role: JobRole, at deadline: LoopClock.Instant, tolerance: Duration?) {
     scheduledJobCounter.withLock { $0 += 1 }
     let once = JobOnce(job)
-    let deadline = LoopClock.Instant.now.advanced(by: delay)
     // Shut down before the deadline: the job waits for its deadline elsewhere, holding the loop
     // weakly (held, the loop's descriptors stayed open until the deadline, an hour for an hour's
     // sleep, after the loop was shut down and dropped).

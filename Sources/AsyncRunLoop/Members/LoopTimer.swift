@@ -35,7 +35,7 @@ public enum LoopTimerError: Error, Equatable, CustomStringConvertible {
 ///   `invalidateAndWait()`, which refuses (throws) instead of deadlocking.
 public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proof below
   // Safety: `intervalNanoseconds`, `toleranceNanoseconds` are immutable. `state` (binding,
-  // handler), `fireDateNs`, the fire-date versions, `firingLoop`, `deferredLoops` and
+  // handler), `fireDateNs`, `delayFromAdd`, the fire-date versions, `firingLoop`, `deferredLoops` and
   // `firingWaiters` are only touched with `lock` held. The loop-thread side (heap entries) lives in the loop's `MemberRecord`.
 
   static var kindName: String { "LoopTimer" }
@@ -61,6 +61,9 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   /// Bumped by every `setFireDate`; `versionAtFire` is its value when the running callout began.
   @exclusivity(unchecked) private var fireDateVersion: UInt64 = 0
   @exclusivity(unchecked) private var versionAtFire: UInt64 = 0
+  /// `init(after:)`'s delay, until a virtual-time loop resolves it against its own clock when the
+  /// timer first joins it (`resolveDelay(now:)`); a system loop's time is the creator's.
+  @exclusivity(unchecked) private var delayFromAdd: Int64?
   /// Threads in `invalidateAndWait` waiting for the running callout to end.
   @exclusivity(unchecked) private var firingWaiters: [BlockingGate] = []
   /// The record a reschedule was sent for and not applied yet: the loop reads the date when it
@@ -99,7 +102,8 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     self.state = CalloutMemberState(callout: handler, onInvalidate: onInvalidate)
   }
 
-  /// Creates a timer that first fires `delay` from now.
+  /// Creates a timer that first fires `delay` from now. (On a virtual-time loop, from that loop's
+  /// time when the timer is first added to it: see `AsyncRunLoopTesting`.)
   public convenience init(
     after delay: Duration, repeatingEvery interval: Duration? = nil, tolerance: Duration = .zero,
     label: String? = nil, handler: @escaping @Sendable (LoopTimer) -> Void
@@ -107,6 +111,7 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     self.init(
       fireAt: .now.advanced(by: delay), repeatingEvery: interval, tolerance: tolerance, label: label,
       handler: handler)
+    lock.withLock { delayFromAdd = delay.saturatedNanoseconds }
   }
 
   /// Creates a timer from seconds given as floating-point numbers (the CFRunLoop/NSTimer style).
@@ -239,6 +244,15 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
 
   // MARK: Loop-facing (loop thread)
 
+  /// A virtual-time loop, as the timer joins it: a timer made with `init(after:)` whose date was
+  /// never set counts its delay from the loop's time `now`. Once only. Any thread.
+  func resolveDelay(now: Int64) {
+    lock.withLock {
+      if let delay = delayFromAdd, fireDateVersion == 0 { fireDateNs = now.addingSaturating(delay) }
+      delayFromAdd = nil
+    }
+  }
+
   /// The current fire date in nanoseconds. Loop thread (any thread is safe).
   var fireDateNanoseconds: Int64 { lock.withLock { fireDateNs } }
 
@@ -292,7 +306,7 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     let firesFor = fireDateNs
     lock.unlock()
     loop.observed(.timer, label: label, since: firesFor) { current(self) }
-    let now = LoopClock.monotonicNanoseconds()
+    let now = loop.nowNanoseconds
     lock.lock()
     firingLoop = nil
     let recordHere = state.binding.record(on: loop)

@@ -38,6 +38,7 @@ extension RunLoopThread {
   /// Schedules `timer` in `mode` (every common mode for `.common`). Adding it twice is a no-op;
   /// an invalidated timer is ignored. Any thread. Traps if the timer is on another loop.
   public func add(_ timer: LoopTimer, to mode: RunLoopMode = .default) {
+    if case .manual(let clock) = shared.timeSource { timer.resolveDelay(now: clock.nowNanoseconds) }
     bind(timer, to: mode)
   }
 

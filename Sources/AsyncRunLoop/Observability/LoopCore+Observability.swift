@@ -21,11 +21,19 @@ extension LoopCore {
 }
 
 extension LoopShared {
-  /// `LoopCore.observed`, for members firing on this loop's thread.
+  /// `LoopCore.observed`, for members firing on this loop's thread. `since` is in the loop's time
+  /// (`nowNanoseconds`: a timer's fire date); on a virtual-time loop it is carried over to
+  /// `LoopClock` keeping its distance from now, so a timer's lateness is the virtual lateness.
   @inline(__always)
   func observed<Result>(
-    _ kind: LoopCalloutKind, label: @autoclosure () -> String? = nil, since: Int64 = 0, _ body: () throws -> Result
+    _ kind: LoopCalloutKind, label: @autoclosure () -> String? = nil, since: @autoclosure () -> Int64 = 0,
+    _ body: () throws -> Result
   ) rethrows -> Result {
-    try core.observed(kind, label: label(), since: since, body)
+    guard core.monitor.isActive else { return try body() }
+    var arrived = since()
+    if arrived != 0, case .manual(let clock) = timeSource {
+      arrived = LoopClock.monotonicNanoseconds() - (clock.nowNanoseconds - arrived)
+    }
+    return try core.observed(kind, label: label(), since: arrived, body)
   }
 }

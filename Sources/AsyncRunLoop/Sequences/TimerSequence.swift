@@ -60,7 +60,7 @@ public final class TimerSequence: AsyncSequence, SingleConsumerStorage, @uncheck
   /// The timer's handler (loop thread): due instants become ticks; the timer moves to the next
   /// due instant the policy gives.
   private func timerFired(_ timer: LoopTimer) {
-    let now = LoopClock.monotonicNanoseconds()
+    let now = loop.shared.nowNanoseconds
     lock.lock()
     let action = machine.fire(now: now)
     lock.unlock()
@@ -149,7 +149,7 @@ extension RunLoopThread {
     precondition(
       interval > .zero, "AsyncRunLoop: timer(every:) on loop '\(name)' needs a positive interval, not \(interval)")
     return makeTimerSequence(
-      firstDue: .now.advanced(by: interval), interval: interval, tolerance: tolerance, missedTicks: missedTicks,
+      firstDue: clockNow.advanced(by: interval), interval: interval, tolerance: tolerance, missedTicks: missedTicks,
       modes: modes)
   }
 
@@ -159,7 +159,7 @@ extension RunLoopThread {
     -> TimerSequence
   {
     makeTimerSequence(
-      firstDue: .now.advanced(by: delay), interval: nil, tolerance: tolerance, missedTicks: .skip, modes: modes)
+      firstDue: clockNow.advanced(by: delay), interval: nil, tolerance: tolerance, missedTicks: .skip, modes: modes)
   }
 
   /// A one-shot timer: one tick at `deadline` (as soon as possible for a deadline already past),

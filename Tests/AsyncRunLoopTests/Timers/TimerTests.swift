@@ -1,10 +1,12 @@
+import AsyncRunLoopTesting
 import Glibc
 import Testing
 
 @testable import AsyncRunLoop
 
 /// Loop timers (SPEC §4): one-shot and repeating, never early, missed fires collapse, moving,
-/// invalidation, and the defined answers to bad input.
+/// invalidation, and the defined answers to bad input. Tests about dates, order and counts run on
+/// a virtual-time loop (exact instants, no sleeping); those about threads on real loops.
 @Suite("LoopTimer")
 struct TimerTests {
   /// One fire: the grid point (fire date) it was for, and when it ran.
@@ -23,7 +25,7 @@ struct TimerTests {
     /// A handler that records the fire (and whether it ran on `loop`'s thread).
     func handler(on loop: RunLoopThread) -> @Sendable (LoopTimer) -> Void {
       { timer in
-        let ran = LoopClock.Instant.now
+        let ran = loop.clock.now  // the loop's time: virtual on a virtual-time loop
         if !loop.isOnLoopThread { self.offThread.withLock { $0 += 1 } }
         self.fires.withLock { $0.append(Fire(scheduled: timer.fireDate, ran: ran)) }
       }
@@ -47,43 +49,45 @@ struct TimerTests {
     loop.shutdownAndWait()
   }
 
-  @Test func repeatingTimerFiresOnItsGridAndNeverEarly() throws {
-    let loop = try RunLoopThread(name: "timer-repeat")
+  @Test func repeatingTimerFiresOnItsGridAndNeverEarly() async throws {
+    let virtual = try VirtualTimeLoop(name: "timer-repeat")
+    defer { virtual.shutdownAndWait() }
+    let loop = virtual.loop
     let recorder = FireRecorder()
-    let start = LoopClock.Instant.now.advanced(by: .milliseconds(5))
+    let start = virtual.now.advanced(by: .milliseconds(5))
     let interval = Duration.milliseconds(5)
     let timer = LoopTimer(fireAt: start, repeatingEvery: interval, handler: recorder.handler(on: loop))
     loop.add(timer, to: .default)
-    waitUntil("five fires") { recorder.count >= 5 }
+    await virtual.advance(by: .milliseconds(27))
     timer.invalidate()
     let fires = recorder.fires.withLock { $0 }
-    #expect(fires[0].scheduled == start)
-    for (previous, fire) in zip(fires, fires.dropFirst()) {
-      #expect(fire.scheduled > previous.scheduled)
-      #expect((fire.scheduled.nanoseconds - start.nanoseconds) % interval.saturatedNanoseconds == 0)
-    }
-    for fire in fires { #expect(fire.ran >= fire.scheduled) }
+    #expect(fires.map(\.scheduled) == (0..<5).map { start.advanced(by: interval * $0) })
+    for fire in fires { #expect(fire.ran == fire.scheduled) }  // on its date, in virtual time
     #expect(recorder.offThread.withLock { $0 } == 0)
-    loop.shutdownAndWait()
   }
 
-  @Test func equalFireDatesFireInSchedulingOrder() throws {
-    let loop = try RunLoopThread(name: "timer-ties")
+  @Test func equalFireDatesFireInSchedulingOrder() async throws {
+    let virtual = try VirtualTimeLoop(name: "timer-ties")
+    defer { virtual.shutdownAndWait() }
+    let loop = virtual.loop
     let log = EngineEventLog()
-    let date = LoopClock.Instant.now.advanced(by: .milliseconds(5))
+    let date = virtual.now.advanced(by: .milliseconds(5))
     let names = ["a", "b", "c", "d"]
     try loop.performAndWait {
       for name in names { loop.add(LoopTimer(fireAt: date) { _ in log(name) }, to: .default) }
     }
-    waitUntil("every fire") { log.entries.count == names.count }
+    await virtual.advance(by: .milliseconds(4))
+    #expect(log.entries.isEmpty)
+    await virtual.advance(by: .milliseconds(1))
     #expect(log.entries == names)
-    loop.shutdownAndWait()
   }
 
-  @Test func toleranceNeverMakesATimerFireEarly() throws {
-    let loop = try RunLoopThread(name: "timer-tolerance")
+  @Test func toleranceNeverMakesATimerFireEarly() async throws {
+    let virtual = try VirtualTimeLoop(name: "timer-tolerance")
+    defer { virtual.shutdownAndWait() }
+    let loop = virtual.loop
     let recorder = FireRecorder()
-    let now = LoopClock.Instant.now
+    let now = virtual.now
     var timers: [LoopTimer] = []
     for (offset, tolerance) in [(1, 20), (3, 0), (7, 5), (8, 50), (12, 1), (20, 20)] {
       timers.append(
@@ -96,54 +100,62 @@ struct TimerTests {
       handler: recorder.handler(on: loop))
     timers.append(repeating)
     for timer in timers { loop.add(timer, to: .default) }
-    waitUntil("every timer to fire") { recorder.count >= 12 && timers.dropLast().allSatisfy { !$0.isValid } }
+    await virtual.advance(by: .milliseconds(100))
     repeating.invalidate()
-    for fire in recorder.fires.withLock({ $0 }) {
-      #expect(fire.ran >= fire.scheduled, "fired \(fire.scheduled.duration(to: fire.ran)) early")
-    }
-    loop.shutdownAndWait()
-  }
-
-  @Test func missedFiresCollapseIntoOneFire() throws {
-    let loop = try RunLoopThread(name: "timer-missed")
-    let recorder = FireRecorder()
-    let start = LoopClock.Instant.now.advanced(by: .milliseconds(10))
-    let interval = Duration.milliseconds(10)
-    let timer = LoopTimer(fireAt: start, repeatingEvery: interval, handler: recorder.handler(on: loop))
-    loop.add(timer, to: .default)
-    waitUntil("the first fire") { recorder.count >= 1 }
-    // Keep the loop busy for about 20 intervals.
-    let blockEnd = try loop.performAndWait { () -> LoopClock.Instant in
-      usleep(200_000)
-      return .now
-    }
-    let firesBefore = recorder.fires.withLock { $0.filter { $0.ran < blockEnd }.count }
-    waitUntil("three fires after the busy block") { recorder.count >= firesBefore + 3 }
-    timer.invalidate()
-    let after = recorder.fires.withLock { $0.filter { $0.ran >= blockEnd } }
-    // Exactly one fire catches up for all the missed grid points; the rest are in the future of
-    // the moment they were scheduled, so none of them lies before the end of the block.
-    #expect(after.filter { $0.scheduled < blockEnd }.count == 1)
+    #expect(timers.dropLast().allSatisfy { !$0.isValid })
     let fires = recorder.fires.withLock { $0 }
-    for (previous, fire) in zip(fires, fires.dropFirst()) { #expect(fire.scheduled > previous.scheduled) }
+    #expect(fires.count >= 12)
     for fire in fires {
-      #expect((fire.scheduled.nanoseconds - start.nanoseconds) % interval.saturatedNanoseconds == 0)
+      #expect(fire.ran >= fire.scheduled, "fired \(fire.scheduled.duration(to: fire.ran)) early")
+      // Exact in virtual time: no timer is more than its (capped) tolerance late, 50 ms at most.
+      #expect(fire.ran <= fire.scheduled.advanced(by: .milliseconds(50)))
     }
-    loop.shutdownAndWait()
   }
 
-  @Test func setFireDateMovesATimerEarlier() throws {
-    let loop = try RunLoopThread(name: "timer-earlier")
+  @Test func missedFiresCollapseIntoOneFire() async throws {
+    let virtual = try VirtualTimeLoop(name: "timer-missed")
+    defer { virtual.shutdownAndWait() }
+    let loop = virtual.loop
+    let recorder = FireRecorder()
+    let origin = virtual.now
+    let interval = Duration.milliseconds(10)
+    let timer = LoopTimer(
+      fireAt: origin.advanced(by: interval), repeatingEvery: interval, handler: recorder.handler(on: loop))
+    loop.add(timer, to: .default)
+    await virtual.advance(by: .milliseconds(10))
+    #expect(recorder.count == 1)
+    // Keep the loop away from the timer's mode for 200 ms (a nested run elsewhere): 20 grid points
+    // pass unfired.
+    let elsewhere = RunLoopMode("elsewhere")
+    let keepsModeAlive = LoopTimer(after: .seconds(3_600)) { _ in }
+    loop.add(keepsModeAlive, to: elsewhere)
+    loop.perform { _ = loop.run(mode: elsewhere, for: .milliseconds(200)) }
+    await virtual.advance(by: .milliseconds(240))
+    timer.invalidate()
+    keepsModeAlive.invalidate()
+    let fires = recorder.fires.withLock { $0 }
+    let milliseconds = { (instant: LoopClock.Instant) in origin.duration(to: instant) / .milliseconds(1) }
+    // One fire catches up for every missed grid point, then the timer is back on its grid.
+    #expect(fires.map { milliseconds($0.scheduled) } == [10, 20, 220, 230, 240, 250])
+    #expect(fires.map { milliseconds($0.ran) } == [10, 210, 220, 230, 240, 250])
+  }
+
+  @Test func setFireDateMovesATimerEarlier() async throws {
+    let virtual = try VirtualTimeLoop(name: "timer-earlier")
+    defer { virtual.shutdownAndWait() }
+    let loop = virtual.loop
     let recorder = FireRecorder()
     let timer = LoopTimer(after: .seconds(3_600), handler: recorder.handler(on: loop))
     loop.add(timer, to: .default)
-    try loop.performAndWait {}
-    let newDate = LoopClock.Instant.now.advanced(by: .milliseconds(20))
+    await virtual.runUntilIdle()
+    let newDate = virtual.now.advanced(by: .milliseconds(20))
     timer.setFireDate(newDate)  // from a thread other than the loop's
     #expect(timer.fireDate == newDate)
-    waitUntil("the moved fire") { recorder.count == 1 }
-    #expect(recorder.fires.withLock { $0[0].ran } >= newDate)
-    loop.shutdownAndWait()
+    await virtual.advance(by: .milliseconds(19))
+    #expect(recorder.count == 0)
+    await virtual.advance(by: .milliseconds(1))
+    #expect(recorder.count == 1)
+    #expect(recorder.fires.withLock { $0[0].ran } == newDate)
   }
 
   @Test func setFireDateMovesATimerLater() throws {
@@ -163,20 +175,21 @@ struct TimerTests {
     loop.shutdownAndWait()
   }
 
-  @Test func repeatingTimerMovedKeepsItsIntervalFromTheNewDate() throws {
-    let loop = try RunLoopThread(name: "timer-move-repeat")
+  @Test func repeatingTimerMovedKeepsItsIntervalFromTheNewDate() async throws {
+    let virtual = try VirtualTimeLoop(name: "timer-move-repeat")
+    defer { virtual.shutdownAndWait() }
+    let loop = virtual.loop
     let recorder = FireRecorder()
     let timer = LoopTimer(
       after: .seconds(3_600), repeatingEvery: .milliseconds(7), handler: recorder.handler(on: loop))
     loop.add(timer, to: .default)
-    let newDate = LoopClock.Instant.now.advanced(by: .milliseconds(5))
+    let newDate = virtual.now.advanced(by: .milliseconds(5))
     timer.setFireDate(newDate)
-    waitUntil("three fires") { recorder.count >= 3 }
+    await virtual.advance(by: .milliseconds(20))
     timer.invalidate()
     let fires = recorder.fires.withLock { $0 }
-    #expect(fires[0].scheduled == newDate)
-    for fire in fires { #expect((fire.scheduled.nanoseconds - newDate.nanoseconds) % 7_000_000 == 0) }
-    loop.shutdownAndWait()
+    #expect(fires.map(\.scheduled) == [0, 7, 14].map { newDate.advanced(by: .milliseconds($0)) })
+    for fire in fires { #expect(fire.ran == fire.scheduled) }
   }
 
   @Test func invalidateFromAnotherThreadStopsFurtherFires() throws {
