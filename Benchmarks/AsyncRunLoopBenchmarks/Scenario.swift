@@ -33,6 +33,8 @@ enum Scenario {
   static let extra: [(name: String, run: Runner)] = [
     ("foundation-wake-routes", WakeScenarios.foundationRoutes),
     ("bridged-foundation-rtt", BridgedFoundationScenarios.bridgedFoundationRTT),
+    ("bridged-foundation-wake-rtt", BridgedFoundationWakeScenarios.bridgedFoundationWakeRTT),
+    ("bridged-main-rtt", BridgedMainScenarios.bridgedMainRTT),
   ]
 
   static var allNames: [String] { (standard + extra).map(\.name) }
