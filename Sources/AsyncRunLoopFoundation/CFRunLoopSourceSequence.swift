@@ -41,8 +41,9 @@ extension CFRunLoopSourcePerformance: FoldableFiring {
 /// perform callback included, is fixed at creation), so the sequence makes its own source.
 ///
 /// One consumer (a second `makeAsyncIterator()` traps). It ends:
-/// - when the consuming task is cancelled: `next()` returns nil, buffered elements are discarded,
-///   later signals return false, and the source is invalidated;
+/// - when the consuming task is cancelled, or the consumer drops its iterator (`break`):
+///   `next()` returns nil, buffered elements are discarded, later signals return false, and the
+///   source is invalidated;
 /// - on `invalidate()` and on the executor's `shutdown()` (its final drain): later signals return
 ///   false; what was signalled is delivered, then `next()` returns nil;
 /// - when the sequence and its iterator are dropped: the source is invalidated.
@@ -132,18 +133,23 @@ public final class CFRunLoopSourceSequence: AsyncSequence, @unchecked Sendable {
   public struct Iterator: AsyncIteratorProtocol {
     // Holds the sequence, so the source lives as long as someone iterates.
     private let sequence: CFRunLoopSourceSequence
+    // Its deinit ends the sequence once no copy of the iterator is left.
+    private let token: ConsumerToken<CFRunLoopSourcePerformance>
 
-    init(sequence: CFRunLoopSourceSequence) { self.sequence = sequence }
+    init(sequence: CFRunLoopSourceSequence) {
+      self.sequence = sequence
+      token = ConsumerToken(storage: sequence.storage)
+    }
 
     /// The next performance; nil once the sequence ended or the consuming task was cancelled.
     public mutating func next(isolation actor: isolated (any Actor)? = #isolation) async
       -> CFRunLoopSourcePerformance?
     {
-      await sequence.storage.next(isolation: actor)
+      await token.storage.next(isolation: actor)
     }
 
     public mutating func next() async -> CFRunLoopSourcePerformance? {
-      await sequence.storage.next(isolation: nil)
+      await token.storage.next(isolation: nil)
     }
   }
 }

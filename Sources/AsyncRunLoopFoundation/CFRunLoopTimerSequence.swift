@@ -35,8 +35,8 @@ extension CFRunLoopTimerTick: FoldableFiring {
 /// the `firings` of the delivered ticks add up to the timer's firings.
 ///
 /// One consumer (a second `makeAsyncIterator()` traps). It ends:
-/// - when the consuming task is cancelled: `next()` returns nil, buffered ticks are discarded,
-///   and the timer is invalidated;
+/// - when the consuming task is cancelled, or the consumer drops its iterator (`break`):
+///   `next()` returns nil, buffered ticks are discarded, and the timer is invalidated;
 /// - on `invalidate()`, on the executor's `shutdown()` (its final drain) and after the one firing
 ///   of a one-shot timer: buffered ticks are delivered, then `next()` returns nil;
 /// - when the sequence and its iterator are dropped: the timer is invalidated.
@@ -105,16 +105,21 @@ public final class CFRunLoopTimerSequence: AsyncSequence, @unchecked Sendable { 
   public struct Iterator: AsyncIteratorProtocol {
     // Holds the sequence, so the timer lives as long as someone iterates.
     private let sequence: CFRunLoopTimerSequence
+    // Its deinit ends the sequence once no copy of the iterator is left.
+    private let token: ConsumerToken<CFRunLoopTimerTick>
 
-    init(sequence: CFRunLoopTimerSequence) { self.sequence = sequence }
+    init(sequence: CFRunLoopTimerSequence) {
+      self.sequence = sequence
+      token = ConsumerToken(storage: sequence.storage)
+    }
 
     /// The next tick; nil once the sequence ended or the consuming task was cancelled.
     public mutating func next(isolation actor: isolated (any Actor)? = #isolation) async -> CFRunLoopTimerTick? {
-      await sequence.storage.next(isolation: actor)
+      await token.storage.next(isolation: actor)
     }
 
     public mutating func next() async -> CFRunLoopTimerTick? {
-      await sequence.storage.next(isolation: nil)
+      await token.storage.next(isolation: nil)
     }
   }
 }

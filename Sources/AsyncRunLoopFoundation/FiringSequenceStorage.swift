@@ -69,6 +69,17 @@ final class FiringSequenceStorage<Element: FoldableFiring>: @unchecked Sendable 
   }
 }
 
+/// Held by a sequence's iterator (and its copies): when the last one goes away — the consumer
+/// left its `for await` loop with `break`, or dropped the iterator — the sequence ends as if the
+/// consuming task had been cancelled.
+final class ConsumerToken<Element: FoldableFiring>: Sendable {
+  let storage: FiringSequenceStorage<Element>
+
+  init(storage: FiringSequenceStorage<Element>) { self.storage = storage }
+
+  deinit { storage.cancel() }
+}
+
 /// A weak reference a CF callout reads to reach its sequence's storage. Written once, before the
 /// timer or source joins a run loop (CF's lock orders that write before any callout).
 final class WeakFiringStorage<Element: FoldableFiring>: @unchecked Sendable {  // Safety: proof below

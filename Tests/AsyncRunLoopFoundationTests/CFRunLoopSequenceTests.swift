@@ -120,6 +120,19 @@ private func collect<S: AsyncSequence & Sendable>(
     #expect(!CFRunLoopTimerIsValid(sequence.timer))
   }
 
+  @Test func leavingTheLoopWithBreakInvalidatesTheTimerWhileTheSequenceIsStillHeld() async {
+    let executor = CFRunLoopExecutor.startThread(name: "cf-timer-break")
+    defer { executor.shutdown() }
+    let sequence = executor.timer(every: .milliseconds(1))
+    var ticks = 0
+    for await _ in sequence {
+      ticks += 1
+      break
+    }
+    #expect(ticks == 1)
+    #expect(!CFRunLoopTimerIsValid(sequence.timer))
+  }
+
   @Test func shutdownEndsATimerSequenceAndLaterOnesEndAtOnce() async {
     let executor = CFRunLoopExecutor.startThread(name: "cf-timer-shutdown")
     let sequence = executor.timer(every: .seconds(3600))
