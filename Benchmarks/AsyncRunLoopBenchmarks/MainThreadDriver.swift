@@ -1,4 +1,5 @@
 import AsyncRunLoop
+import AsyncRunLoopFoundation
 import CoreFoundation
 import Dispatch
 import Foundation
@@ -20,6 +21,7 @@ enum MainThreadOwner: Sendable {
 final class MainThreadDriver: Sendable {
   private enum Request: Sendable {
     case run(MainThreadOwner)
+    case installBridge
     case exit(Int32)
   }
 
@@ -46,6 +48,9 @@ final class MainThreadDriver: Sendable {
         runAsyncRunLoopMain()
       case .run(.foundation):
         runFoundationMain()
+      case .installBridge:
+        MainLoopBridge.install()
+        started.signal()
       }
     }
   }
@@ -69,6 +74,15 @@ final class MainThreadDriver: Sendable {
     }
     ended.wait()
     current.withLock { $0 = nil }
+  }
+
+  /// Installs the Foundation bridge on the main thread (between runs) and waits for it: from
+  /// then on each main loop also serves the other, for the rest of the process (so the bridged
+  /// scenarios run after main-rtt). Any thread but the main thread; idempotent.
+  func installBridge() {
+    requests.withLock { $0.append(.installBridge) }
+    requestArrived.signal()
+    started.wait()
   }
 
   /// Ends the process from any thread (the main thread exits it).

@@ -35,6 +35,8 @@ enum Scenario {
     ("bridged-foundation-rtt", BridgedFoundationScenarios.bridgedFoundationRTT),
     ("metrics-overhead-wake", MetricsScenarios.wake),
     ("metrics-overhead-actor", MetricsScenarios.actor),
+    ("bridged-foundation-wake-rtt", BridgedFoundationWakeScenarios.bridgedFoundationWakeRTT),
+    ("bridged-main-rtt", BridgedMainScenarios.bridgedMainRTT),
   ]
 
   static var allNames: [String] { (standard + extra).map(\.name) }

@@ -33,11 +33,14 @@ import Foundation
 public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked Sendable {  // Safety: proof below
   // Safety: `runLoop`, `thread`, `ownsThread`, `fallback` and `fallbackKey` are immutable after
   // init (a CFRunLoop may be used from any thread for PerformBlock, WakeUp and Stop, the calls
-  // made here from other threads); the mutable state is `inbox`, under its own lock.
-  private let runLoop: CFRunLoop
+  // made here from other threads); the mutable state is `inbox` and `members`, each under its
+  // own lock.
+  /// The thread's run loop (timer and source sequences join it).
+  let runLoop: CFRunLoop
   private let thread: pthread_t
   private let ownsThread: Bool
   private let inbox = BridgeLock(CFRunLoopExecutorInbox<UnownedJob>())
+  private let members = BridgeLock(ExecutorMembers())
   private let fallback: DispatchQueue
   private let fallbackKey = DispatchSpecificKey<Bool>()
 
@@ -146,8 +149,9 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
   // MARK: Shutdown
 
   /// Ends the executor: a final block on the thread runs every job accepted until the queue is
-  /// empty, and from then on jobs run on the fallback queue; a thread made by `startThread`
-  /// then leaves its run loop and exits. Any thread; idempotent; does not wait.
+  /// empty, and from then on jobs run on the fallback queue; its timer and source sequences end
+  /// (what they buffered is still delivered); a thread made by `startThread` then leaves its run
+  /// loop and exits. Any thread; idempotent; does not wait.
   public func shutdown() {
     guard inbox.withLock({ $0.beginShutdown() }) else { return }
     CFRunLoopPerformBlock(runLoop, CFPlatform.performMode(CFPlatform.commonModes)) { self.finalDrain() }
@@ -158,6 +162,20 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
     while !inbox.withLock({ $0.terminateIfIdle() }) {
       for job in inbox.withLock({ $0.takeJobs() }) { run(job) }
     }
+    for end in members.withLock({ $0.end() }) { end() }
     if ownsThread { CFRunLoopStop(runLoop) }
+  }
+
+  // MARK: Sequences
+
+  /// A timer or source sequence joins the executor: false once it has terminated (the sequence
+  /// then ends at once). `ender` runs on the thread at shutdown. Any thread.
+  func adopt(_ id: ObjectIdentifier, ender: @escaping @Sendable () -> Void) -> Bool {
+    members.withLock { $0.adopt(id, ender: ender) }
+  }
+
+  /// The sequence ended or went away. Any thread.
+  func forget(_ id: ObjectIdentifier) {
+    members.withLock { $0.forget(id) }
   }
 }

@@ -43,6 +43,14 @@ struct FoundationBridgeProcessTests {
   @Test func shuttingDownOurLoopLosesNoFoundationBlock() throws {
     try expectBridgeScenarioPasses("foundation-work-survives-our-shutdown")
   }
+
+  @Test func cfTimerAndSourceSequencesOnTheMainRunLoopDeliverOnTheMainThreadUnderRunMainLoop() throws {
+    try expectBridgeScenarioPasses("main-sequences-under-our-driver")
+  }
+
+  @Test func cfTimerAndSourceSequencesOnTheMainRunLoopDeliverOnTheMainThreadUnderRunLoopMainRun() throws {
+    try expectBridgeScenarioPasses("main-sequences-under-foundation")
+  }
 }
 
 /// The path of an executable built next to the running test binary.

@@ -45,6 +45,11 @@ final class Locked<Value>: @unchecked Sendable {
     pthread_mutex_init(mutex, nil)
   }
 
+  deinit {
+    pthread_mutex_destroy(mutex)
+    mutex.deallocate()
+  }
+
   func withLock<T>(_ body: (inout Value) throws -> T) rethrows -> T {
     pthread_mutex_lock(mutex)
     defer { pthread_mutex_unlock(mutex) }

@@ -33,15 +33,17 @@ func scheduleTimersAndIdle(finish: @escaping @Sendable () -> Void) {
   RunLoopThread.main.add(
     LoopTimer(after: .seconds(5 * timerSpacing)) { _ in
       note("loop-5")
-      // Idle: both loops hold a far timer and nothing else happens for a second.
+      // Idle: both loops hold a far timer and nothing else happens for two seconds. A polling
+      // bridge (a periodic "tickler") would show here; the bound is far below any such timer's
+      // cost and far above the few wake-ups of an idle process.
       _ = Timer.scheduledTimer(withTimeInterval: 3600, repeats: false) { _ in }
       RunLoopThread.main.add(LoopTimer(after: .seconds(3600)) { _ in })
       let before = processCPUNanoseconds()
       RunLoopThread.main.add(
-        LoopTimer(after: .seconds(1)) { _ in
+        LoopTimer(after: .seconds(2)) { _ in
           let used = processCPUNanoseconds() - before
-          say("idle CPU over 1 s: \(used / 1000) us")
-          check(used < 50_000_000, "the idle bridged loops used \(used / 1_000_000) ms of CPU in 1 s")
+          say("idle CPU over 2 s: \(used / 1000) us")
+          check(used < 20_000_000, "the idle bridged loops used \(used / 1_000_000) ms of CPU in 2 s")
           finish()
         })
     })

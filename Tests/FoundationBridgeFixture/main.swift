@@ -15,6 +15,8 @@ case "foundation-work-survives-our-stop": foundationWorkSurvivesOurStopScenario(
 case "foundation-work-survives-our-shutdown": foundationWorkSurvivesOurStopScenario(shutsDown: true)
 case "foundation-modal-in-our-callout": foundationModalInOurCalloutScenario()
 case "our-modal-in-foundation-callout": ourModalInFoundationCalloutScenario()
+case "main-sequences-under-our-driver": mainSequencesScenario(foundationDrives: false)
+case "main-sequences-under-foundation": mainSequencesScenario(foundationDrives: true)
 default: fail("unknown scenario '\(scenario)'")
 }
 say("\(scenario) ok")
