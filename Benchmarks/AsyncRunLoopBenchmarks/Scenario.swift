@@ -15,9 +15,12 @@ enum Scenario {
   /// Run by default (and by `--only`).
   static let standard: [(name: String, run: Runner)] = [
     ("wake-rtt", WakeScenarios.wakeRTT),
+    ("wake-rtt-b2b", WakeScenarios.wakeRTTBackToBack),
     ("actor-rtt", ActorScenarios.actorRTT),
     ("task-actor-rtt", ActorScenarios.taskActorRTT),
+    ("thread-actor-rtt", ActorScenarios.threadActorRTT),
     ("stream-rtt", StreamScenarios.streamRTT),
+    ("stream-rtt-b2b", StreamScenarios.streamRTTBackToBack),
     ("stream-throughput", StreamScenarios.streamThroughput),
     ("timer-1ms-lateness", TimerScenarios.timerLateness),
     ("main-rtt", MainScenarios.mainRTT),
@@ -27,12 +30,14 @@ enum Scenario {
     ("hop-allocations", ActorScenarios.hopAllocations),
     ("churn", ChurnScenarios.churn),
     ("fill", FillScenarios.fill),
+    ("loop-group-scaling", LoopGroupScenarios.scaling),
   ]
 
   /// Run only when named with `--only`.
   static let extra: [(name: String, run: Runner)] = [
     ("foundation-wake-routes", WakeScenarios.foundationRoutes),
     ("bridged-foundation-rtt", BridgedFoundationScenarios.bridgedFoundationRTT),
+    ("sequence-consumer-counts", ConsumerScenarios.counts),
   ]
 
   static var allNames: [String] { (standard + extra).map(\.name) }
