@@ -102,12 +102,15 @@ final class AsyncRunLoopActorRTT: LatencySession {
   let loopB: RunLoopThread
   private let pinger: LoopPinger
   private let ponger: LoopPonger
+  private let epollMembers: [EpollPathMembers]
 
-  init(pin: PinPlan) {
+  /// Both loops on `path` (see `LoopPath`).
+  init(pin: PinPlan, path: LoopPath = .futex) {
     loopA = try! RunLoopThread(name: "actor-a", cpu: pin.clientCPU)
     loopB = try! RunLoopThread(name: "actor-b", cpu: pin.serverCPU)
     pinger = LoopPinger(loop: loopA)
     ponger = LoopPonger(loop: loopB)
+    epollMembers = [loopA, loopB].compactMap { EpollPathMembers.place($0, on: path) }
   }
 
   func measure(_ count: Int) -> [Double] {
@@ -122,8 +125,49 @@ final class AsyncRunLoopActorRTT: LatencySession {
   }
 
   func close() {
+    epollMembers.forEach { $0.remove() }
     loopA.shutdownAndWait()
     loopB.shutdownAndWait()
+  }
+}
+
+/// actor-rtt / floor-futex: as floor-epoll, but both threads sleep on a futex word (the matched
+/// floor of two loops on the futex path).
+final class FloorFutexPingPong: LatencySession {
+  private let toServer = FutexDoorbell()
+  private let toClient = FutexDoorbell()
+  private let stop = StopFlag()
+  private let server: PlainThread
+  /// The client's last seen value of `toClient` (the measuring thread only).
+  private var clientSeen: UInt32 = 0
+
+  init(pin: PinPlan) {
+    server = PlainThread(name: "floor-futex-b", cpu: pin.serverCPU) { [toServer, toClient, stop] in
+      var calls = 0
+      var seen: UInt32 = 0
+      while true {
+        toServer.wait(seen: &seen)
+        if stop.isSet { break }
+        calls &+= 1
+        toClient.ring()
+      }
+      withExtendedLifetime(calls) {}
+    }
+  }
+
+  func measure(_ count: Int) -> [Double] {
+    var seen = clientSeen
+    defer { clientSeen = seen }
+    return sampleRoundTrips(count) {
+      toServer.ring()
+      toClient.wait(seen: &seen)
+    }
+  }
+
+  func close() {
+    stop.set()
+    toServer.ring()
+    server.join()
   }
 }
 
@@ -237,13 +281,18 @@ enum ActorScenarios {
   static func actorRTT(_ context: BenchmarkContext) -> ScenarioResult {
     let pin = context.pin
     return runLatencyScenario(
-      "actor-rtt", floor: "floor-epoll",
+      "actor-rtt", floor: "floor-futex",
       notes: [
         "an actor on executor A awaits a method of an actor on executor B (both touch state); µs per round trip",
+        "asyncrunloop: both loops on the futex path — matched floor floor-futex (two threads on futex words);"
+          + " asyncrunloop-epoll: both on the epoll path (a timer and a descriptor each) — matched floor floor-epoll"
+          + " (two threads in epoll_wait)",
         "dispatch-queue-executor runs on libdispatch worker threads (not pinnable)",
       ],
       peers: [
-        PeerSpec(name: "asyncrunloop", open: { AsyncRunLoopActorRTT(pin: pin) }),
+        PeerSpec(name: "asyncrunloop", open: { AsyncRunLoopActorRTT(pin: pin, path: .futex) }),
+        PeerSpec(name: "asyncrunloop-epoll", open: { AsyncRunLoopActorRTT(pin: pin, path: .epoll) }),
+        PeerSpec(name: "floor-futex", open: { FloorFutexPingPong(pin: pin) }),
         PeerSpec(name: "floor-epoll", open: { FloorEpollPingPong(pin: pin) }),
         PeerSpec(name: "dispatch-queue-executor", open: { DispatchActorRTT() }),
       ],

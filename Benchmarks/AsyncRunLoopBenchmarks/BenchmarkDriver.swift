@@ -38,6 +38,10 @@ enum BenchmarkDriver {
     if let path = options.plotPath {
       guard writeFile(path, CDFPlot.render(results, mode: options.mode, pin: pin.name)) else { return 1 }
       progress("wrote \(path)")
+      if let scaling = ScalingPlot.render(results, mode: options.mode, pin: pin.name) {
+        guard writeFile(ScalingPlot.path(nextTo: path), scaling) else { return 1 }
+        progress("wrote \(ScalingPlot.path(nextTo: path))")
+      }
     }
     return options.check && TargetReport.missedCount(verdicts) > 0 ? 1 : 0
   }

@@ -122,7 +122,7 @@ struct Options: Sendable {
                 thread) on CPU 1; none: no pinning. Dispatch and default-executor threads are never
                 pinned.
       --json    write the results as JSON
-      --plot    write a latency CDF per scenario as SVG
+      --plot    write a latency CDF per scenario as SVG (and PATH-loop-group.svg: the scaling lines)
       --only    run only these scenarios
       --details print every scenario's table and every target (default: a short summary)
       --check   exit with status 1 when a target is missed (default: 0 whatever was measured)

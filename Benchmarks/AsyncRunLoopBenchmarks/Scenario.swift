@@ -15,9 +15,12 @@ enum Scenario {
   /// Run by default (and by `--only`).
   static let standard: [(name: String, run: Runner)] = [
     ("wake-rtt", WakeScenarios.wakeRTT),
+    ("wake-rtt-b2b", WakeScenarios.wakeRTTBackToBack),
     ("actor-rtt", ActorScenarios.actorRTT),
     ("task-actor-rtt", ActorScenarios.taskActorRTT),
+    ("thread-actor-rtt", ActorScenarios.threadActorRTT),
     ("stream-rtt", StreamScenarios.streamRTT),
+    ("stream-rtt-b2b", StreamScenarios.streamRTTBackToBack),
     ("stream-throughput", StreamScenarios.streamThroughput),
     ("timer-1ms-lateness", TimerScenarios.timerLateness),
     ("main-rtt", MainScenarios.mainRTT),
@@ -27,6 +30,7 @@ enum Scenario {
     ("hop-allocations", ActorScenarios.hopAllocations),
     ("churn", ChurnScenarios.churn),
     ("fill", FillScenarios.fill),
+    ("loop-group-scaling", LoopGroupScenarios.scaling),
   ]
 
   /// Run only when named with `--only`.
@@ -35,6 +39,7 @@ enum Scenario {
     ("bridged-foundation-rtt", BridgedFoundationScenarios.bridgedFoundationRTT),
     ("metrics-overhead-wake", MetricsScenarios.wake),
     ("metrics-overhead-actor", MetricsScenarios.actor),
+    ("sequence-consumer-counts", ConsumerScenarios.counts),
     ("bridged-foundation-wake-rtt", BridgedFoundationWakeScenarios.bridgedFoundationWakeRTT),
     ("bridged-main-rtt", BridgedMainScenarios.bridgedMainRTT),
   ]

@@ -12,18 +12,23 @@ final class SourceSequenceRTT: LatencySession {
   private let loop: RunLoopThread
   private let sequence: SourceSequence<UInt32>
   private let consumer: Task<Void, Never>
+  private let epollMembers: EpollPathMembers?
+  private let settled: Bool
 
-  init(pin: PinPlan) {
+  /// The loop on `path` (see `LoopPath`); `settled` false: back-to-back round trips.
+  init(pin: PinPlan, path: LoopPath = .futex, settled: Bool = true) {
+    self.settled = settled
     loop = try! RunLoopThread(name: "stream-server", cpu: pin.serverCPU)
     let sequence = loop.sourceSequence(of: UInt32.self)
     self.sequence = sequence
     consumer = Task(executorPreference: loop) { [reply] in
       for await _ in sequence { reply.ring() }
     }
+    epollMembers = EpollPathMembers.place(loop, on: path)
   }
 
   func measure(_ count: Int) -> [Double] {
-    sampleRoundTrips(count, settle: reply.waitUntilRingerSleeps) {
+    sampleRoundTrips(count, settle: settled ? reply.waitUntilRingerSleeps : {}) {
       _ = sequence.post(1)
       reply.wait()
     }
@@ -33,6 +38,7 @@ final class SourceSequenceRTT: LatencySession {
     sequence.invalidate()
     let consumer = self.consumer
     blockingAwait { await consumer.value }
+    epollMembers?.remove()
     loop.shutdownAndWait()
     reply.close()
   }
@@ -46,8 +52,10 @@ final class AsyncStreamRTT: LatencySession {
   private let loop: RunLoopThread?
   private let continuation: AsyncStream<UInt32>.Continuation
   private let consumer: Task<Void, Never>
+  private let settled: Bool
 
-  init(pin: PinPlan, onLoop: Bool = true) {
+  init(pin: PinPlan, onLoop: Bool = true, settled: Bool = true) {
+    self.settled = settled
     let loop = onLoop ? try! RunLoopThread(name: "asyncstream", cpu: pin.serverCPU) : nil
     self.loop = loop
     let (stream, continuation) = AsyncStream.makeStream(of: UInt32.self)
@@ -58,7 +66,7 @@ final class AsyncStreamRTT: LatencySession {
   }
 
   func measure(_ count: Int) -> [Double] {
-    sampleRoundTrips(count, settle: reply.waitUntilRingerSleeps) {
+    sampleRoundTrips(count, settle: settled ? reply.waitUntilRingerSleeps : {}) {
       continuation.yield(1)
       reply.wait()
     }
@@ -166,20 +174,38 @@ struct ThroughputBudget {
 
 enum StreamScenarios {
   static func streamRTT(_ context: BenchmarkContext) -> ScenarioResult {
+    stream("stream-rtt", context, settled: true)
+  }
+
+  /// stream-rtt back-to-back: the next element goes out as soon as the reply arrived.
+  static func streamRTTBackToBack(_ context: BenchmarkContext) -> ScenarioResult {
+    stream("stream-rtt-b2b", context, settled: false)
+  }
+
+  private static func stream(_ name: String, _ context: BenchmarkContext, settled: Bool) -> ScenarioResult {
     let pin = context.pin
     return runLatencyScenario(
-      "stream-rtt", floor: "floor-epoll",
+      name, floor: "floor-futex",
       notes: [
         "client thread hands an element to a `for await` consumer in a task on a loop thread; the consumer "
-          + "rings the client's reply eventfd; µs per round trip (floor-epoll: the wake-rtt floor)",
-        "before each round trip the client waits until the consumer's thread sleeps, as in wake-rtt",
+          + "rings the client's reply eventfd; µs per round trip (floors: the wake-rtt floors)",
+        settled
+          ? "before each round trip the client waits until the consumer's thread sleeps, as in wake-rtt"
+          : "back-to-back: no wait between round trips; the consumer's loop may still be awake",
+        "asyncrunloop: futex path (the loop holds only the sequence's source) — matched floor floor-futex;"
+          + " asyncrunloop-epoll: epoll path (a timer and a descriptor registered) — matched floor floor-epoll;"
+          + " asyncstream: its consumer on a futex-path loop, woken the same way as asyncrunloop's",
         "asyncstream-default-executor (extra): the AsyncStream consumer task on the default executor",
       ],
       peers: [
-        PeerSpec(name: "asyncrunloop", open: { SourceSequenceRTT(pin: pin) }),
-        PeerSpec(name: "asyncstream", open: { AsyncStreamRTT(pin: pin) }),
-        PeerSpec(name: "floor-epoll", open: { FloorWake(pin: pin, sleepingIn: .epoll) }),
-        PeerSpec(name: "asyncstream-default-executor", open: { AsyncStreamRTT(pin: pin, onLoop: false) }),
+        PeerSpec(name: "asyncrunloop", open: { SourceSequenceRTT(pin: pin, path: .futex, settled: settled) }),
+        PeerSpec(name: "asyncrunloop-epoll", open: { SourceSequenceRTT(pin: pin, path: .epoll, settled: settled) }),
+        PeerSpec(name: "asyncstream", open: { AsyncStreamRTT(pin: pin, settled: settled) }),
+        PeerSpec(name: "floor-eventfd", open: { FloorWake(pin: pin, sleepingIn: .read, settled: settled) }),
+        PeerSpec(name: "floor-futex", open: { FloorWake(pin: pin, sleepingIn: .futex, settled: settled) }),
+        PeerSpec(name: "floor-epoll", open: { FloorWake(pin: pin, sleepingIn: .epoll, settled: settled) }),
+        PeerSpec(
+          name: "asyncstream-default-executor", open: { AsyncStreamRTT(pin: pin, onLoop: false, settled: settled) }),
       ],
       mode: context.mode)
   }
@@ -195,6 +221,8 @@ enum StreamScenarios {
         "each run posts what the peer's warm-up rate delivers in \(context.mode.streamTargetSeconds) s"
           + " (at most \(context.mode.streamMaximumElements)); elements = the largest run",
         "asyncstream-default-executor (extra): the AsyncStream consumer task on the default executor",
+        "asyncrunloop-actor-preferring / -detached: an actor pinned to the loop consumes, driven by"
+          + " Task(executorPreference: loop) / Task.detached",
       ],
       peers: [
         PeerSpec(name: "asyncrunloop", open: { SourceSequenceThroughput(pin: pin, budget: budget) }),
@@ -202,6 +230,12 @@ enum StreamScenarios {
         PeerSpec(
           name: "asyncstream-default-executor",
           open: { AsyncStreamThroughput(pin: pin, budget: budget, onLoop: false) }),
+        PeerSpec(
+          name: "asyncrunloop-actor-preferring",
+          open: { ActorConsumerThroughput(pin: pin, driver: .actorPreferringLoop, budget: budget) }),
+        PeerSpec(
+          name: "asyncrunloop-actor-detached",
+          open: { ActorConsumerThroughput(pin: pin, driver: .actorDetached, budget: budget) }),
       ],
       warmUp: true, repetitions: context.mode.repetitions)
   }

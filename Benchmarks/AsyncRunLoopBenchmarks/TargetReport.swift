@@ -57,28 +57,51 @@ enum TargetReport {
     }
   }
 
+  /// Issue 26: our peer on each path over the floor whose two ends wait the same way
+  /// (`asyncrunloop` on the futex path over `floor-futex`, `asyncrunloop-epoll` over `floor-epoll`).
+  private static func matchedFloorTargets(_ scenario: String, p50: Double, p99: Double? = nil) -> [Target] {
+    LoopPath.allCases.flatMap { path in
+      let ours = "asyncrunloop\(path.peerSuffix)"
+      var targets = [
+        Target(
+          label: "\(scenario) \(ours) p50 / \(path.matchedFloor) p50 (\(path.rawValue) path)", bound: .atMost(p50),
+          measure: p50Ratio(scenario, ours, path.matchedFloor))
+      ]
+      if let p99 {
+        targets.append(
+          Target(
+            label: "\(scenario) \(ours) p99 / \(path.matchedFloor) p99 (\(path.rawValue) path)", bound: .atMost(p99),
+            measure: ratio(scenario, ours, path.matchedFloor, \.p99)))
+      }
+      return targets
+    }
+  }
+
+  // Issue 26: every latency target is against a matched floor, on both paths. Removed: "wake-rtt
+  // faster than dispatch-queue" (it sat at a ratio of 0.99–1.01, a coin flip: restated as "at most
+  // 1.10×") and "stream-rtt ≤ 0.6× asyncstream" (below physics: both consumers are woken the same
+  // way, on the same loop; restated as "no slower than AsyncStream on the same loop", ≤ 1.05×).
+  // The bounds were set from the published full run (0dffb5c) and must be confirmed by five full
+  // runs on the reference machine, with the spread recorded in Benchmarks/results/.
   private static let targets: [Target] =
-    [
-      Target(
-        label: "wake-rtt asyncrunloop p50 / floor-epoll p50", bound: .atMost(1.15),
-        measure: p50Ratio("wake-rtt", "asyncrunloop", "floor-epoll")),
-      Target(
-        label: "wake-rtt asyncrunloop p99 / floor-epoll p99", bound: .atMost(1.5),
-        measure: ratio("wake-rtt", "asyncrunloop", "floor-epoll", \.p99)),
-    ]
-    + fasterThan("wake-rtt", ["foundation-runloop", "dispatch-queue"])
+    matchedFloorTargets("wake-rtt", p50: 1.15, p99: 1.5)
+    + fasterThan("wake-rtt", ["foundation-runloop"])
     + [
       Target(
-        label: "actor-rtt asyncrunloop p50 / floor-epoll p50", bound: .atMost(1.2),
-        measure: p50Ratio("actor-rtt", "asyncrunloop", "floor-epoll"))
+        label: "wake-rtt asyncrunloop p50 / dispatch-queue p50 (no slower than Dispatch)", bound: .atMost(1.10),
+        measure: p50Ratio("wake-rtt", "asyncrunloop", "dispatch-queue"))
     ]
+    + matchedFloorTargets("actor-rtt", p50: 1.2)
     + fasterThan("actor-rtt", ["dispatch-queue-executor"])
     + [
       Target(
-        label: "stream-rtt asyncrunloop p50 / floor-epoll p50", bound: .atMost(1.3),
-        measure: p50Ratio("stream-rtt", "asyncrunloop", "floor-epoll")),
+        label: "thread-actor-rtt asyncrunloop p50 / asyncrunloop-epoll p50 (futex path no slower; issue 26)",
+        bound: .atMost(1.05), measure: p50Ratio("thread-actor-rtt", "asyncrunloop", "asyncrunloop-epoll"))
+    ]
+    + matchedFloorTargets("stream-rtt", p50: 1.3)
+    + [
       Target(
-        label: "stream-rtt asyncrunloop p50 / asyncstream p50", bound: .atMost(0.6),
+        label: "stream-rtt asyncrunloop p50 / asyncstream p50 (same loop, same wake-up)", bound: .atMost(1.05),
         measure: p50Ratio("stream-rtt", "asyncrunloop", "asyncstream")),
       Target(
         label: "stream-throughput asyncrunloop elements/s", bound: .atLeast(5_000_000),
@@ -308,10 +331,16 @@ enum TargetReport {
   /// How many missed targets the summary names (the rest are counted).
   private static let summaryMissedLimit = 10
 
-  /// The headline scenarios and the floor each is matched against (main-rtt has none).
-  private static let headline: [(scenario: String, floor: String?)] = [
-    ("wake-rtt", "floor-epoll"), ("actor-rtt", "floor-epoll"), ("stream-rtt", "floor-epoll"),
-    ("timer-1ms-lateness", "floor-timerfd"), ("main-rtt", nil),
+  /// The headline rows: a scenario, our peer in it (which path), and its matched floor (main-rtt
+  /// has none).
+  private static let headline: [(scenario: String, peer: String, floor: String?)] = [
+    ("wake-rtt", "asyncrunloop", "floor-futex"), ("wake-rtt", "asyncrunloop-epoll", "floor-epoll"),
+    ("wake-rtt-b2b", "asyncrunloop", "floor-futex"), ("wake-rtt-b2b", "asyncrunloop-epoll", "floor-epoll"),
+    ("actor-rtt", "asyncrunloop", "floor-futex"), ("actor-rtt", "asyncrunloop-epoll", "floor-epoll"),
+    ("thread-actor-rtt", "asyncrunloop", "floor-futex"), ("thread-actor-rtt", "asyncrunloop-epoll", "floor-epoll"),
+    ("stream-rtt", "asyncrunloop", "floor-futex"), ("stream-rtt", "asyncrunloop-epoll", "floor-epoll"),
+    ("stream-rtt-b2b", "asyncrunloop", "floor-futex"), ("stream-rtt-b2b", "asyncrunloop-epoll", "floor-epoll"),
+    ("timer-1ms-lateness", "asyncrunloop", "floor-timerfd"), ("main-rtt", "asyncrunloop", nil),
   ]
 
   /// The default output: each headline scenario's p50 (ours, its floor, the best other peer, and
@@ -319,11 +348,13 @@ enum TargetReport {
   static func summary(_ results: [ScenarioResult], _ verdicts: [Verdict]) -> String {
     var lines = [
       "", "== headline (p50 µs; ratios: ours over the floor and over the best peer)",
-      "   \(padRight("scenario", 20))\(padLeft("ours", 8))\(padLeft("floor", 9))  \(padRight("best peer", 40))"
+      "   \(padRight("scenario (path)", 30))\(padLeft("ours", 8))\(padLeft("floor", 9))  \(padRight("best peer", 40))"
         + "\(padLeft("÷ floor", 8))\(padLeft("÷ peer", 8))",
     ]
-    for (scenario, floorName) in headline {
-      guard let ours = latency(results, scenario, "asyncrunloop") else { continue }
+    for (scenario, peer, floorName) in headline {
+      guard let ours = latency(results, scenario, peer) else { continue }
+      let path = peer.hasSuffix(LoopPath.epoll.peerSuffix) ? "epoll" : floorName == "floor-futex" ? "futex" : ""
+      let label = path.isEmpty ? scenario : "\(scenario) (\(path))"
       let floor = floorName.flatMap { latency(results, scenario, $0) }
       let peers = results.first { $0.name == scenario }?.peers ?? []
       let best = peers.compactMap { peer -> (name: String, p50: Double)? in
@@ -337,7 +368,7 @@ enum TargetReport {
       let floorRatio = floor.map { formatFixed(ours.p50 / $0.p50, decimals: 2) + "×" } ?? ""
       let peerRatio = best.map { formatFixed(ours.p50 / $0.p50, decimals: 2) + "×" } ?? ""
       lines.append(
-        "   \(padRight(scenario, 20))\(padLeft(formatFixed(ours.p50, decimals: 2), 8))\(padLeft(floorText, 9))  "
+        "   \(padRight(label, 30))\(padLeft(formatFixed(ours.p50, decimals: 2), 8))\(padLeft(floorText, 9))  "
           + "\(padRight(bestText, 40))\(padLeft(floorRatio, 8))\(padLeft(peerRatio, 8))")
     }
     let measured = verdicts.filter { $0.outcome.map { !$0.value.isNaN } ?? false }

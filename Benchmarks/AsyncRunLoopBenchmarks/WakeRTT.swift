@@ -52,28 +52,38 @@ final class StopFlag: Sendable {
   var isSet: Bool { flag.load(ordering: .acquiring) }
 }
 
-/// The floors: a server thread that sleeps on its request eventfd and writes the reply. The
-/// client side and the shutdown are the same for both; only where the server sleeps differs.
+/// The floors: a server thread that sleeps until the client signals it and writes the reply. The
+/// client side and the shutdown are the same for all three; only where the server sleeps (and so
+/// how the client signals it) differs.
 final class FloorWake: LatencySession {
   /// Where the server thread sleeps.
   enum Sleep {
-    /// floor-eventfd: blocks in read() on its (blocking) request eventfd.
+    /// floor-eventfd: blocks in read() on its (blocking) request eventfd — the bare floor.
     case read
-    /// floor-epoll: sleeps in epoll_wait on its (non-blocking) request eventfd, as a run loop
-    /// does, then reads it.
+    /// floor-epoll: sleeps in epoll_wait on its (non-blocking) request eventfd, as a loop on the
+    /// epoll path does, then reads it.
     case epoll
+    /// floor-futex: sleeps on a futex word, woken by an atomic add and FUTEX_WAKE, as a loop on
+    /// the futex path is.
+    case futex
   }
 
-  private let request: EventDoorbell
+  private let ringRequest: @Sendable () -> Void
+  private let closeRequest: @Sendable () -> Void
   private let reply = ReplyDoorbell()
   private let stop = StopFlag()
   private let server: PlainThread
+  /// Whether the client waits for the server to sleep before each round trip (settled) or sends
+  /// the next request at once (back-to-back: the server may still be awake).
+  private let settled: Bool
 
-  init(pin: PinPlan, sleepingIn sleep: Sleep) {
+  init(pin: PinPlan, sleepingIn sleep: Sleep, settled: Bool = true) {
+    self.settled = settled
     switch sleep {
     case .read:
       let request = EventDoorbell()
-      self.request = request
+      ringRequest = { request.ring() }
+      closeRequest = { request.close() }
       server = PlainThread(name: "floor-eventfd", cpu: pin.serverCPU) { [reply, stop] in
         while true {
           request.wait()
@@ -83,7 +93,8 @@ final class FloorWake: LatencySession {
       }
     case .epoll:
       let request = EventDoorbell(nonBlocking: true)
-      self.request = request
+      ringRequest = { request.ring() }
+      closeRequest = { request.close() }
       let epoll = EpollWaiter(watching: request.descriptor)
       server = PlainThread(name: "floor-epoll", cpu: pin.serverCPU) { [reply, stop] in
         while true {
@@ -94,21 +105,34 @@ final class FloorWake: LatencySession {
         }
         epoll.close()
       }
+    case .futex:
+      let request = FutexDoorbell()
+      ringRequest = { request.ring() }
+      closeRequest = {}
+      server = PlainThread(name: "floor-futex", cpu: pin.serverCPU) { [reply, stop] in
+        var seen: UInt32 = 0
+        while true {
+          request.wait(seen: &seen)
+          if stop.isSet { return }
+          reply.ring()
+        }
+      }
     }
   }
 
   func measure(_ count: Int) -> [Double] {
-    sampleRoundTrips(count, settle: reply.waitUntilRingerSleeps) {
-      request.ring()
+    let ringRequest = self.ringRequest
+    return sampleRoundTrips(count, settle: settled ? reply.waitUntilRingerSleeps : {}) {
+      ringRequest()
       reply.wait()
     }
   }
 
   func close() {
     stop.set()
-    request.ring()
+    ringRequest()
     server.join()
-    request.close()
+    closeRequest()
     reply.close()
   }
 }
@@ -120,15 +144,20 @@ final class AsyncRunLoopWake: LatencySession {
   /// The server loop (`fill` adds idle members to it).
   let loop: RunLoopThread
   private let source: CommandSource<UInt32>
+  private let epollMembers: EpollPathMembers?
+  private let settled: Bool
 
-  init(pin: PinPlan) {
+  /// On `path` (see `LoopPath`); `settled` false: back-to-back round trips.
+  init(pin: PinPlan, path: LoopPath = .futex, settled: Bool = true) {
+    self.settled = settled
     loop = try! RunLoopThread(name: "wake-server", cpu: pin.serverCPU)
     source = CommandSource { [reply] _ in reply.ring() }
     loop.add(source.source, to: .default)
+    epollMembers = EpollPathMembers.place(loop, on: path)
   }
 
   func measure(_ count: Int) -> [Double] {
-    sampleRoundTrips(count, settle: reply.waitUntilRingerSleeps) {
+    sampleRoundTrips(count, settle: settled ? reply.waitUntilRingerSleeps : {}) {
       source.post(1)
       reply.wait()
     }
@@ -136,6 +165,7 @@ final class AsyncRunLoopWake: LatencySession {
 
   func close() {
     source.source.invalidate()
+    epollMembers?.remove()
     loop.shutdownAndWait()
     reply.close()
   }
@@ -214,10 +244,13 @@ final class FoundationRunLoopWake: LatencySession {
 final class DispatchQueueWake: LatencySession {
   private let reply = ReplyDoorbell()
   private let queue = DispatchQueue(label: "wake-server")
+  private let settled: Bool
+
+  init(settled: Bool = true) { self.settled = settled }
 
   func measure(_ count: Int) -> [Double] {
     let reply = self.reply
-    return sampleRoundTrips(count, settle: reply.waitUntilRingerSleeps) {
+    return sampleRoundTrips(count, settle: settled ? reply.waitUntilRingerSleeps : {}) {
       queue.async { reply.ring() }
       reply.wait()
     }
@@ -228,21 +261,38 @@ final class DispatchQueueWake: LatencySession {
 
 enum WakeScenarios {
   static func wakeRTT(_ context: BenchmarkContext) -> ScenarioResult {
+    wake("wake-rtt", context, settled: true)
+  }
+
+  /// wake-rtt without the settle: the next request goes out as soon as the reply arrived, so the
+  /// server (loop or floor thread) may still be awake — what a busy service sees.
+  static func wakeRTTBackToBack(_ context: BenchmarkContext) -> ScenarioResult {
+    wake("wake-rtt-b2b", context, settled: false)
+  }
+
+  private static func wake(_ name: String, _ context: BenchmarkContext, settled: Bool) -> ScenarioResult {
     let pin = context.pin
     return runLatencyScenario(
-      "wake-rtt", floor: "floor-epoll",
+      name, floor: "floor-futex",
       notes: [
-        "client thread signals a sleeping server, server rings the client's reply eventfd; µs per round trip",
-        "before each round trip the client waits until the server thread sleeps (/proc/self/task/<tid>/stat)",
-        "foundation-runloop: CFRunLoopSource v0 signal + CFRunLoopWakeUp (fastest public route measured)",
+        "client thread signals a server, server rings the client's reply eventfd (the client blocks in read()"
+          + " for every peer); µs per round trip",
+        settled
+          ? "before each round trip the client waits until the server thread sleeps (/proc/self/task/<tid>/stat)"
+          : "back-to-back: no wait between round trips; the server may still be awake",
+        "asyncrunloop: futex path (the loop holds only the source) — matched floor floor-futex;"
+          + " asyncrunloop-epoll: epoll path (a timer and a descriptor registered) — matched floor floor-epoll;"
+          + " floor-eventfd: the bare floor (server blocks in read())",
+        "foundation-runloop (settled only): CFRunLoopSource v0 signal + CFRunLoopWakeUp (fastest public route)",
       ],
       peers: [
-        PeerSpec(name: "asyncrunloop", open: { AsyncRunLoopWake(pin: pin) }),
-        PeerSpec(name: "floor-eventfd", open: { FloorWake(pin: pin, sleepingIn: .read) }),
-        PeerSpec(name: "floor-epoll", open: { FloorWake(pin: pin, sleepingIn: .epoll) }),
-        PeerSpec(name: "foundation-runloop", open: { FoundationRunLoopWake(pin: pin) }),
-        PeerSpec(name: "dispatch-queue", open: { DispatchQueueWake() }),
-      ],
+        PeerSpec(name: "asyncrunloop", open: { AsyncRunLoopWake(pin: pin, path: .futex, settled: settled) }),
+        PeerSpec(name: "asyncrunloop-epoll", open: { AsyncRunLoopWake(pin: pin, path: .epoll, settled: settled) }),
+        PeerSpec(name: "floor-eventfd", open: { FloorWake(pin: pin, sleepingIn: .read, settled: settled) }),
+        PeerSpec(name: "floor-futex", open: { FloorWake(pin: pin, sleepingIn: .futex, settled: settled) }),
+        PeerSpec(name: "floor-epoll", open: { FloorWake(pin: pin, sleepingIn: .epoll, settled: settled) }),
+        PeerSpec(name: "dispatch-queue", open: { DispatchQueueWake(settled: settled) }),
+      ] + (settled ? [PeerSpec(name: "foundation-runloop", open: { FoundationRunLoopWake(pin: pin) })] : []),
       mode: context.mode)
   }
 

@@ -10,7 +10,7 @@ scenario and peer, and the targets as the run checked them. Each latency peer ge
 µs and its p50 ratio to the scenario's floor (floor-epoll, or floor-timerfd for the timer
 scenario, or the Foundation peer for main-rtt); figures get their value and unit. The JSON does
 not record the commit it was measured at: pass it with --measured-at. `--headline` prints only
-the five-row headline table (the README's); `--verify FILE` checks that FILE holds that table
+the headline table (the README's: each path of each scenario the run measured); `--verify FILE` checks that FILE holds that table
 exactly (CI runs it on the README). Nothing is typed by hand: paste the output as it is.
 """
 import argparse
@@ -19,44 +19,76 @@ import os
 import sys
 
 FLOORS = {"timer-1ms-lateness": "floor-timerfd", "main-rtt": "mainactor-foundation-runloop"}
-# The headline: our peer in each latency scenario against its floor and the best other peer.
+# The headline: our peer on each path (issue 26) against its matched floor -- the floor whose two
+# ends wait the way that path's loop does -- and the best other peer. Rows whose scenario or peer
+# the run did not measure are left out; a matched floor the run did not measure is said so.
+FUTEX = ("futex", "sources and jobs only", "floor-futex")
+EPOLL = ("epoll", "a timer and a descriptor registered", "floor-epoll")
 HEADLINE = [
-    ("wake-rtt", "a sleeping loop woken from another thread, round trip"),
-    ("actor-rtt", "a call into an actor pinned to a loop, round trip"),
-    ("stream-rtt", "an element through an async sequence to a task on a loop, round trip"),
-    ("timer-1ms-lateness", "how late a 1 ms timer fires"),
-    ("main-rtt", "a hop to the main thread and back"),
+    ("wake-rtt", "asyncrunloop", FUTEX, "a sleeping loop woken from another thread, round trip"),
+    ("wake-rtt", "asyncrunloop-epoll", EPOLL, "a sleeping loop woken from another thread, round trip"),
+    ("wake-rtt-b2b", "asyncrunloop", FUTEX, "the same, back-to-back (the loop may still be awake)"),
+    ("wake-rtt-b2b", "asyncrunloop-epoll", EPOLL, "the same, back-to-back (the loop may still be awake)"),
+    ("actor-rtt", "asyncrunloop", FUTEX, "a call into an actor pinned to a loop, from one on another, round trip"),
+    ("actor-rtt", "asyncrunloop-epoll", EPOLL,
+     "a call into an actor pinned to a loop, from one on another, round trip"),
+    ("thread-actor-rtt", "asyncrunloop", FUTEX, "a plain thread calls an actor pinned to a sleeping loop, round trip"),
+    ("thread-actor-rtt", "asyncrunloop-epoll", EPOLL,
+     "a plain thread calls an actor pinned to a sleeping loop, round trip"),
+    ("stream-rtt", "asyncrunloop", FUTEX, "an element through an async sequence to a task on a loop, round trip"),
+    ("stream-rtt", "asyncrunloop-epoll", EPOLL,
+     "an element through an async sequence to a task on a loop, round trip"),
+    ("stream-rtt-b2b", "asyncrunloop", FUTEX, "the same, back-to-back"),
+    ("stream-rtt-b2b", "asyncrunloop-epoll", EPOLL, "the same, back-to-back"),
+    ("timer-1ms-lateness", "asyncrunloop", ("timer", "", "floor-timerfd"), "how late a 1 ms timer fires"),
+    ("main-rtt", "asyncrunloop", ("main", "", None), "a hop to the main thread and back"),
 ]
-MATCHED_FLOORS = {"wake-rtt": "floor-epoll", "actor-rtt": "floor-epoll", "stream-rtt": "floor-epoll",
-                  "timer-1ms-lateness": "floor-timerfd"}
+
+
+def reference_floor(scenario, peer, peers):
+    """The floor a peer's p50 is divided by in the full tables: its path's matched floor."""
+    if scenario in FLOORS:
+        return FLOORS[scenario]
+    if peer.endswith("-epoll") or "floor-futex" not in peers:
+        return "floor-epoll"
+    return "floor-futex"
 
 
 def headline(report):
-    rows = ["| scenario (p50) | AsyncRunLoop | matched floor | best peer | ÷ floor | ÷ best peer |",
-            "|---|---:|---:|---|---:|---:|"]
-    for scenario, meaning in HEADLINE:
-        peers = report["scenarios"][scenario]
-        ours = peers["asyncrunloop"]["p50"]
-        floor_name = MATCHED_FLOORS.get(scenario)
-        floor = peers[floor_name]["p50"] if floor_name else None
+    rows = ["| scenario (p50) | path | AsyncRunLoop | matched floor | best peer | ÷ floor | ÷ best peer |",
+            "|---|---|---:|---:|---|---:|---:|"]
+    for scenario, peer, (path, path_meaning, floor_name), meaning in HEADLINE:
+        peers = report["scenarios"].get(scenario)
+        if not peers or peer not in peers:
+            continue
+        ours = peers[peer]["p50"]
+        floor = peers[floor_name]["p50"] if floor_name in peers else None
         others = {name: stats["p50"] for name, stats in peers.items()
                   if not name.startswith(("asyncrunloop", "floor-")) and stats.get("unit") == "us"}
-        best = min(others, key=others.get)
-        floor_text = f"{floor:.2f} µs (`{floor_name}`)" if floor else "none measured"
+        best = min(others, key=others.get) if others else None
+        if floor:
+            floor_text = f"{floor:.2f} µs (`{floor_name}`)"
+        elif floor_name:
+            floor_text = f"not measured in this run (`{floor_name}`)"
+        else:
+            floor_text = "none measured"
         floor_ratio = f"{ours / floor:.2f}×" if floor else ""
-        rows.append(f"| `{scenario}`: {meaning} | {ours:.2f} µs | {floor_text} | "
-                    f"{others[best]:.2f} µs (`{best}`) | {floor_ratio} | {ours / others[best]:.2f}× |")
+        path_text = f"{path} ({path_meaning})" if path_meaning else ""
+        best_text = f"{others[best]:.2f} µs (`{best}`)" if best else "none measured"
+        best_ratio = f"{ours / others[best]:.2f}×" if best else ""
+        rows.append(f"| `{scenario}`: {meaning} | {path_text} | {ours:.2f} µs (`{peer}`) | {floor_text} | "
+                    f"{best_text} | {floor_ratio} | {best_ratio} |")
     return "\n".join(rows)
 
 
 def full_tables(report):
     out = ["| scenario | peer | p50 | p99 | p50 ÷ reference |", "|---|---|---:|---:|---:|"]
     for scenario, peers in report["scenarios"].items():
-        reference = FLOORS.get(scenario, "floor-epoll")
-        base = peers.get(reference, {}).get("p50")
         for peer, stats in peers.items():
+            reference = reference_floor(scenario, peer, peers)
+            base = peers.get(reference, {}).get("p50")
             if stats.get("unit") == "us":
-                ratio = f"{stats['p50'] / base:.2f}×" if base else ""
+                ratio = f"{stats['p50'] / base:.2f}× `{reference}`" if base else ""
                 if peer == reference:
                     ratio = "reference"
                 out.append(f"| {scenario} | {peer} | {stats['p50']:.2f} µs | {stats['p99']:.2f} µs | {ratio} |")
@@ -117,8 +149,10 @@ def main():
         f"load average {load['start']} → {load['end']}.{measured}", "",
         "## Headline", "", headline(report), "",
         "## Every scenario and peer", "",
-        "\"Reference\" is the floor measured in the same run: two threads doing the same exchange "
-        "through `epoll_wait` + eventfd (`floor-epoll`), a bare `timerfd` read for timers, and "
+        "\"Reference\" is the matched floor measured in the same run: two threads doing the same exchange "
+        "and waiting the way the peer's loop does -- on a futex word (`floor-futex`, the futex path: "
+        "`asyncrunloop`) or in `epoll_wait` + eventfd (`floor-epoll`, the epoll path: `asyncrunloop-epoll`, "
+        "and every scenario of a run that had no `floor-futex`) -- a bare `timerfd` read for timers, and "
         "Foundation's `RunLoop.main` with `MainActor.run` for `main-rtt`.", "",
         full_tables(report), ""] + extras(args.json))
     output = args.output or os.path.splitext(args.json)[0] + ".md"
