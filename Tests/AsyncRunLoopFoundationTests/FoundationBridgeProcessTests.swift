@@ -16,6 +16,10 @@ struct FoundationBridgeProcessTests {
     try expectBridgeScenarioPasses("foundation-driver-timers")
   }
 
+  @Test func aCallerBlockedBetweenTwoRunLoopMainRunsIsServedByTheNextOne() throws {
+    try expectBridgeScenarioPasses("foundation-driver-between-runs")
+  }
+
   @Test func aFoundationModalRunInsideOurCalloutServesBothLoops() throws {
     try expectBridgeScenarioPasses("foundation-modal-in-our-callout")
   }

@@ -60,7 +60,7 @@ struct AdvanceFiresDueTimersTests {
     #expect(try virtual.loop.performAndWait { beats.count } == 10)
   }
 
-  /// Touched on the loop thread only (the timer's callout and performAndWait), hence unchecked.
+  // Safety: touched on the loop thread only (the timer's callout and performAndWait).
   final class Beats: @unchecked Sendable { var count = 0 }
 
   @Test func repeatingTimerFiresOncePerIntervalOnItsGrid() async throws {

@@ -104,3 +104,30 @@ private func sendFromAnotherThread() {
     fail("runOnMainAndWait threw \(error) under RunLoop.main.run()")
   }
 }
+
+/// `while … { RunLoop.main.run(mode:before:) }`: a caller that blocks in `runOnMainAndWait` while
+/// the main thread is between two of those runs waits for the next one; it is not refused.
+func foundationDriverBetweenRunsScenario() {
+  MainLoopBridge.install()
+  // One CF run first: from then on CF serves the main loop.
+  _ = RunLoop.main.run(mode: .default, before: Date(timeIntervalSinceNow: 0.01))
+  let outcome = Locked<String?>(nil)
+  let registered = DispatchSemaphore(value: 0)
+  startThread {
+    registered.signal()
+    do {
+      let value = try runOnMainAndWait { () -> Int in 7 }
+      outcome.withLock { $0 = "returned \(value)" }
+    } catch {
+      outcome.withLock { $0 = "threw \(error)" }
+    }
+  }
+  // Between two runs, long enough for the caller to have blocked (or been refused).
+  registered.wait()
+  usleep(200_000)
+  check(outcome.snapshot == nil, "runOnMainAndWait ended between two CF runs: \(outcome.snapshot ?? "")")
+  while outcome.snapshot == nil {
+    _ = RunLoop.main.run(mode: .default, before: Date(timeIntervalSinceNow: 0.05))
+  }
+  check(outcome.snapshot == "returned 7", "runOnMainAndWait \(outcome.snapshot ?? "")")
+}

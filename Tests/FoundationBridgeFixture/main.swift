@@ -8,6 +8,7 @@ let scenario = CommandLine.arguments.dropFirst().first ?? ""
 switch scenario {
 case "our-driver-timers": ourDriverTimersScenario()
 case "foundation-driver-timers": foundationDriverTimersScenario()
+case "foundation-driver-between-runs": foundationDriverBetweenRunsScenario()
 case "posts-into-our-loop": postsIntoOurLoopScenario()
 case "posts-into-foundation": postsIntoFoundationScenario()
 case "our-shutdown-under-foundation": ourShutdownUnderFoundationScenario()
