@@ -50,6 +50,8 @@ final class LoopCore {
 
   /// Executor jobs taken from the inbox and not run yet, and the jobs on the stack.
   @exclusivity(unchecked) var jobs = LoopJobQueue<LoopJob>()
+  /// The serial-role job `runCollectedJobs` is running now, if any (see `isRunningSerialJob`).
+  @exclusivity(unchecked) var runningSerialJob: UnownedJob?
   /// Blocks (`perform`) taken from the inbox and not run yet.
   @exclusivity(unchecked) var blocks = LoopBlockQueue()
   /// Registration changes taken from the inbox and not applied yet, with the ordering rule that
@@ -205,11 +207,23 @@ final class LoopCore {
       // Each job runs in the role it was enqueued in, so its awaits do not hop (see `JobRole`).
       observed(.job, priority: TaskPriority(job.job.priority), since: job.enqueuedAt) {
         switch job.role {
-        case .serial: job.job.runSynchronously(on: serial)
+        case .serial:
+          runningSerialJob = job.job
+          job.job.runSynchronously(on: serial)
+          runningSerialJob = nil
+        case .serialOnTaskExecutor: job.job.runSynchronously(isolatedTo: serial, taskExecutor: task)
         case .task: job.job.runSynchronously(on: task)
         }
       }
     }
+  }
+
+  /// Whether `job` is the serial-role job `runCollectedJobs` is running now: the job enqueues
+  /// itself again, the sign of a task that prefers this loop as its task executor (see `JobRole`).
+  @inline(__always)
+  func isRunningSerialJob(_ job: UnownedJob) -> Bool {
+    guard let running = runningSerialJob else { return false }
+    return unsafeBitCast(running, to: UInt.self) == unsafeBitCast(job, to: UInt.self)
   }
 
   /// Runs `job` as one of the loop's jobs (a job the loop runs outside `runCollectedJobs`, such

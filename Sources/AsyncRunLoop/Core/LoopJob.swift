@@ -7,9 +7,21 @@
 /// `withTaskExecutorPreference(loop)` (the serial executor differs), so every `await` in them
 /// would go through the loop's job queue again. Each job therefore runs in the role it was
 /// enqueued in, and the two roles have different identities so that the runtime tells them apart.
+///
+/// An actor's job whose task prefers the loop (`Task(executorPreference: loop)`) wants both: run
+/// as `serial`, each of its hops inside the actor fails the runtime's task-executor check and the
+/// task enqueues itself again on the serial role it is running in. `ExecutorJob` does not say
+/// which task executor its task prefers, so the loop reads it from that re-enqueue: a job that
+/// enqueues *itself* on the loop's serial role from inside its own run comes back as
+/// `serialOnTaskExecutor` (see `LoopSerialExecutor.enqueue`), and its later hops in the actor run
+/// inline. (A task that prefers another executor alternates between the two serial roles, one
+/// re-enqueue per hop, as it would without this.)
 enum JobRole {
   /// Enqueued on the loop's serial executor (an actor's job): runs isolated to it.
   case serial
+  /// An actor's job that re-enqueued itself from its own run: runs isolated to the loop's serial
+  /// role *and* on the loop's task executor.
+  case serialOnTaskExecutor
   /// Enqueued on the loop as a task executor (a task that prefers the loop): runs nonisolated, on
   /// the loop's thread.
   case task

@@ -13,7 +13,12 @@ final class LoopSerialExecutor: SerialExecutor {
   init(loop: RunLoopThread) { self.loop = loop }
 
   func enqueue(_ job: consuming ExecutorJob) {
-    loop.enqueue(UnownedJob(job), role: .serial)
+    let job = UnownedJob(job)
+    // The job running on the loop enqueues itself: its task prefers a task executor (see `JobRole`).
+    if loop.isOnLoopThread, loop.core.isRunningSerialJob(job) {
+      return loop.enqueue(job, role: .serialOnTaskExecutor)
+    }
+    loop.enqueue(job, role: .serial)
   }
 
   func asUnownedSerialExecutor() -> UnownedSerialExecutor {

@@ -144,7 +144,7 @@ enum FallbackExecution {
     queue.async {
       state.withLock { $0.running = identifier }
       switch role {
-      case .serial: job.runSynchronously(on: serial)
+      case .serial, .serialOnTaskExecutor: job.runSynchronously(on: serial)
       case .task: job.runSynchronously(on: task)
       }
       state.withLock { $0.running = nil }

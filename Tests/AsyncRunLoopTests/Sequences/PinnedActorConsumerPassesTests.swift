@@ -61,14 +61,11 @@ private final class PassCount: Sendable {
     #expect(passes < Self.elements / 100, "\(passes) passes for \(Self.elements) elements")
   }
 
-  /// Known issue: the loop runs an actor's jobs with no task executor, so every hop of a task that
-  /// prefers the loop goes back through the loop's queue (about two per element). The fix is in
-  /// the job runner (Core): drop `withKnownIssue` when it lands.
+  /// A task that prefers the loop: its job runs on the loop's task executor too once it has
+  /// enqueued itself from its own run, so its later hops inside the actor stay inline.
   @Test func actorDrivenByATaskPreferringTheLoopTakesABatchInAFewPasses() async throws {
     let (passes, received) = try await passesWhileConsuming(preferringTheLoop: true)
     #expect(received == Self.elements)
-    withKnownIssue("issue 26: a task preferring the loop re-enqueues on every hop inside a pinned actor") {
-      #expect(passes < Self.elements / 100, "\(passes) passes for \(Self.elements) elements")
-    }
+    #expect(passes < Self.elements / 100, "\(passes) passes for \(Self.elements) elements")
   }
 }
