@@ -173,8 +173,10 @@ struct DroppedCommandTests {
     let books = CommandBooks()
     let box = Guarded<InputSource?>(nil)
     let armed = Guarded(false)
+    let invalidating = Guarded(false)
     let timer = LoopTimer(after: .zero, repeatingEvery: .milliseconds(1)) { _ in
       guard armed.snapshot, let source = box.snapshot, source.isValid else { return }
+      invalidating.withLock { $0 = true }
       source.invalidate()  // the closing delivery runs here, inside the callout
     }
     if wait == "invalidateAndWait" { to.add(timer) }
@@ -185,6 +187,9 @@ struct DroppedCommandTests {
       to.add(source)
       if wait == "invalidateAndWait" {
         armed.withLock { $0 = true }
+        // The timer's callout must have begun invalidating before the handler invalidates the
+        // timer (else nothing would ever invalidate the source).
+        waitUntil { invalidating.snapshot }
       } else {
         to.perform { source.invalidate() }
       }
