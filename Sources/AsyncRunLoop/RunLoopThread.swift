@@ -269,6 +269,7 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
     }
     diverted.finish(for: self)
     perform(wake)
+    if isMainLoop { MainLoopControl.shutDown() }
   }
 
   /// Shuts the loop down and waits until its thread has finished and is gone (joined). Any

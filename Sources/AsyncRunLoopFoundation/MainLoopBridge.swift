@@ -14,9 +14,10 @@ import CoreFoundation
 /// - Under `RunLoop.main.run()` (or `CFRunLoopRun()`): CF hosts the main loop as an embedded
 ///   loop (`RunLoopThread.beginEmbedding()`): a CF source watches its descriptor, a CF timer its
 ///   next deadline, and before CF sleeps an observer runs the passes that are due. Sources,
-///   timers, `perform`, `runOnMain`, `runOnMainAndWait` and `@MainActor` work are served. From
-///   CF's first such run on, the main loop counts as served between CF's runs too (a caller of
-///   `runOnMainAndWait` waits for the next one), until `runMainLoop()` drives or it shuts down.
+///   timers, `perform`, `runOnMain`, `runOnMainAndWait` and `@MainActor` work are served. After
+///   such a run the main loop counts as served until CF's next run (a caller of
+///   `runOnMainAndWait` waits for it), unless `runMainLoop()` or a run of the main loop takes
+///   over, or the main loop shuts down.
 public enum MainLoopBridge {
   /// Installs the bridge for CF's default mode (and our `.default`) and for `modes`. Main thread
   /// only; call it before running either loop. Calling it again bridges further modes.
@@ -51,12 +52,8 @@ final class MainBridgeState: @unchecked Sendable {  // Safety: proof below
   /// (during those CF is only our sleep: its hooks stay passive).
   private var cfDepth = 0
   private var drivenDepths: [Int] = []
-  /// For each CF run on the stack: whether it holds an embedding of the main loop.
+  /// For each CF run on the stack: whether its entry began embedding the main loop.
   private var embeddingStack: [Bool] = []
-  /// The last outermost CF run that hosted the main loop ended and its embedding was kept: from
-  /// the first `RunLoop.main.run` on, CF counts as serving the main loop between its runs too,
-  /// until `runMainLoop()` drives instead or the main loop shuts down.
-  private var holdsHostingBetweenRuns = false
   private var isTornDown = false
 
   private var mainCF: CFRunLoop { CFRunLoopGetMain() }
@@ -118,21 +115,17 @@ final class MainBridgeState: @unchecked Sendable {  // Safety: proof below
     guard let loop, !isTornDown else { return }
     if activity == .entry {
       cfDepth += 1
-      let hosts = !cfIsOurSleep
-      embeddingStack.append(hosts)
-      // An outermost CF run that starts while the previous one's embedding is still held takes
-      // that embedding over instead of beginning another.
-      if hosts && cfDepth == 1 && holdsHostingBetweenRuns {
-        holdsHostingBetweenRuns = false
-      } else if hosts {
-        loop.beginEmbedding()
-      }
+      let begins = !cfIsOurSleep
+      embeddingStack.append(begins)
+      if begins { loop.beginEmbedding() }
     } else if activity == .exit {
-      if embeddingStack.popLast() == true {
+      // (The exit of a run that was already running when the bridge was installed has no entry.)
+      guard let began = embeddingStack.popLast() else { return }
+      if began {
         // The outermost CF run ended: `while … { RunLoop.main.run(mode:before:) }` calls the next
-        // one at once, so the main loop stays served in between (callers blocked in
-        // `runOnMainAndWait` wait for that next run instead of being refused).
-        if embeddingStack.isEmpty { holdsHostingBetweenRuns = true } else { loop.endEmbedding() }
+        // one at once, so the main loop stays served in between, unless a run of our own (or
+        // its shutdown) takes over (see `endEmbeddingUntilTheHostRunsAgain()`).
+        if embeddingStack.isEmpty { loop.endEmbeddingUntilTheHostRunsAgain() } else { loop.endEmbedding() }
       }
       cfDepth -= 1
     } else if activity == .beforeWaiting, !cfIsOurSleep, let mode = currentBridgedMode {
@@ -184,11 +177,6 @@ final class MainBridgeState: @unchecked Sendable {  // Safety: proof below
   /// readable. Then the main loop makes a pass instead of sleeping again (`wakeUp()`).
   private func ourLoopWillSleep(in mode: RunLoopMode) {
     guard let loop, !isTornDown else { return }
-    // Our loop runs itself now: CF no longer needs to count as serving it between CF's runs.
-    if holdsHostingBetweenRuns {
-      holdsHostingBetweenRuns = false
-      loop.endEmbedding()
-    }
     switch loop.prepareForHostWait(mode: mode) {
     case .shutDown:
       return
@@ -213,8 +201,6 @@ final class MainBridgeState: @unchecked Sendable {  // Safety: proof below
     if let observer { CFRunLoopObserverInvalidate(observer) }
     for began in embeddingStack where began { loop?.endEmbedding() }
     embeddingStack.removeAll()
-    if holdsHostingBetweenRuns { loop?.endEmbedding() }
-    holdsHostingBetweenRuns = false
     for observer in ourObservers { observer.invalidate() }
   }
 }

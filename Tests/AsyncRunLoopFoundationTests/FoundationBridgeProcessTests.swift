@@ -20,6 +20,10 @@ struct FoundationBridgeProcessTests {
     try expectBridgeScenarioPasses("foundation-driver-between-runs")
   }
 
+  @Test func aCallerBlockedBetweenTwoRunLoopMainRunsIsReleasedByTheMainLoopsShutdown() throws {
+    try expectBridgeScenarioPasses("foundation-driver-shutdown-between-runs")
+  }
+
   @Test func aFoundationModalRunInsideOurCalloutServesBothLoops() throws {
     try expectBridgeScenarioPasses("foundation-modal-in-our-callout")
   }

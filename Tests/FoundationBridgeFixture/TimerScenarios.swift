@@ -131,3 +131,29 @@ func foundationDriverBetweenRunsScenario() {
   }
   check(outcome.snapshot == "returned 7", "runOnMainAndWait \(outcome.snapshot ?? "")")
 }
+
+/// A caller blocked between two `RunLoop.main.run(mode:before:)` calls is released with an error
+/// when the main loop is shut down meanwhile (no further Foundation run comes).
+func foundationDriverShutdownBetweenRunsScenario() {
+  MainLoopBridge.install()
+  _ = RunLoop.main.run(mode: .default, before: Date(timeIntervalSinceNow: 0.01))
+  let outcome = Locked<String?>(nil)
+  let ended = DispatchSemaphore(value: 0)
+  startThread {
+    do {
+      _ = try runOnMainAndWait { () -> Int in 1 }
+      outcome.withLock { $0 = "returned" }
+    } catch RunLoopError.wouldDeadlock {
+      outcome.withLock { $0 = "refused" }
+    } catch {
+      outcome.withLock { $0 = "threw \(error)" }
+    }
+    ended.signal()
+  }
+  usleep(200_000)
+  check(outcome.snapshot == nil, "runOnMainAndWait ended between two CF runs: \(outcome.snapshot ?? "")")
+  RunLoopThread.main.shutdown()
+  let finished = ended.wait(timeout: .now() + .seconds(2)) == .success
+  check(finished, "runOnMainAndWait still blocked 2 s after the main loop shut down")
+  check(outcome.snapshot == "refused", "runOnMainAndWait \(outcome.snapshot ?? "")")
+}

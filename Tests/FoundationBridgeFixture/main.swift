@@ -9,6 +9,7 @@ switch scenario {
 case "our-driver-timers": ourDriverTimersScenario()
 case "foundation-driver-timers": foundationDriverTimersScenario()
 case "foundation-driver-between-runs": foundationDriverBetweenRunsScenario()
+case "foundation-driver-shutdown-between-runs": foundationDriverShutdownBetweenRunsScenario()
 case "posts-into-our-loop": postsIntoOurLoopScenario()
 case "posts-into-foundation": postsIntoFoundationScenario()
 case "our-shutdown-under-foundation": ourShutdownUnderFoundationScenario()

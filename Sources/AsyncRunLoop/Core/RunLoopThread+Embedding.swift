@@ -44,6 +44,16 @@ extension RunLoopThread {
     if isMainLoop { MainLoopControl.endHosting() }
   }
 
+  /// `endEmbedding()` for a host that runs again soon (a program calling
+  /// `RunLoop.main.run(mode:before:)` in a loop): when nothing else serves the main loop, it
+  /// still counts as served until the next host run, `runMainLoop()`, a run of its own or its
+  /// shutdown, so callers blocked in `runOnMainAndWait` wait instead of being refused. Main
+  /// thread; for other loops the same as `endEmbedding()`.
+  package func endEmbeddingUntilTheHostRunsAgain() {
+    preconditionOnLoopThread("endEmbedding()")
+    if isMainLoop { MainLoopControl.endHosting(holdingBetweenRuns: true) }
+  }
+
   /// Tells the loop its host is about to sleep, and says until when. Loop thread only, between
   /// passes (also from a callout of this loop: see the article).
   ///

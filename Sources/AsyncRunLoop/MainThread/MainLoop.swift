@@ -111,7 +111,8 @@ public func runMainLoop() {
     break
   case .returnAtOnce:
     // stopMainLoop() was called before: the stop is consumed by this call, after the blocks
-    // queued before it ran.
+    // queued before it ran; callers blocked on a hold between host runs are released.
+    MainLoopControl.endServing()
     MainQueueService.drainAcceptedBlocks()
     return
   case .alreadyServing:
@@ -216,9 +217,16 @@ enum MainLoopControl {
   /// from now on, so blocked callers may wait.
   static func beginHosting() { state.withLock { $0.hostingBegan() } }
 
-  /// A host loop stopped embedding the main loop.
-  static func endHosting() {
-    for waiter in state.withLock({ $0.hostingEnded() }) { waiter.abandon() }
+  /// A host loop stopped embedding the main loop (`holdingBetweenRuns`: see
+  /// `MainLoopState.hostingEnded`).
+  static func endHosting(holdingBetweenRuns: Bool = false) {
+    for waiter in state.withLock({ $0.hostingEnded(holdingBetweenRuns: holdingBetweenRuns) }) { waiter.abandon() }
+  }
+
+  /// The main loop was shut down (`RunLoopThread.shutdown()`): callers waiting only on a hold
+  /// between host runs are released.
+  static func shutDown() {
+    for waiter in state.withLock({ $0.shutDown() }) { waiter.abandon() }
   }
 
   static func requestStop() {
@@ -274,12 +282,20 @@ struct MainLoopState<Waiter> {
   private(set) var isStopPending = false
   /// An `await runMainLoop()` waits for a stop (an `async` main on the executor factory).
   private(set) var isAsyncServing = false
+  /// The main loop was shut down.
+  private(set) var isShutDown = false
   /// Callers blocked in `runOnMainAndWait`, by ticket.
   private(set) var waiters: [UInt64: Waiter] = [:]
   private var nextTicket: UInt64 = 0
 
+  /// The last host run that embedded the main loop ended with no run of our own around it, and
+  /// the host said it runs again soon (`while … { RunLoop.main.run(mode:before:) }`): the main
+  /// loop counts as served until the next host run, `runMainLoop()`, a run of its own, or its
+  /// shutdown.
+  private(set) var isHeldBetweenHostRuns = false
+
   /// Whether the main thread serves the main loop now (so a blocked caller will be served).
-  var isRunning: Bool { isServing || runDepth > 0 || hostDepth > 0 }
+  var isRunning: Bool { isServing || runDepth > 0 || hostDepth > 0 || isHeldBetweenHostRuns }
 
   enum BeginAction: Equatable {
     /// Run the loop.
@@ -290,9 +306,10 @@ struct MainLoopState<Waiter> {
     case alreadyServing
   }
 
-  /// `runMainLoop()` starts.
+  /// `runMainLoop()` starts. (After `.returnAtOnce` it ends at once: `endServing()`.)
   mutating func beginServing() -> BeginAction {
     if isServing { return .alreadyServing }  // nested runMainLoop()
+    isHeldBetweenHostRuns = false  // our loop drives from now on (or runMainLoop() returns)
     if isStopPending {
       isStopPending = false  // the remembered stop ends this call
       return .returnAtOnce
@@ -329,18 +346,33 @@ struct MainLoopState<Waiter> {
   /// A host loop began embedding the main loop.
   mutating func hostingBegan() {
     hostDepth += 1
+    isHeldBetweenHostRuns = false  // this run takes the hold over
     hasRun = true
   }
 
   /// A host loop stopped embedding it: returns the waiters to abandon if nothing serves it now.
-  mutating func hostingEnded() -> [Waiter] {
+  /// `holdingBetweenRuns`: the host runs again soon; when no host run and no run of our own is
+  /// left, the main loop still counts as served until one of them starts or it shuts down.
+  mutating func hostingEnded(holdingBetweenRuns: Bool = false) -> [Waiter] {
     hostDepth -= 1
+    if holdingBetweenRuns && hostDepth == 0 && !isServing && runDepth == 0 && !isShutDown {
+      isHeldBetweenHostRuns = true
+    }
+    return takeWaitersIfStopped()
+  }
+
+  /// The main loop was shut down: nothing will serve a hold between host runs; returns the
+  /// waiters to abandon if nothing serves it now.
+  mutating func shutDown() -> [Waiter] {
+    isShutDown = true
+    isHeldBetweenHostRuns = false
     return takeWaitersIfStopped()
   }
 
   /// A run in a common mode started on the main thread.
   mutating func runEntered() {
     runDepth += 1
+    isHeldBetweenHostRuns = false  // our loop drives now
     hasRun = true
   }
 

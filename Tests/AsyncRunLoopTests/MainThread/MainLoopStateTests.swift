@@ -119,4 +119,76 @@ struct MainLoopStateTests {
     let keepServing = state.continueServing()
     #expect(!keepServing)
   }
+
+  // MARK: A host that runs again soon (`RunLoop.main.run(mode:before:)` in a loop)
+
+  @Test func aHostRunThatRunsAgainKeepsTheMainLoopServedUntilItsNextRun() {
+    var state = State()
+    state.hostingBegan()
+    let waiting = state.register("blocked during the host run")
+    #expect(waiting != nil)
+    let atExit = state.hostingEnded(holdingBetweenRuns: true)
+    #expect(atExit.isEmpty, "between two host runs nobody is released")
+    #expect(state.isRunning)
+    #expect(state.register("blocked between two host runs") != nil)
+    state.hostingBegan()  // the next run takes the hold over
+    #expect(!state.isHeldBetweenHostRuns)
+    let released = state.hostingEnded()  // a host that does not run again
+    #expect(released.count == 2)
+    #expect(!state.isRunning)
+  }
+
+  @Test func aHostRunNestedInOurOwnRunsHoldsNothing() {
+    var state = State()
+    _ = state.beginServing()  // runMainLoop()
+    state.runEntered()
+    state.hostingBegan()  // RunLoop.main.run(...) in one of our callouts
+    _ = state.hostingEnded(holdingBetweenRuns: true)
+    #expect(!state.isHeldBetweenHostRuns)
+    _ = state.register("blocked while runMainLoop() runs")
+    _ = state.runExited()
+    let released = state.endServing()  // runMainLoop() returns
+    #expect(released == ["blocked while runMainLoop() runs"])
+    #expect(!state.isRunning)
+  }
+
+  @Test func runMainLoopReturningAtOnceEndsAHoldAndReleasesItsWaiters() {
+    var state = State()
+    state.hostingBegan()
+    _ = state.hostingEnded(holdingBetweenRuns: true)
+    _ = state.register("blocked between host runs")
+    #expect(state.requestStop() == .remembered)
+    #expect(state.beginServing() == .returnAtOnce)
+    let released = state.endServing()
+    #expect(released == ["blocked between host runs"])
+    #expect(!state.isRunning)
+  }
+
+  @Test func aRunOfOurOwnTakesAHoldOverAndItsEndReleasesTheWaiters() {
+    var state = State()
+    state.hostingBegan()
+    _ = state.hostingEnded(holdingBetweenRuns: true)
+    _ = state.register("blocked between host runs")
+    state.runEntered()
+    #expect(!state.isHeldBetweenHostRuns)
+    let exit = state.runExited()
+    guard case .abandon(let released) = exit else {
+      Issue.record("the last run's end must release the waiters: \(exit)")
+      return
+    }
+    #expect(released == ["blocked between host runs"])
+  }
+
+  @Test func shuttingTheMainLoopDownEndsAHoldAndReleasesItsWaiters() {
+    var state = State()
+    state.hostingBegan()
+    _ = state.hostingEnded(holdingBetweenRuns: true)
+    _ = state.register("blocked between host runs")
+    let released = state.shutDown()
+    #expect(released == ["blocked between host runs"])
+    #expect(!state.isRunning)
+    state.hostingBegan()
+    _ = state.hostingEnded(holdingBetweenRuns: true)
+    #expect(!state.isHeldBetweenHostRuns, "a shut-down main loop is not held")
+  }
 }
