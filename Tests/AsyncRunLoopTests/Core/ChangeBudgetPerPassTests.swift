@@ -179,7 +179,7 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
   @Test func blocksActorsAndTasksAfterAFreeRunningBurstSeeItApplied() async throws {
     let loop = try RunLoopThread(name: "r25-free")
     defer { loop.shutdownAndWait() }
-    let actor = R25Pinned(loop: loop)
+    let actor = ModeCountReadingActor(loop: loop)
     for round in 0..<3 {
       let sources = (0..<700).map { _ in RoutineCountingSource() }
       let timers = (0..<300).map { _ in LoopTimer(after: .seconds(3_600)) { _ in } }
@@ -223,7 +223,7 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
   @Test func anActorHopAndAResumedTaskBehindAHeldBurstSeeItApplied() async throws {
     let loop = try RunLoopThread(name: "r25-held-jobs")
     defer { loop.shutdownAndWait() }
-    let actor = R25Pinned(loop: loop)
+    let actor = ModeCountReadingActor(loop: loop)
     let sources = (0..<1_000).map { _ in RoutineCountingSource() }
     let continuation = Guarded<CheckedContinuation<Void, Never>?>(nil)
     let suspended = TestGate()
@@ -375,13 +375,13 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
   /// runs out of stack, instead of all 20,000 being applied, 256 per pass.
   @Test
   func manyLoopThreadAddsOfMembersLastChangedOnAnotherLoopDoNotRecurse() async {
-    await #expect(processExitsWith: .success) { try r25DeepLoopThreadAdds(staleOnB: true) }
+    await #expect(processExitsWith: .success) { try deepLoopThreadAdds(staleOnB: true) }
   }
 
   /// The control for the test above: the same 20,000 schedule routines adding timers that were
   /// never on another loop run 256 per pass, without nesting, and the process ends normally.
   @Test func manyLoopThreadAddsOfFreshMembersDoNotRecurse() async {
-    await #expect(processExitsWith: .success) { try r25DeepLoopThreadAdds(staleOnB: false) }
+    await #expect(processExitsWith: .success) { try deepLoopThreadAdds(staleOnB: false) }
   }
 
   /// A signal sent before a held burst of 600 adds, while a due timer's callout runs the loop

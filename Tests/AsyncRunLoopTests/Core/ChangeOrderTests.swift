@@ -180,15 +180,15 @@ struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstS
       let old = InputSource(cancel: { _, _ in log.add("old cancel") }) { _ in log.add("old") }
       loop.add(old, to: r17ModeB)
       old.signal()
-      r17OnePass(loop, r17ModeA)
-      r17OnePass(loop, r17ModeA)
+      runOnePass(loop, r17ModeA)
+      runOnePass(loop, r17ModeA)
       old.invalidate()
       let fresh = InputSource { _ in log.add("fresh") }
       loop.add(fresh, to: r17ModeA)
       fresh.signal()
-      r17OnePass(loop, r17ModeA)
+      runOnePass(loop, r17ModeA)
       log.add("A ran")
-      r17OnePass(loop, r17ModeB)
+      runOnePass(loop, r17ModeB)
       fresh.invalidate()
       keepA.invalidate()
       keepB.invalidate()
@@ -212,7 +212,7 @@ struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstS
         let source = InputSource { _ in fires.increment() }
         loop.add(source, to: r17ModeB)
         source.signal()
-        r17OnePass(loop, r17ModeA)  // sorted out: waits for B
+        runOnePass(loop, r17ModeA)  // sorted out: waits for B
         let moved = TestGate()
         let mover = startThread {
           for _ in 0..<(round % 32) { sched_yield() }
@@ -222,11 +222,11 @@ struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstS
         }
         var passes = 0
         while !moved.opened || passes < 3 {
-          r17OnePass(loop, r17ModeA)
+          runOnePass(loop, r17ModeA)
           if moved.opened { passes += 1 }
         }
         joinThread(mover)
-        r17OnePass(loop, r17ModeA)
+        runOnePass(loop, r17ModeA)
         if fires.current != 1 { bad.append(round) }
         source.invalidate()
       }

@@ -60,7 +60,7 @@ struct CommonModeMembershipTests: MemberPromiseSettling, SharedTestLoops, PassTe
     let (silenced, afterJoin, listed) = try loop.performAndWait { () throws -> (Int, Int, Int) in
       try loop.add(pipe.source, to: .common)
       writeByte(pipe.write)
-      r19RunOther(loop)
+      runOtherModeBriefly(loop)
       let silenced = pipe.count
       loop.addModeToCommonModes(r19Other)
       let keepAlive = LoopTimer(after: .seconds(3_600)) { _ in }

@@ -26,7 +26,7 @@ struct CrossThreadChangesAsValuesTests {
       let modes: [RunLoopMode] = [r10ModeA, r10ModeB, .default]
       let threads = (0..<4).map { thread in
         startThread {
-          var random = R10Random(state: UInt64(thread + 1) &* 0x9E37_79B9)
+          var random = SeededRandom(state: UInt64(thread + 1) &* 0x9E37_79B9)
           var sources = (0..<5).map { _ in ScheduleCountingSource() }
           var timers = (0..<4).map { _ in makeParkedTimer { _ in } }
           var sourceModes = [Set<RunLoopMode>](repeating: [], count: 5)
@@ -132,7 +132,7 @@ struct CrossThreadChangesAsValuesTests {
       let kept = Locked<[ScheduleCountingSource]>([])
       let threads = (0..<3).map { thread in
         startThread {
-          var random = R10Random(state: UInt64(thread + 11))
+          var random = SeededRandom(state: UInt64(thread + 11))
           var all: [ScheduleCountingSource] = []
           var valid: [ScheduleCountingSource] = []
           _ = repeatRounds(300, budget: .milliseconds(600)) { _ in
@@ -198,7 +198,7 @@ struct CrossThreadChangesAsValuesTests {
         loop.add(churner, to: r10ModeC)
         let workers = (0..<3).map { thread in
           startThread {
-            var random = R10Random(state: UInt64(round * 7 + thread + 1))
+            var random = SeededRandom(state: UInt64(round * 7 + thread + 1))
             var step = 0
             // Until a while after the shutdown (and at least 100 steps, at most 5,000).
             while step < 5_000 && (step < 100 || !done.withLock({ $0 })) {

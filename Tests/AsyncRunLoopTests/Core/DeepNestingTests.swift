@@ -8,14 +8,14 @@ import Testing
 struct DeepNestingTests {
   /// SPEC §10: inside one of the loop's jobs no other job starts, also in a run nested in a
   /// source handler, block, timer or observer of the job's own nested run.
-  @Test(arguments: [R18Callout.source, .block, .timer, .observer])
-  func noJobRunsInARunNestedInACalloutOfAJobsNestedRun(kind: R18Callout) async throws {
+  @Test(arguments: [DeepNestCallout.source, .block, .timer, .observer])
+  func noJobRunsInARunNestedInACalloutOfAJobsNestedRun(kind: DeepNestCallout) async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "deep nest \(kind)") { () async throws -> [String] in
       let loop = try RunLoopThread(name: "r18-deep")
       let log = EventLog()
       let actor = NestingLoopActor(loop: loop, log: log)
       await actor.deepNest(kind)
-      #expect(await r18Poll { log.count("inner") == 1 })
+      #expect(await pollEveryMillisecond { log.count("inner") == 1 })
       await execShutdown(loop)
       return log.snapshot
     }
@@ -35,7 +35,7 @@ struct DeepNestingTests {
         published.withLock { $0 = loop }
         while stop.current == 0 { _ = loop.run(mode: .default, for: .milliseconds(2)) }
       }
-      #expect(await r18Poll { published.snapshot != nil })
+      #expect(await pollEveryMillisecond { published.snapshot != nil })
       guard let loop = published.snapshot else { return ([], 0, false) }
       let actor = CallLoggingActor(loop: loop)
       let offLoop = AtomicCounter()
@@ -69,7 +69,7 @@ struct DeepNestingTests {
           return true
         } catch { return false }
       }
-      #expect(await r18Poll { started.current == 1 })
+      #expect(await pollEveryMillisecond { started.current == 1 })
       await execShutdown(loop)
       return await sleeper.value
     }

@@ -14,7 +14,7 @@ struct LoopThreadChangesRacingOtherThreadsTests {
     let source = InputSource(
       schedule: { _, loop, _ in pairs.schedule(loop) }, cancel: { _, loop in pairs.cancel(loop) }, perform: { _ in })
     let outcome = try await withWatchdogOnThread(timeout: .seconds(60), "common race") {
-      try r16RaceMembership(
+      try raceMembership(
         source, mode: .common, loopThreadRemoves: loopThreadRemoves, rounds: 3_000,
         add: { $0.add($1, to: $2) }, remove: { $0.remove($1, from: $2) })
     }
@@ -35,7 +35,7 @@ struct LoopThreadChangesRacingOtherThreadsTests {
     async throws
   {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(60), "nested call race") {
-      try r16RaceWithCallouts(loopThreadRemoves: loopThreadRemoves, rounds: 3_000)
+      try raceTimerMembershipWithCallouts(loopThreadRemoves: loopThreadRemoves, rounds: 3_000)
     }
     guard let outcome else { return }
     #expect(outcome.mismatches == 0, "\(outcome.mismatches) of 3,000: \(outcome.example)")
@@ -106,7 +106,7 @@ struct LoopThreadChangesRacingOtherThreadsTests {
       let disagreement = try loop.performAndWait { () -> String? in
         joinThread(startThread { loop.add(p, to: r16ModeY) })
         if loopThreadRemoves { loop.remove(timer, from: r16ModeX) } else { loop.add(timer, to: r16ModeX) }
-        return r16Disagreement(loop, timer) ?? "agree"
+        return bindingDisagreement(loop, timer) ?? "agree"
       }
       for member in [s, p] { member.invalidate() }
       timer.invalidate()
@@ -126,7 +126,7 @@ struct LoopThreadChangesRacingOtherThreadsTests {
     }
     let source = DescriptorSource(descriptor: pipe.read, interest: .readable) { _, _ in }
     let outcome = try await withWatchdogOnThread(timeout: .seconds(60), "descriptor race") {
-      try r16RaceMembership(
+      try raceMembership(
         source, mode: r16ModeX, loopThreadRemoves: loopThreadRemoves, rounds: 3_000,
         add: { try? $0.add($1, to: $2) }, remove: { $0.remove($1, from: $2) })
     }
@@ -170,7 +170,7 @@ struct LoopThreadChangesRacingOtherThreadsTests {
         loop.add(source, to: r16ModeY)
         scheduled.wait(timeout: .seconds(10))
         while done.current < round { sched_yield() }
-        let disagreement = try loop.performAndWait { r16Disagreement(loop, timer) }
+        let disagreement = try loop.performAndWait { bindingDisagreement(loop, timer) }
         source.invalidate()
         if let disagreement {
           mismatches += 1

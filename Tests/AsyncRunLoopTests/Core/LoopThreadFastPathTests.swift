@@ -90,7 +90,7 @@ struct LoopThreadChangesAfterWaitingChangesTests {
       loop.add(other)
       _ = try loop.performAndWait {}
       let inside =
-        r13WithChangeWaiting(on: loop, pending: { loop.remove(other) }) { () -> [RunLoopMode] in
+        withChangeWaiting(on: loop, pending: { loop.remove(other) }) { () -> [RunLoopMode] in
           loop.add(member, to: r13ModeB)
           return loop.core.modes(of: member)
         } ?? []
@@ -101,7 +101,7 @@ struct LoopThreadChangesAfterWaitingChangesTests {
         done.open()
       }
       _ = done.wait(timeout: .seconds(10))
-      let after = r13Modes(member, on: loop)
+      let after = loopModes(member, on: loop)
       let snapshot = log.snapshot
       member.invalidate()
       return (inside, after, fires.current, snapshot)
@@ -132,15 +132,15 @@ struct LoopThreadChangesAfterWaitingChangesTests {
       let other = InputSource(cancel: { _, loop in loop.remove(member, from: r13ModeB) }, perform: { _ in })
       loop.add(other)
       _ = try loop.performAndWait {}
-      _ = r13WithChangeWaiting(on: loop, pending: { loop.remove(other) }) {
+      _ = withChangeWaiting(on: loop, pending: { loop.remove(other) }) {
         loop.add(member, to: r13ModeB)
       }
       _ = try loop.performAndWait {}
-      let records = r13RecordCount(loop)
+      let records = recordCount(loop)
       let bound = member.isBound(to: loop.shared)
-      let modes = r13Modes(member, on: loop)
+      let modes = loopModes(member, on: loop)
       member.invalidate()
-      let after = r13RecordCount(loop)
+      let after = recordCount(loop)
       return (records, log.snapshot, bound, modes, after)
     }
     guard let outcome else { return }
@@ -177,7 +177,7 @@ extension LoopThreadChangesAfterWaitingChangesTests {
       let other = InputSource(cancel: { _, loop in loop.remove(member, from: .default) }, perform: { _ in })
       loop.add(other)
       _ = try loop.performAndWait {}
-      _ = r13WithChangeWaiting(on: loop, pending: { loop.remove(other) }) {
+      _ = withChangeWaiting(on: loop, pending: { loop.remove(other) }) {
         try? loop.add(member, to: .default)
       }
       let registrations = try? loop.performAndWait { loop.core.descriptors.count }
@@ -209,15 +209,15 @@ struct LoopThreadAddsAfterWaitingChangesTests {
       let timer = LoopTimer(after: .zero) { _ in fires.increment() }
       let log = EventLog()
       loop.add(timer, to: r14cModeA)
-      let other = r14cLoggedSource("other", log, cancel: { _, loop in loop.remove(timer, from: r14cModeA) })
+      let other = loggedSource("other", log, cancel: { _, loop in loop.remove(timer, from: r14cModeA) })
       loop.add(other)
       _ = try loop.performAndWait {}
-      let inside = r14cWithChangeWaiting(on: loop, pending: { loop.remove(other) }) {
+      let inside = withChangeWaiting(on: loop, pending: { loop.remove(other) }) {
         loop.add(timer, to: r14cModeB)
-        return r14cAgreementHere(timer, on: loop)
+        return bindingAgreementHere(timer, on: loop)
       }
-      r14cRun(loop, mode: r14cModeB, for: .milliseconds(30))
-      let after = r14cAgreement(timer, on: loop)
+      runOnLoopAndWait(loop, mode: r14cModeB, for: .milliseconds(30))
+      let after = bindingAgreement(timer, on: loop)
       timer.invalidate()
       return (inside, after, fires.current)
     }
@@ -241,16 +241,16 @@ struct LoopThreadAddsAfterWaitingChangesTests {
       let observer = LoopObserver(activities: .entry) { _, _ in told.increment() }
       loop.add(observer, to: r14cModeA)
       let log = EventLog()
-      let other = r14cLoggedSource("other", log, cancel: { _, _ in observer.invalidate() })
+      let other = loggedSource("other", log, cancel: { _, _ in observer.invalidate() })
       loop.add(other)
       _ = try loop.performAndWait {}
-      let inside = r14cWithChangeWaiting(on: loop, pending: { loop.remove(other) }) {
+      let inside = withChangeWaiting(on: loop, pending: { loop.remove(other) }) {
         loop.add(observer, to: r14cModeB)
-        return r14cAgreementHere(observer, on: loop)
+        return bindingAgreementHere(observer, on: loop)
       }
       let keep = LoopTimer(after: .seconds(3600)) { _ in }
       loop.add(keep, to: r14cModeB)
-      r14cRun(loop, mode: r14cModeB, for: .milliseconds(20))
+      runOnLoopAndWait(loop, mode: r14cModeB, for: .milliseconds(20))
       keep.invalidate()
       return (inside, told.current, observer.isValid)
     }
@@ -272,7 +272,7 @@ struct LoopThreadAddsAfterWaitingChangesTests {
       let loop = try RunLoopThread(name: "r14c-t3")
       defer { loop.shutdownAndWait() }
       let log = EventLog()
-      let member = r14cLoggedSource("member", log)
+      let member = loggedSource("member", log)
       loop.add(member, to: r14cModeA)
       let delivered = Guarded<[Int]>([])
       let command = CommandSource<Int>(cancel: { _, _ in log.add("cancel command") }) { value in
@@ -285,7 +285,7 @@ struct LoopThreadAddsAfterWaitingChangesTests {
       }
       loop.add(command.source)
       _ = try loop.performAndWait {}
-      let inside = r14cWithChangeWaiting(
+      let inside = withChangeWaiting(
         on: loop,
         pending: {
           for value in 0..<3 { command.post(value) }
@@ -293,9 +293,9 @@ struct LoopThreadAddsAfterWaitingChangesTests {
         }
       ) {
         loop.add(member, to: r14cModeB)
-        return r14cAgreementHere(member, on: loop)
+        return bindingAgreementHere(member, on: loop)
       }
-      let after = r14cAgreement(member, on: loop)
+      let after = bindingAgreement(member, on: loop)
       member.invalidate()
       _ = try loop.performAndWait {}
       return (inside, log.snapshot, delivered.snapshot, after)
@@ -329,10 +329,10 @@ struct LoopThreadAddsAfterWaitingChangesTests {
       let member = DescriptorSource(descriptor: pipe.read) { _, _ in handled.increment() }
       try loop.add(member, to: r14cModeA)
       let log = EventLog()
-      let other = r14cLoggedSource("other", log, cancel: { _, loop in loop.remove(member, from: r14cModeB) })
+      let other = loggedSource("other", log, cancel: { _, loop in loop.remove(member, from: r14cModeB) })
       loop.add(other)
       _ = try loop.performAndWait {}
-      let inside = r14cWithChangeWaiting(
+      let inside = withChangeWaiting(
         on: loop,
         pending: {
           try? loop.add(member, to: r14cModeB)
@@ -340,12 +340,12 @@ struct LoopThreadAddsAfterWaitingChangesTests {
         }
       ) {
         loop.remove(member, from: r14cModeA)
-        return r14cAgreementHere(member, on: loop)
+        return bindingAgreementHere(member, on: loop)
       }
       writeByte(pipe.write)
-      r14cRun(loop, mode: r14cModeA, for: .milliseconds(20))
-      r14cRun(loop, mode: r14cModeB, for: .milliseconds(20))
-      let after = r14cAgreement(member, on: loop)
+      runOnLoopAndWait(loop, mode: r14cModeA, for: .milliseconds(20))
+      runOnLoopAndWait(loop, mode: r14cModeB, for: .milliseconds(20))
+      let after = bindingAgreement(member, on: loop)
       member.invalidate()
       return (inside, after, handled.current)
     }
@@ -366,11 +366,11 @@ struct LoopThreadAddsAfterWaitingChangesTests {
       let loop = try RunLoopThread(name: "r14c-t5")
       defer { loop.shutdownAndWait() }
       let log = EventLog()
-      let member = r14cLoggedSource("member", log)
-      let other = r14cLoggedSource("other", log, cancel: { _, loop in loop.addModeToCommonModes(r14cModeB) })
+      let member = loggedSource("member", log)
+      let other = loggedSource("other", log, cancel: { _, loop in loop.addModeToCommonModes(r14cModeB) })
       loop.add(other)
       _ = try loop.performAndWait {}
-      let inside = r14cWithChangeWaiting(
+      let inside = withChangeWaiting(
         on: loop,
         pending: {
           loop.addModeToCommonModes(r14cModeC)
@@ -378,10 +378,10 @@ struct LoopThreadAddsAfterWaitingChangesTests {
         }
       ) {
         loop.add(member, to: .common)
-        return r14cAgreementHere(member, on: loop)
+        return bindingAgreementHere(member, on: loop)
       }
       loop.addModeToCommonModes(r14cModeA)
-      let later = r14cAgreement(member, on: loop)
+      let later = bindingAgreement(member, on: loop)
       member.invalidate()
       _ = try loop.performAndWait {}
       return (inside, later, log.snapshot)
@@ -417,14 +417,14 @@ struct LoopThreadAddsAfterWaitingChangesTests {
       }
       try loop.add(first)
       _ = try loop.performAndWait {}
-      let inside = r14cWithChangeWaiting(on: loop, pending: { first.invalidate() }) { () -> (Bool, BindingAgreement) in
+      let inside = withChangeWaiting(on: loop, pending: { first.invalidate() }) { () -> (Bool, BindingAgreement) in
         let added = (try? loop.add(second)) != nil
-        return (added, r14cAgreementHere(second, on: loop))
+        return (added, bindingAgreementHere(second, on: loop))
       }
       writeByte(pipe.write)
       waitUntil("the second source hears the pipe") { heardSecond.current >= 1 }
       second.invalidate()
-      let after = r14cAgreement(second, on: loop)
+      let after = bindingAgreement(second, on: loop)
       return (inside?.0 ?? false, inside?.1, heardFirst.current, heardSecond.current, after)
     }
     guard let outcome else { return }
@@ -446,15 +446,15 @@ struct LoopThreadAddsAfterWaitingChangesTests {
       let loop = try RunLoopThread(name: "r14c-t7")
       defer { loop.shutdownAndWait() }
       let log = EventLog()
-      let member = r14cLoggedSource("member", log)
+      let member = loggedSource("member", log)
       loop.addModeToCommonModes(r14cModeB)
       loop.add(member, to: .common)
       _ = try loop.performAndWait { loop.remove(member, from: .default) }
-      let afterDefault = r14cAgreement(member, on: loop)
-      let inside = r14cWithChangeWaiting(on: loop, pending: { loop.addModeToCommonModes(r14cModeC) }) {
-        let before = r14cAgreementHere(member, on: loop)
+      let afterDefault = bindingAgreement(member, on: loop)
+      let inside = withChangeWaiting(on: loop, pending: { loop.addModeToCommonModes(r14cModeC) }) {
+        let before = bindingAgreementHere(member, on: loop)
         loop.remove(member, from: .common)
-        return before.modes == [r14cModeB] ? r14cAgreementHere(member, on: loop) : before
+        return before.modes == [r14cModeB] ? bindingAgreementHere(member, on: loop) : before
       }
       return (afterDefault, inside, log.snapshot)
     }
@@ -587,13 +587,13 @@ extension LoopThreadAddsAfterWaitingChangesTests {
       let loop = try RunLoopThread(name: "r14c-t10")
       defer { loop.shutdownAndWait() }
       let log = EventLog()
-      let member = r14cLoggedSource("member", log)
+      let member = loggedSource("member", log)
       let inNested = TestGate()
       let sent = TestGate()
       let nestedSaw = Guarded<[RunLoopMode]>([])
       let keep = LoopTimer(after: .seconds(3600)) { _ in }
       loop.add(keep, to: r14cModeC)
-      let other = r14cLoggedSource(
+      let other = loggedSource(
         "other", log,
         cancel: { _, loop in
           let watcher = LoopTimer(after: .zero, repeatingEvery: .milliseconds(1)) { _ in
@@ -617,9 +617,9 @@ extension LoopThreadAddsAfterWaitingChangesTests {
         usleep(5_000)
         sent.open()
       }
-      let inside = r14cWithChangeWaiting(on: loop, pending: { loop.remove(other) }) {
+      let inside = withChangeWaiting(on: loop, pending: { loop.remove(other) }) {
         loop.add(member, to: r14cModeB)
-        return r14cAgreementHere(member, on: loop)
+        return bindingAgreementHere(member, on: loop)
       }
       member.invalidate()
       keep.invalidate()
@@ -651,16 +651,16 @@ extension LoopThreadAddsAfterWaitingChangesTests {
       let timer = LoopTimer(after: .zero, repeatingEvery: .milliseconds(2)) { _ in fired.increment() }
       loop.add(timer, to: r14cModeC)
       _ = try loop.performAndWait {}
-      let inside = r14cWithChangeWaiting(on: loop, pending: { loop.addModeToCommonModes(r14cModeC) }) {
+      let inside = withChangeWaiting(on: loop, pending: { loop.addModeToCommonModes(r14cModeC) }) {
         loop.add(timer, to: .common)
-        return r14cAgreementHere(timer, on: loop).modes
+        return bindingAgreementHere(timer, on: loop).modes
       }
       _ = try loop.performAndWait { loop.remove(timer, from: .common) }
       loop.addModeToCommonModes(r14cModeA)
-      let afterCommon = r14cAgreement(timer, on: loop)
-      r14cRun(loop, mode: r14cModeC, for: .milliseconds(20))
+      let afterCommon = bindingAgreement(timer, on: loop)
+      runOnLoopAndWait(loop, mode: r14cModeC, for: .milliseconds(20))
       _ = try loop.performAndWait { loop.remove(timer, from: r14cModeC) }
-      let final = r14cAgreement(timer, on: loop)
+      let final = bindingAgreement(timer, on: loop)
       timer.invalidate()
       return (inside, afterCommon, fired.current, final)
     }

@@ -16,11 +16,11 @@ struct LoopThreadStateFirstTests {
       let loop = try RunLoopThread(name: "r14c-s1")
       defer { loop.shutdownAndWait() }
       let log = EventLog()
-      let member = r14cLoggedSource("member", log)
-      let other = r14cLoggedSource("other", log, cancel: { _, loop in loop.add(member, to: r14cModeB) })
+      let member = loggedSource("member", log)
+      let other = loggedSource("other", log, cancel: { _, loop in loop.add(member, to: r14cModeB) })
       loop.add(other)
       _ = try loop.performAndWait {}
-      let inside = r14cWithChangeWaiting(
+      let inside = withChangeWaiting(
         on: loop,
         pending: {
           loop.add(member, to: r14cModeA)
@@ -28,9 +28,9 @@ struct LoopThreadStateFirstTests {
         }
       ) {
         member.invalidate()
-        return r14cAgreementHere(member, on: loop)
+        return bindingAgreementHere(member, on: loop)
       }
-      let after = r14cAgreement(member, on: loop)
+      let after = bindingAgreement(member, on: loop)
       return (inside, log.snapshot, after)
     }
     guard let outcome else { return }
@@ -63,7 +63,7 @@ struct LoopThreadStateFirstTests {
       holder.withLock { $0 = command.source }
       loop.add(command.source, to: r14cModeA)
       _ = try loop.performAndWait {}
-      _ = r14cWithChangeWaiting(
+      _ = withChangeWaiting(
         on: loop,
         pending: {
           for value in 0..<3 { command.post(value) }
@@ -71,7 +71,7 @@ struct LoopThreadStateFirstTests {
         }
       ) { command.source.invalidate() }
       let late = command.post(99)
-      let after = r14cAgreement(command.source, on: loop)
+      let after = bindingAgreement(command.source, on: loop)
       return (delivered.snapshot, log.snapshot, late, after)
     }
     guard let outcome else { return }
@@ -94,7 +94,7 @@ struct LoopThreadStateFirstTests {
       let timer = LoopTimer(after: .seconds(3600)) { _ in fires.increment() }
       loop.add(timer, to: r14cModeA)
       let log = EventLog()
-      let other = r14cLoggedSource(
+      let other = loggedSource(
         "other", log,
         cancel: { _, loop in
           loop.remove(timer, from: r14cModeA)
@@ -102,18 +102,18 @@ struct LoopThreadStateFirstTests {
         })
       loop.add(other)
       _ = try loop.performAndWait {}
-      let inside = r14cWithChangeWaiting(on: loop, pending: { loop.remove(other) }) {
+      let inside = withChangeWaiting(on: loop, pending: { loop.remove(other) }) {
         timer.setFireDate(.now)
-        return r14cAgreementHere(timer, on: loop)
+        return bindingAgreementHere(timer, on: loop)
       }
       let keep = LoopTimer(after: .seconds(3600)) { _ in }
       loop.add(keep, to: r14cModeA)
-      r14cRun(loop, mode: r14cModeA, for: .milliseconds(20))
+      runOnLoopAndWait(loop, mode: r14cModeA, for: .milliseconds(20))
       let firesA = fires.current
-      r14cRun(loop, mode: r14cModeB, for: .milliseconds(20))
+      runOnLoopAndWait(loop, mode: r14cModeB, for: .milliseconds(20))
       let firesB = fires.current - firesA
       keep.invalidate()
-      let after = r14cAgreement(timer, on: loop)
+      let after = bindingAgreement(timer, on: loop)
       return (inside, firesA, firesB, after)
     }
     guard let outcome else { return }
@@ -138,7 +138,7 @@ struct LoopThreadStateFirstTests {
       let timer = LoopTimer(after: .seconds(3600)) { _ in loops.withLock { $0.append(RunLoopThread.current.name) } }
       loop.add(timer, to: r14cModeA)
       let log = EventLog()
-      let other = r14cLoggedSource(
+      let other = loggedSource(
         "other", log,
         cancel: { _, loop in
           loop.remove(timer, from: r14cModeA)
@@ -146,12 +146,12 @@ struct LoopThreadStateFirstTests {
         })
       loop.add(other)
       _ = try loop.performAndWait {}
-      _ = r14cWithChangeWaiting(on: loop, pending: { loop.remove(other) }) {
+      _ = withChangeWaiting(on: loop, pending: { loop.remove(other) }) {
         timer.setFireDate(.now)
       }
       waitUntil("the timer fires on the other loop") { !loops.snapshot.isEmpty }
-      let here = r14cAgreement(timer, on: loop)
-      let there = r14cAgreement(timer, on: away)
+      let here = bindingAgreement(timer, on: loop)
+      let there = bindingAgreement(timer, on: away)
       return (here, there, loops.snapshot.count, loops.snapshot)
     }
     guard let outcome else { return }

@@ -196,8 +196,8 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures {
   /// in `.default` the old way and fires it: it must fire there exactly once. (Before 2026-12-03: never,
   /// and the one-shot timer stays valid: its popped heap entry is lost.)
   @Test(
-    arguments: [R27Route.commonToName, .nameToCommon], [false, true])
-  func aTimerKeptInItsModeByAnotherRouteBehindTheBudgetStillFires(route: R27Route, repeating: Bool) throws {
+    arguments: [DefaultModeRoute.commonToName, .nameToCommon], [false, true])
+  func aTimerKeptInItsModeByAnotherRouteBehindTheBudgetStillFires(route: DefaultModeRoute, repeating: Bool) throws {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "re-routed") { () -> [Int] in
       let loop = try RunLoopThread(name: "r27-route")
       defer { loop.shutdownAndWait() }

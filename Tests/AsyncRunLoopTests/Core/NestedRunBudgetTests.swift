@@ -54,7 +54,7 @@ struct NestedRunBudgetTests {
       () -> (jobSaw: Int, perRun: [Int], miscounted: [String]) in
       let loop = try RunLoopThread(name: "r25-nested-job")
       defer { loop.shutdownAndWait() }
-      let actor = R25Pinned(loop: loop)
+      let actor = ModeCountReadingActor(loop: loop)
       let scheduled = AtomicCounter()
       let jobSaw = Guarded(-1)
       let jobSent = TestGate()

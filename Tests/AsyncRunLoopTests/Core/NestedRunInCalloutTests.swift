@@ -78,7 +78,7 @@ struct NestedRunInCalloutTests: PassTestModes {
       let whilePaused = pipe.count
       let resume = LoopTimer(after: .milliseconds(5)) { _ in loop.core.setPaused(pipe.source, false) }
       loop.add(resume, to: r19Other)
-      r19RunOther(loop)
+      runOtherModeBriefly(loop)
       let inOther = pipe.count
       loop.run(mode: .default, until: .now.advanced(by: .milliseconds(10)))
       return (whilePaused, inOther, pipe.count, loop.core.descriptors.silenced.count)
@@ -101,7 +101,7 @@ struct NestedRunInCalloutTests: PassTestModes {
       _ = drainDescriptor(trigger.read)
       trigger.fires.withLock { $0 += 1 }
       writeByte(sibling.write)
-      r19RunOther(loop)
+      runOtherModeBriefly(loop)
     }
     let (siblingFires, listed) = try loop.performAndWait { () throws -> (Int, Int) in
       try loop.add(nested, to: .default)
@@ -131,8 +131,8 @@ struct NestedRunInCalloutTests: PassTestModes {
   /// member is invalidated or removed and the loop stopped (the nested run returns `.stopped`, the
   /// member never calls out again, the outer run keeps delivering), or the loop is shut down from
   /// another thread (the nested run returns `.stopped`, everything is released). Exact counts.
-  @Test(arguments: R20Callout.allCases, R20NestedEnd.allCases)
-  func aRunNestedInEveryKindOfCalloutEndsCleanly(callout: R20Callout, end: R20NestedEnd) async throws {
+  @Test(arguments: NestedRunCallout.allCases, NestedRunEnding.allCases)
+  func aRunNestedInEveryKindOfCalloutEndsCleanly(callout: NestedRunCallout, end: NestedRunEnding) async throws {
     let loop = try RunLoopThread(name: "r20-nested")
     let probeDelivered = AtomicCounter()
     let probe = CommandSource<Int> { _ in probeDelivered.increment() }
@@ -203,7 +203,7 @@ struct NestedRunInCalloutTests: PassTestModes {
           }
         }
       case .actorJob:
-        let actor = R20NestingActor(loop: loop)
+        let actor = BodyRunningActor(loop: loop)
         task = Task { await actor.run(nested) }
       case .consumer:
         let sequence = loop.signalSequence()
@@ -220,10 +220,10 @@ struct NestedRunInCalloutTests: PassTestModes {
       member.add(loop)
       member.trigger()
     }
-    #expect(await r20Eventually { entered.current == 1 }, "the \(callout) never called out")
+    #expect(await eventuallyWithin { entered.current == 1 }, "the \(callout) never called out")
     for index in 0..<5 { #expect(probe.post(index)) }
     #expect(
-      await r20Eventually { probeDelivered.current == 5 },
+      await eventuallyWithin { probeDelivered.current == 5 },
       "the run nested in the \(callout) delivered \(probeDelivered.current) of 5")
     switch end {
     case .invalidateAndStop:
@@ -235,13 +235,13 @@ struct NestedRunInCalloutTests: PassTestModes {
     case .shutdown:
       await execShutdown(loop)
     }
-    #expect(await r20Eventually { results.snapshot.count == 1 }, "the run nested in the \(callout) never returned")
+    #expect(await eventuallyWithin { results.snapshot.count == 1 }, "the run nested in the \(callout) never returned")
     // "stopped (or the loop is shutting down)" (OnePassOfTheLoop, step 9).
     #expect(results.snapshot == [.stopped])
     if end != .shutdown {
       // The outer run goes on; the member that called out is gone from the mode.
       for index in 5..<10 { #expect(probe.post(index)) }
-      #expect(await r20Eventually { probeDelivered.current == 10 })
+      #expect(await eventuallyWithin { probeDelivered.current == 10 })
       member?.trigger()
       _ = try await withWatchdogOnThread(timeout: .seconds(20), "a round trip") { try loop.performAndWait {} }
       await execShutdown(loop)
@@ -254,7 +254,7 @@ struct NestedRunInCalloutTests: PassTestModes {
     member = nil
     #expect(entered.current == 1, "the \(callout) called out again")
     #expect(probeDelivered.current == (end == .shutdown ? 5 : 10))
-    #expect(await r20Eventually { deaths.current == 1 }, "the \(callout)'s closure was not released")
+    #expect(await eventuallyWithin { deaths.current == 1 }, "the \(callout)'s closure was not released")
   }
 
   /// A timer's callout runs the loop nested in a mode that holds only a probe source; another
@@ -273,13 +273,13 @@ struct NestedRunInCalloutTests: PassTestModes {
     }
     loop.add(timer, to: .default)
     #expect(probe.post(1))
-    #expect(await r20Eventually { delivered.current == 1 }, "the nested run never delivered")
+    #expect(await eventuallyWithin { delivered.current == 1 }, "the nested run never delivered")
     if invalidate {
       probe.source.invalidate()
     } else {
       loop.remove(probe.source, from: r20Nest)
     }
-    #expect(await r20Eventually { result.snapshot != nil }, "the nested run of an emptied mode never ended")
+    #expect(await eventuallyWithin { result.snapshot != nil }, "the nested run of an emptied mode never ended")
     #expect(result.snapshot == .finished)
     await execShutdown(loop)
   }
@@ -307,15 +307,15 @@ struct NestedRunInCalloutTests: PassTestModes {
       })
     loop.add(commands.source, to: .default)
     #expect(commands.post(0))
-    #expect(await r20Eventually { log.snapshot.contains("0") })
+    #expect(await eventuallyWithin { log.snapshot.contains("0") })
     for value in 1...20 { #expect(commands.post(value)) }
-    #expect(await r20Eventually { log.snapshot.count >= 21 })
+    #expect(await eventuallyWithin { log.snapshot.count >= 21 })
     for value in 21...30 { #expect(commands.post(value)) }
     commands.source.invalidate()
     #expect(!commands.post(99), "a post after invalidate() was accepted")
-    #expect(await r20Eventually { log.snapshot.contains("cancel") || log.snapshot.contains("nested returned") })
+    #expect(await eventuallyWithin { log.snapshot.contains("cancel") || log.snapshot.contains("nested returned") })
     loop.stop()
-    #expect(await r20Eventually { log.snapshot.contains("nested returned") && log.snapshot.contains("cancel") })
+    #expect(await eventuallyWithin { log.snapshot.contains("nested returned") && log.snapshot.contains("cancel") })
     await execShutdown(loop)
     let entries = log.snapshot
     let numbers = entries.compactMap { Int($0) }
@@ -352,9 +352,9 @@ struct NestedRunInCalloutTests: PassTestModes {
     // The callout first, then the probe: posted together, a slow (sanitized) loop could take
     // both in one pass and deliver the probe before the timer fires (sources fire before timers
     // in a pass), and the wait below would then find no callout at all.
-    #expect(await r20Eventually { log.snapshot.contains("callout") }, "the timer never fired")
+    #expect(await eventuallyWithin { log.snapshot.contains("callout") }, "the timer never fired")
     #expect(probe.post(1))
-    #expect(await r20Eventually { log.snapshot.contains("probe") }, "the nested run never delivered")
+    #expect(await eventuallyWithin { log.snapshot.contains("probe") }, "the nested run never delivered")
     let waiter = startThread {
       let outcome: String
       do {
@@ -367,7 +367,7 @@ struct NestedRunInCalloutTests: PassTestModes {
     }
     // The waiter is blocked until the callout returns (it cannot have returned yet: nothing
     // stopped the nested run). Give it a moment to block, then end the nested run.
-    #expect(await r20Eventually { !timer.isValid })
+    #expect(await eventuallyWithin { !timer.isValid })
     if shutdown {
       loop.shutdown()
     } else {
@@ -378,7 +378,7 @@ struct NestedRunInCalloutTests: PassTestModes {
     let entries = log.snapshot.filter { $0 != "probe" }
     #expect(entries == ["callout", "callout returned", "waited"], "\(log.snapshot)")
     _ = consume timer
-    #expect(await r20Eventually { deaths.current == 1 })
+    #expect(await eventuallyWithin { deaths.current == 1 })
   }
 
   /// Promise (Nested runs, Shutdown): a run nested in any kind of callout ends when another
@@ -448,7 +448,7 @@ struct NestedRunInCalloutTests: PassTestModes {
         case "block":
           loop.perform { nest() }
         default:
-          let actor = R26NestingActor(loop: loop, nest: nest)
+          let actor = ClosureNestingActor(loop: loop, nest: nest)
           actorTask = Task(executorPreference: loop) { await actor.nestOnce() }
         }
         let didEnter = await execOnNewThread { entered.wait(timeout: .seconds(10)) }

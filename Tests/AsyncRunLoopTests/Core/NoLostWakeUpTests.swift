@@ -43,7 +43,7 @@ struct NoLostWakeUpTests {
             })
         }
         let total = producers * perProducer
-        let all = await r18Poll(timeout: .seconds(5)) {
+        let all = await pollEveryMillisecond(timeout: .seconds(5)) {
           received.current == total && handled.current == total && signalled.current == total
         }
         if !all {
@@ -77,7 +77,7 @@ struct NoLostWakeUpTests {
       let first = try loop.readiness(of: pipe.read)
       writeByte(pipe.write)
       // Let the loop see the unread byte a few times: the first one's registration pauses.
-      #expect(await r18Poll { first.lock.withLock { first.machine.paused } })
+      #expect(await pollEveryMillisecond { first.lock.withLock { first.machine.paused } })
       var refused = false
       do {
         let second = try loop.readiness(of: pipe.read)

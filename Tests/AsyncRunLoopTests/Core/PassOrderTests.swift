@@ -33,7 +33,7 @@ struct PassOrderTests: PassTestModes {
         let due = sources.indices.filter { sources[$0].isSignalled && loop.core.modes(of: sources[$0]).contains(mode) }
           .sorted { sources[$0].order < sources[$1].order }
         let before = log.snapshot.count
-        r17OnePass(loop, mode)
+        runOnePass(loop, mode)
         let fired = Array(log.snapshot[before...].filter { $0.hasPrefix("s") })
         let expected = due.map { "s\($0)" }
         if fired != expected {
@@ -49,7 +49,7 @@ struct PassOrderTests: PassTestModes {
         checkedPass(job.sources, job.mode, job.label)
       }
       loop.add(helper, to: r17ModeA)
-      var random = R17Random(state: UInt64(seed))
+      var random = SeededRandom(state: UInt64(seed))
       for step in 0..<r17Steps {
         if step == r17Steps / 2 { loop.addModeToCommonModes(r17ModeC) }
         let index = random.next(3)
@@ -67,7 +67,7 @@ struct PassOrderTests: PassTestModes {
           let mode = [r17ModeB, r17ModeC, RunLoopMode.default][random.next(3)]
           nested.withLock { $0 = (sources, mode, "step \(step) nested") }
           helper.signal()
-          r17OnePass(loop, r17ModeA)
+          runOnePass(loop, r17ModeA)
           nested.withLock { $0 = nil }
         case 9:
           if random.next(8) == 0 {

@@ -14,7 +14,7 @@ struct ActorSleepTests {
   @Test func taskSleepInALoopActorEndsOnTimeBackOnTheLoop() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "actor sleeps") { () async throws -> Int in
       let loop = try RunLoopThread(name: "r18-actor-nap")
-      let actor = R18ShortSleeper(loop: loop)
+      let actor = NappingActor(loop: loop)
       var onLoop = 0
       for _ in 0..<3 {
         let start = ContinuousClock.now
@@ -35,11 +35,11 @@ extension ActorSleepTests {
     let outcome = try await withWatchdog(timeout: .seconds(30), "LoopClock() under preference") {
       () async throws -> UInt64 in
       let loop = try RunLoopThread(name: "r18-default-pref")
-      let before = await execOnNewThread { r18TimerSchedulings(loop) }
+      let before = await execOnNewThread { timerSchedulings(loop) }
       await withTaskExecutorPreference(loop) {
         for _ in 0..<3 { try? await LoopClock().sleep(for: .milliseconds(2)) }
       }
-      let after = await execOnNewThread { r18TimerSchedulings(loop) }
+      let after = await execOnNewThread { timerSchedulings(loop) }
       await execShutdown(loop)
       return after - before
     }
@@ -54,10 +54,10 @@ extension ActorSleepTests {
     let outcome = try await withWatchdog(timeout: .seconds(30), "LoopClock() in an actor") {
       () async throws -> UInt64 in
       let loop = try RunLoopThread(name: "r18-default-actor")
-      let actor = R18ShortSleeper(loop: loop)
-      let before = await execOnNewThread { r18TimerSchedulings(loop) }
+      let actor = NappingActor(loop: loop)
+      let before = await execOnNewThread { timerSchedulings(loop) }
       for _ in 0..<3 { _ = await actor.napOnDefaultClock() }
-      let after = await execOnNewThread { r18TimerSchedulings(loop) }
+      let after = await execOnNewThread { timerSchedulings(loop) }
       await execShutdown(loop)
       return after - before
     }
@@ -84,7 +84,7 @@ struct WhereCodeRunsAfterASleepTests {
         }
         return counts
       }.value
-      let actor = R18ShortSleeper(loop: loop)
+      let actor = NappingActor(loop: loop)
       var actorOnLoop = 0
       for _ in 0..<5 where await actor.nap() { actorOnLoop += 1 }
       await execShutdown(loop)

@@ -27,7 +27,7 @@ struct CancellationRaceTests {
       }
       var cancelled = 0
       for task in tasks where await task.value { cancelled += 1 }
-      _ = await r14sPoll(timeout: .seconds(5)) {
+      _ = await pollEveryMillisecond(timeout: .seconds(5)) {
         (try? loop.performAndWait { loop.core.modeTable.allRecords.count }) == 0
       }
       let records = await execOnNewThread { try? loop.performAndWait { loop.core.modeTable.allRecords.count } }
@@ -63,7 +63,7 @@ struct CancellationRaceTests {
         _ = sequence.post(round)
         _ = await consumer.value
       }
-      _ = await r14sPoll(timeout: .seconds(5)) {
+      _ = await pollEveryMillisecond(timeout: .seconds(5)) {
         (try? loop.performAndWait { loop.core.modeTable.allRecords.count }) == 0
       }
       let records = await execOnNewThread { try? loop.performAndWait { loop.core.modeTable.allRecords.count } }
@@ -91,10 +91,10 @@ extension CancellationRaceTests {
       var senders: [Task<SourcePostResult, Never>] = []
       for value in 1...4 {
         senders.append(Task { await sequence.send(value) })
-        _ = await r14sPoll { sequence.waitingProducerCount == value }
+        _ = await pollEveryMillisecond { sequence.waitingProducerCount == value }
       }
       senders[1].cancel()  // the producer of 2
-      _ = await r14sPoll { sequence.waitingProducerCount == 3 }
+      _ = await pollEveryMillisecond { sequence.waitingProducerCount == 3 }
       var values: [Int] = []
       var iterator = sequence.makeAsyncIterator()
       while values.count < 4, let value = await iterator.next() { values.append(value) }
@@ -140,7 +140,7 @@ extension CancellationRaceTests {
           received += count
         }
         stop.open()
-        _ = await r14sPoll { noiseDone.opened }
+        _ = await pollEveryMillisecond { noiseDone.opened }
         // The rest, after the invalidation: every signal made is delivered.
         signals.invalidate()
         while let count = await iterator.next() { received += count }

@@ -45,7 +45,7 @@ struct EveryModeSleepTimerTests {
   @Test func aSleepDueDuringARunNestedInAJobEndsAfterTheJob() async throws {
     let loop = try RunLoopThread(name: "r15-e2")
     defer { loop.shutdownAndWait() }
-    let actor = R15Actor(loop: loop)
+    let actor = NestedRunActor(loop: loop)
     let log = EventLog()
     let sleeper = Task(executorPreference: loop) { () -> Duration? in
       log.add("sleeping")
@@ -67,7 +67,7 @@ struct EveryModeSleepTimerTests {
       entries == ["sleeping", "nested begin", "nested end", "woke"]
         || entries == ["sleeping", "woke", "nested begin", "nested end"], "\(entries)")
     if let slept, let slept { #expect(slept >= .milliseconds(20)) }
-    let records = await execOnNewThread { r15Records(loop) }
+    let records = await execOnNewThread { recordCount(loop) }
     #expect(records == 0)
   }
 
@@ -115,7 +115,7 @@ struct EveryModeSleepTimerTests {
     #expect(innerSaw.snapshot == count)
     #expect(early.current == 0)
     #expect(result == .stopped)
-    let records = await execOnNewThread { r15Records(loop) }
+    let records = await execOnNewThread { recordCount(loop) }
     #expect(records == 0)
   }
 
@@ -157,7 +157,7 @@ struct EveryModeSleepTimerTests {
     let records = await execOnNewThread { () -> Int? in
       var last: Int? = nil
       _ = waitUntil(timeout: .seconds(10), "records gone") {
-        last = r15Records(loop)
+        last = recordCount(loop)
         return last == 0
       }
       return last
@@ -184,7 +184,7 @@ struct EveryModeSleepTimerTests {
       }.value
     }
     #expect(ended == 5)
-    let records = await execOnNewThread { r15Records(loop) }
+    let records = await execOnNewThread { recordCount(loop) }
     #expect(records == 0)
   }
 
@@ -274,7 +274,7 @@ extension EveryModeSleepTimerTests {
   @Test func anActorSleepEndsDuringAModalRunInAPrivateMode() async throws {
     let loop = try RunLoopThread(name: "r15-e7")
     defer { loop.shutdownAndWait() }
-    let actor = R15Actor(loop: loop)
+    let actor = NestedRunActor(loop: loop)
     let entered = TestGate()
     let marker = LoopTimer(after: .zero) { _ in entered.open() }
     let keepAlive = LoopTimer(after: .seconds(3600)) { _ in }

@@ -12,7 +12,7 @@ struct ExecutorJobOrderTests {
   @Test func actorCallsRacingShutdownAllCompleteIsolated() async throws {
     for round in 0..<3 {
       let loop = try RunLoopThread(name: "r13-actor")
-      let counter = R13Counter(loop: loop)
+      let counter = CallCountingActor(loop: loop)
       let outcome = try await withWatchdog(timeout: .seconds(30), "actor calls vs shutdown") {
         () async -> (returned: Int, misisolated: Int, final: Int) in
         startThread(detached: true) {

@@ -108,7 +108,7 @@ struct ExecutorSurfaceTests {
           return ("\(error)", ContinuousClock.now - start)
         }
       }
-      _ = await r14sPoll { loop.scheduledJobCount >= 1 }
+      _ = await pollEveryMillisecond { loop.scheduledJobCount >= 1 }
       try await Task.sleep(for: .milliseconds(20))  // the clock sleep's timer reaches the loop
       await execShutdown(loop)
       let clock = await clockSleep.value
@@ -134,7 +134,7 @@ struct ExecutorSurfaceTests {
       loop.add(source, to: r14sModeA)
       let actor = PinnedSurfaceActor(loop: loop)
       async let result = actor.modalUntilSignalled()
-      _ = await r14sPoll { entered.opened }
+      _ = await pollEveryMillisecond { entered.opened }
       await actor.ping(source)
       let value = try await result
       source.invalidate()
@@ -172,11 +172,11 @@ struct ExecutorSurfaceTests {
       let first = Task { () -> RunLoopRunResult in
         (try? await loop.runModal(mode: r14sModeA, for: .seconds(20))) ?? .finished
       }
-      _ = await r14sPoll { enteredA.opened }
+      _ = await pollEveryMillisecond { enteredA.opened }
       let second = Task { () -> RunLoopRunResult in
         (try? await loop.runModal(mode: r14sModeB, for: .seconds(1))) ?? .finished
       }
-      _ = await r14sPoll { enteredB.opened }
+      _ = await pollEveryMillisecond { enteredB.opened }
       first.cancel()
       let firstResult = await first.value
       let secondResult = await second.value
@@ -260,11 +260,11 @@ extension ExecutorSurfaceTests {
           await Task.yield()
         }
       }
-      _ = await r14sPoll { spins.current > 100 }
+      _ = await pollEveryMillisecond { spins.current > 100 }
       let block = await execOnNewThread { (try? loop.performAndWait { true }) ?? false }
       let fired = TestGate()
       loop.add(LoopTimer(after: .milliseconds(1)) { _ in fired.open() }, to: .common)
-      let timer = await r14sPoll(timeout: .seconds(5)) { fired.opened }
+      let timer = await pollEveryMillisecond(timeout: .seconds(5)) { fired.opened }
       let signals = loop.signalSequence()
       let consumer = Task(executorPreference: loop) { () -> Int in
         for await count in signals { return count }
@@ -304,7 +304,7 @@ extension ExecutorSurfaceTests {
           return "\(try await loop.runModal(mode: r14sModeA, for: .milliseconds(600), returnAfterSourceHandled: true))"
         } catch { return "\(error)" }
       }
-      _ = await r14sPoll { enteredA.opened }
+      _ = await pollEveryMillisecond { enteredA.opened }
       sourceB.signal()
       let inner = Task { () -> String in
         do {
@@ -348,7 +348,7 @@ extension ExecutorSurfaceTests {
         _ = try? await loop.runModal(mode: r14sModeA, for: .seconds(3))
         modalEnded.open()
       }
-      _ = await r14sPoll { enteredA.opened }
+      _ = await pollEveryMillisecond { enteredA.opened }
       let yielded = await Task(executorPreference: loop) { () -> Bool in
         await Task.yield()  // a job of the loop runs during the modal run
         return loop.isOnLoopThread
@@ -392,11 +392,11 @@ extension ExecutorSurfaceTests {
       let first = Task { () -> String in
         do { return "\(try await loop.runModal(mode: r14sModeA, for: .seconds(20)))" } catch { return "\(error)" }
       }
-      _ = await r14sPoll { enteredA.opened }
+      _ = await pollEveryMillisecond { enteredA.opened }
       let second = Task { () -> String in
         do { return "\(try await loop.runModal(mode: r14sModeB, for: .seconds(20)))" } catch { return "\(error)" }
       }
-      _ = await r14sPoll { enteredB.opened }
+      _ = await pollEveryMillisecond { enteredB.opened }
       await execShutdown(loop)
       return [await first.value, await second.value]
     }
@@ -488,7 +488,7 @@ struct ExecutorRaceTests {
       loop.add(observer, to: r18ModeA)
       let actor = CallLoggingActor(loop: loop)
       let modal = Task { try? await loop.runModal(mode: r18ModeA) }
-      #expect(await r18Poll { inModal.current == 1 })
+      #expect(await pollEveryMillisecond { inModal.current == 1 })
       for value in 0..<50 { _ = await actor.append(value) }
       modal.cancel()
       let result = await modal.value
@@ -531,7 +531,7 @@ struct ExecutorRaceTests {
       }
       loop.add(commands.source, to: .common)
       for value in 0..<10 { commands.post(value) }
-      #expect(await r18Poll { handled.current == 10 })
+      #expect(await pollEveryMillisecond { handled.current == 10 })
       let offLoop = loop.isIsolatingCurrentContext()
       let entries = await actor.entries
       await execShutdown(loop)

@@ -16,9 +16,9 @@ struct LoopActorResumptionTests {
   @Test(.enabled(if: r21CooperativePool, "needs the fixed-width cooperative pool"))
   func aTaskPreferringTheLoopResumesInsideItsActorWhileThePoolIsBlocked() async throws {
     let loop = try RunLoopThread(name: "r21-actor")
-    let waiter = R21Waiter(loop: loop)
+    let waiter = ResumptionCheckingActor(loop: loop)
     let otherLoop = try RunLoopThread(name: "r21-actor2")
-    let otherWaiter = R21Waiter(loop: otherLoop)
+    let otherWaiter = ResumptionCheckingActor(loop: otherLoop)
     let result = try await withWatchdogOnThread(timeout: .seconds(30), "blocked-pool probe") {
       () -> (preferredOnLoop: Bool, unpreferredWhileBlocked: Bool, unpreferredAfter: Bool?) in
       let width = max(Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))), 1)

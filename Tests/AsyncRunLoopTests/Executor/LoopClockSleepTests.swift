@@ -358,7 +358,7 @@ struct LoopClockSleepTests {
   /// elsewhere, never ends early, does not throw, and the method finishes.
   @Test func loopClockInAnActorWhoseLoopShutsDownMidSleepEndsOnTime() async throws {
     let loop = try RunLoopThread(name: "r19-clock")
-    let sleeper = R19Sleeper(loop: loop)
+    let sleeper = LoopClockSleepingActor(loop: loop)
     let start = LoopClock.Instant.now
     let slept = Task { try await sleeper.sleep(.milliseconds(120)) }
     try await Task.sleep(for: .milliseconds(30))
@@ -373,7 +373,7 @@ struct LoopClockSleepTests {
   /// loop's thread.
   @Test func loopClockInAnActorSleepsOnTheActorsLoop() async throws {
     let loop = try RunLoopThread(name: "r19-clock2")
-    let sleeper = R19Sleeper(loop: loop)
+    let sleeper = LoopClockSleepingActor(loop: loop)
     let (timersDuring, onLoop) =
       try await withWatchdog(timeout: .seconds(30), "actor sleep") {
         try await sleeper.sleepCountingTimers()

@@ -89,7 +89,7 @@ struct ModalRunEndsTests {
         let mode = RunLoopMode("r26-modal-mode")
         let keep = LoopTimer(after: .seconds(3_600)) { _ in }
         loop.add(keep, to: mode)
-        let actor = R26NestingActor(loop: loop) {}
+        let actor = ClosureNestingActor(loop: loop) {}
         let plain = Task { () -> String in
           do { return "\(try await loop.runModal(mode: mode))" } catch { return "threw" }
         }

@@ -16,8 +16,8 @@ extension ModalRunsAndWaitsFromLoopActorsTests {
   func aModalRunThatStartsInsideARunNestedInAJobRunsNoJobsUntilTheJobReturns() async throws {
     let loop = try RunLoopThread(name: "r14c-m2")
     defer { loop.shutdownAndWait() }
-    let holder = R14CActor(loop: loop)
-    let callee = R14CActor(loop: loop)
+    let holder = CallCountingActor(loop: loop)
+    let callee = CallCountingActor(loop: loop)
     let started = TestGate()
     let releaseHolder = TestGate()
     let callsDone = TestGate()
@@ -64,7 +64,7 @@ extension ModalRunsAndWaitsFromLoopActorsTests {
   @Test func aModalRunFromAnActorEndsAtShutdownAndEveryCallReturns() async throws {
     for round in 0..<3 {
       let loop = try RunLoopThread(name: "r14c-m3")
-      let actor = R14CActor(loop: loop)
+      let actor = CallCountingActor(loop: loop)
       let never = TestGate()
       let outcome = try await withWatchdog(timeout: .seconds(30), "modal run vs shutdown, round \(round)") {
         () async -> (modal: String, returned: Int, misisolated: Int) in
@@ -112,7 +112,7 @@ struct ModalRunsAndWaitsFromLoopActorsTests {
   @Test func aModalRunFromAnActorOnTheLoopServesTheActorsOtherCalls() async throws {
     let loop = try RunLoopThread(name: "r14c-m1")
     defer { loop.shutdownAndWait() }
-    let actor = R14CActor(loop: loop)
+    let actor = CallCountingActor(loop: loop)
     let callsDone = TestGate()
     let outcome = try await withWatchdog(timeout: .seconds(30), "modal run with calls") {
       () async throws -> (served: Int, result: RunLoopRunResult, returned: Int, nested: Int, misisolated: Int) in
@@ -159,9 +159,9 @@ struct ModalRunsAskedForByLoopActorsTests {
       let entries = AtomicCounter()
       let observer = LoopObserver(activities: [.entry], repeats: true) { _, _ in entries.increment() }
       loop.add(observer, to: r18ModeA)
-      let actor = R18Modal(loop: loop)
+      let actor = OwnLoopModalActor(loop: loop)
       let modal = Task { await actor.modal() }
-      #expect(await r18Poll { entries.current == 1 })
+      #expect(await pollEveryMillisecond { entries.current == 1 })
       for _ in 0..<10 { await actor.poke(stopping: false) }
       await actor.poke(stopping: true)
       let result = await modal.value
@@ -184,9 +184,9 @@ struct ModalRunsAskedForByLoopActorsTests {
       let timer = LoopTimer(after: .milliseconds(1), repeatingEvery: .milliseconds(1)) { _ in fired.increment() }
       loop.add(timer, to: r18ModeA)
       let sequence = loop.sourceSequence(of: Int.self, modes: [r18ModeA])
-      let actor = R18Modal(loop: loop)
+      let actor = OwnLoopModalActor(loop: loop)
       let modal = Task { await actor.modal(returnAfterSourceHandled: true) }
-      #expect(await r18Poll { fired.current >= 3 })
+      #expect(await pollEveryMillisecond { fired.current >= 3 })
       _ = sequence.post(5)
       let result = await modal.value
       timer.invalidate()

@@ -249,7 +249,7 @@ struct NestedRunsAndTheExecutorTests {
         result.withLock { $0 = ending }
         nestedDone.increment()
       }
-      #expect(await r18Poll { inNested.current == 1 })
+      #expect(await pollEveryMillisecond { inNested.current == 1 })
       let actor = CallLoggingActor(loop: loop)
       let answered = await actor.append(1)
       let slept = await Task(executorPreference: loop) { () -> Bool in
@@ -257,7 +257,7 @@ struct NestedRunsAndTheExecutorTests {
       }.value
       let stillNested = nestedDone.current == 0
       loop.stop()
-      #expect(await r18Poll { nestedDone.current == 1 })
+      #expect(await pollEveryMillisecond { nestedDone.current == 1 })
       await execShutdown(loop)
       return (result.snapshot, answered && stillNested, slept)
     }
@@ -275,7 +275,7 @@ struct NestedRunsAndTheExecutorTests {
       let log = EventLog()
       let actor = NestingLoopActor(loop: loop, log: log)
       let sleeper = Task { await actor.sleepThenLog() }
-      #expect(await r18Poll { log.count("sleeping") == 1 })
+      #expect(await pollEveryMillisecond { log.count("sleeping") == 1 })
       await actor.nestLong()
       await sleeper.value
       await execShutdown(loop)

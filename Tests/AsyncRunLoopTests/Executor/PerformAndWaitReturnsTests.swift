@@ -85,7 +85,7 @@ struct PerformAndWaitReturnsTests {
     }
     #expect(outcome == "refused", "\(outcome ?? "hung")")
     #expect(ran.current == 0)
-    #expect(await r20Eventually { deaths.current == 1 }, "the refused block was kept")
+    #expect(await eventuallyWithin { deaths.current == 1 }, "the refused block was kept")
     await execShutdown(first)
     await execShutdown(second)
   }
@@ -135,13 +135,13 @@ struct PerformAndWaitReturnsTests {
     }
     _ = await execOnNewThread { started.wait(timeout: .seconds(10)) }
     // The block is in the loop's inbox before the shutdown.
-    #expect(await r20Eventually { loop.shared.inboxLock.withLock { !loop.shared.inbox.performs.isEmpty } })
+    #expect(await eventuallyWithin { loop.shared.inboxLock.withLock { !loop.shared.inbox.performs.isEmpty } })
     loop.shutdown()
     let outcome = try await caller.value
     #expect(outcome == "\(RunLoopError.shutDown(loop: loop.name))", "\(outcome ?? "hung")")
     exit.open()
     _ = await execOnNewThread { exited.wait(timeout: .seconds(10)) }
-    #expect(await r20Eventually { deaths.current == 1 }, "the skipped block was never released")
+    #expect(await eventuallyWithin { deaths.current == 1 }, "the skipped block was never released")
     #expect(ran.current == 0)
   }
 

@@ -25,15 +25,15 @@ struct SleepsAndTheDrainTests {
           return false
         } catch { return error is CancellationError }
       }
-      _ = await r14sPoll { loop.scheduledJobCount >= 1 }
-      _ = await r14sPoll {
+      _ = await pollEveryMillisecond { loop.scheduledJobCount >= 1 }
+      _ = await pollEveryMillisecond {
         (try? loop.performAndWait { loop.core.modeTable.allRecords.count }) ?? 0 >= 2
       }
       clockSleep.cancel()
       taskSleep.cancel()
       let clock = await clockSleep.value
       let task = await taskSleep.value
-      _ = await r14sPoll { (try? loop.performAndWait { loop.core.modeTable.allRecords.count }) ?? 0 <= 1 }
+      _ = await pollEveryMillisecond { (try? loop.performAndWait { loop.core.modeTable.allRecords.count }) ?? 0 <= 1 }
       let records = await execOnNewThread { try? loop.performAndWait { loop.core.modeTable.allRecords.count } }
       await execShutdown(loop)
       return (clock, task, records)
@@ -61,7 +61,7 @@ struct SleepsAndTheDrainTests {
           return "\(error)"
         }
       }
-      _ = await r14sPoll { (try? loop.performAndWait { loop.core.modeTable.allRecords.count }) ?? 0 >= 1 }
+      _ = await pollEveryMillisecond { (try? loop.performAndWait { loop.core.modeTable.allRecords.count }) ?? 0 >= 1 }
       await execShutdown(loop)
       let result = await sleeper.value
       return (result, LoopClock.Instant.now < deadline)
@@ -132,7 +132,7 @@ extension SleepsAndTheDrainTests {
       }
       loop.add(observer, to: .common)
       let inBlock = await execOnNewThread { try? loop.performAndWait { actor.callsAssumingIsolation() } }
-      _ = await r14sPoll { fired.opened && observed.opened }
+      _ = await pollEveryMillisecond { fired.opened && observed.opened }
       await execShutdown(loop)
       let onFallback = await actor.callsThroughDynamicCheck()
       return [inBlock ?? -1] + seen.withLock { $0 } + [onFallback]
@@ -183,7 +183,7 @@ extension SleepsAndTheDrainTests {
         isolatedAfter.withLock { $0 = loop.isIsolatingCurrentContext() }
         exited.open()
       }
-      _ = await r14sPoll { made.withLock { $0 } != nil }
+      _ = await pollEveryMillisecond { made.withLock { $0 } != nil }
       guard let loop = made.withLock({ $0 }) else { return (-1, -1, nil) }
       let actor = PinnedSurfaceActor(loop: loop)
       await withTaskGroup(of: Void.self) { group in
@@ -193,7 +193,7 @@ extension SleepsAndTheDrainTests {
           }
         }
         group.addTask {
-          _ = await r14sPoll { actor.overlap.inside.current > 0 }
+          _ = await pollEveryMillisecond { actor.overlap.inside.current > 0 }
           try? await Task.sleep(for: .milliseconds(5))
           loop.shutdown()
         }

@@ -327,8 +327,8 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
           if next % 8 == 0 { sched_yield() }
         }
       }
-      var random = R17Random(state: UInt64(seed))
-      var place = R17Placement()
+      var random = SeededRandom(state: UInt64(seed))
+      var place = MovingSourcePlacement()
       loop.add(commands.source, to: r17ModeB)
       place.inB = true
       for round in 0..<1_500 {
@@ -357,13 +357,13 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
             if place.inB { loop.remove(commands.source, from: r17ModeB) }
             if place.inC { loop.remove(commands.source, from: r17ModeC) }
             if place.inCommon { loop.remove(commands.source, from: .common) }
-            place = R17Placement()
+            place = MovingSourcePlacement()
             other.add(commands.source, to: .default)
             place.onOther = true
           }
-        case 4: r17OnePass(loop, r17ModeB)
-        case 5: r17OnePass(loop, r17ModeC)
-        default: r17OnePass(loop, r17ModeA)
+        case 4: runOnePass(loop, r17ModeB)
+        case 5: runOnePass(loop, r17ModeC)
+        default: runOnePass(loop, r17ModeA)
         }
       }
       stop.withLock { $0 = true }
@@ -376,7 +376,7 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
         return true
       }
       for _ in 0..<5 where commands.pendingCount > 0 || delivered.snapshot.count < posted.current {
-        r17OnePass(loop, r17ModeB)
+        runOnePass(loop, r17ModeB)
       }
       let pending = commands.pendingCount
       let result = delivered.snapshot
@@ -388,7 +388,7 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
     guard let outcome else { return }
     #expect(outcome.pending == 0)
     #expect(outcome.delivered.count == outcome.posted)
-    #expect(r17IsInOrderOnce(outcome.delivered, count: outcome.posted), "commands lost, repeated or out of order")
+    #expect(isEachOnceInOrder(outcome.delivered, count: outcome.posted), "commands lost, repeated or out of order")
     #expect(outcome.refused)
   }
 
@@ -937,9 +937,9 @@ struct CommandSourceDeliveryOrderTests {
       }
       let delivered = Locked<[Int]>([])
       let cancels = AtomicCounter()
-      weak var weakCapture: R11Token?
+      weak var weakCapture: WeaklyObservedObject?
       do {
-        let capture = R11Token()
+        let capture = WeaklyObservedObject()
         weakCapture = capture
         let box = Locked<InputSource?>(nil)
         let moved = TestGate()
@@ -1054,7 +1054,7 @@ struct CommandSourceRaceTests {
           loopA.shutdownAndWait()
           loopB.shutdownAndWait()
         }
-        let scenario = R13PingPong([loopA, loopB])
+        let scenario = CommandPingPongScenario([loopA, loopB])
         let pairs = PairLog()
         let accepted = Guarded<[Int]>([])
         let cancelled = AtomicCounter()

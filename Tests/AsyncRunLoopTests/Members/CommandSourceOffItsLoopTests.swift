@@ -26,11 +26,11 @@ struct CommandSourceOffItsLoopTests {
       for value in 5..<10 { commands.post(value) }
       loops[1].add(commands.source, to: .common)
       for value in 10..<15 { commands.post(value) }
-      #expect(await r18Poll { seen.snapshot.count == 15 })
+      #expect(await pollEveryMillisecond { seen.snapshot.count == 15 })
       loops[1].remove(commands.source, from: .common)
       for value in 15..<20 { commands.post(value) }
       commands.source.invalidate()
-      #expect(await r18Poll { seen.snapshot.count == 20 })
+      #expect(await pollEveryMillisecond { seen.snapshot.count == 20 })
       for loop in loops { await execShutdown(loop) }
       return (seen.snapshot, threads.snapshot)
     }
@@ -59,7 +59,7 @@ struct CommandSourceOffItsLoopTests {
         var iterator = iterated.makeAsyncIterator()
         _ = await iterator.next()
       }
-      #expect(await r18Poll { cancels.allSatisfy { $0.current >= 1 } })
+      #expect(await pollEveryMillisecond { cancels.allSatisfy { $0.current >= 1 } })
       _ = try? loop.performAndWait { 0 }
       await execShutdown(loop)
       return cancels.map(\.current)

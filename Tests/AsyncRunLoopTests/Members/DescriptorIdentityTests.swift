@@ -17,7 +17,7 @@ struct DescriptorIdentityTests: PassTestModes {
     let (inDefault, inSecond) = try loop.performAndWait { () throws -> (Int, Int) in
       try loop.add(pipe.source, to: .default)
       writeByte(pipe.write)
-      r19RunOther(loop)
+      runOtherModeBriefly(loop)
       loop.remove(pipe.source, from: .default)
       try loop.add(pipe.source, to: r19Second)
       loop.run(mode: .default, until: .now)
@@ -42,7 +42,7 @@ struct DescriptorIdentityTests: PassTestModes {
     let (oldFires, newCount, listed) = try loop.performAndWait { () throws -> (Int, Int, Int) in
       try loop.add(old.source, to: .default)
       writeByte(old.write)
-      r19RunOther(loop)
+      runOtherModeBriefly(loop)
       // The number now names the fresh pipe's read end.
       #expect(dup2(fresh.read, number) == number)
       let newSource = DescriptorSource(descriptor: number) { _, _ in
@@ -85,7 +85,7 @@ struct DescriptorIdentityTests: PassTestModes {
       let kept = dup(pipe.read)
       writeByte(pipe.write)
       Glibc.close(pipe.read)
-      r19RunOther(loop)
+      runOtherModeBriefly(loop)
       return (kept, wakeUps.withLock { $0 })
     }
     // 30 ms with a far-future timer: a handful of wake-ups at most (the first report), not thousands.
@@ -110,7 +110,7 @@ struct DescriptorIdentityTests: PassTestModes {
     let listed = try loop.performAndWait { () throws -> Int in
       for source in sources { try loop.add(source, to: .default) }
       for pipe in pipes { writeByte(pipe.write) }
-      r19RunOther(loop)
+      runOtherModeBriefly(loop)
       return loop.core.descriptors.silenced.count
     }
     #expect(listed == 8)
@@ -668,7 +668,7 @@ struct DupedDescriptorIdentityTests {
       () throws -> (wakesWhileQuiet: Int, fires: Int) in
       let loop = try RunLoopThread(name: "r9-spin")
       defer { loop.shutdownAndWait() }
-      let counter = R9PassCounter()
+      let counter = WakeAndPassCountingObserver()
       let keepAlive = LoopTimer(after: .seconds(3600)) { _ in }
       loop.add(keepAlive, to: .default)
       loop.add(counter.observer, to: .default)
@@ -709,7 +709,7 @@ struct DupedDescriptorIdentityTests {
       () throws -> (oldFires: Int, newFires: Int, wakes: Int) in
       let loop = try RunLoopThread(name: "r9-dup-new")
       defer { loop.shutdownAndWait() }
-      let counter = R9PassCounter()
+      let counter = WakeAndPassCountingObserver()
       let keepAlive = LoopTimer(after: .seconds(3600)) { _ in }
       loop.add(keepAlive, to: .default)
       loop.add(counter.observer, to: .default)
@@ -758,7 +758,7 @@ struct DupedDescriptorIdentityTests {
       () throws -> (wakes: Int, fires: Int, newFires: Int) in
       let loop = try RunLoopThread(name: "r9-closed")
       defer { loop.shutdownAndWait() }
-      let counter = R9PassCounter()
+      let counter = WakeAndPassCountingObserver()
       let keepAlive = LoopTimer(after: .seconds(3600)) { _ in }
       loop.add(keepAlive, to: .default)
       loop.add(counter.observer, to: .default)

@@ -26,15 +26,15 @@ struct DescriptorRegistrationTests {
         close(pipe.read)
         close(pipe.write)
       }
-      let counter = R10PassCounter()
+      let counter = PassCountingObserver()
       let keep = LoopTimer(after: .seconds(3600)) { _ in }
       loop.add(keep, to: r10ModeC)
       loop.add(counter.observer, to: r10ModeC)
       let events = Locked<[DescriptorEvents]>([])
-      weak var weakCapture: R10Token?
+      weak var weakCapture: WeaklyObservedObject?
       weak var weakSource: DescriptorSource?
       do {
-        let capture = R10Token()
+        let capture = WeaklyObservedObject()
         weakCapture = capture
         let source = DescriptorSource(descriptor: pipe.read) { _, fired in
           withExtendedLifetime(capture) {}
@@ -113,7 +113,7 @@ struct DescriptorRegistrationTests {
         close(pipe.read)
         close(pipe.write)
       }
-      let counter = R10PassCounter()
+      let counter = PassCountingObserver()
       let keep = LoopTimer(after: .seconds(3600)) { _ in }
       loop.add(keep, to: .common)
       loop.addModeToCommonModes(r10ModeA)
@@ -229,7 +229,7 @@ struct DescriptorRegistrationTests {
       let loop = RunLoopThread.current
       defer { loop.shutdown() }
       var problems: [String] = []
-      let counter = R10PassCounter()
+      let counter = PassCountingObserver()
       let keep = LoopTimer(after: .seconds(3600)) { _ in }
       loop.add(keep, to: .common)
       loop.addModeToCommonModes(r10ModeA)

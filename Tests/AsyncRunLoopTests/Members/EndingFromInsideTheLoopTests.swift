@@ -16,7 +16,7 @@ struct EndingFromInsideTheLoopTests {
       let release = blockLoop(loop)
       for value in 0..<50 { _ = sequence.post(value) }
       release.open()
-      let result = await R18SelfEnder(loop: loop).consume(sequence, invalidatingAfter: 10)
+      let result = await SelfInvalidatingConsumerActor(loop: loop).consume(sequence, invalidatingAfter: 10)
       await execShutdown(loop)
       return result
     }
@@ -47,7 +47,7 @@ struct EndingFromInsideTheLoopTests {
       loop.add(commands.source, to: .common)
       for value in 0..<50 { commands.post(value) }
       release.open()
-      #expect(await r18Poll { cancels.current == 1 })
+      #expect(await pollEveryMillisecond { cancels.current == 1 })
       await execShutdown(loop)
       box.withLock { $0 = nil }
       return (seen.snapshot, late.snapshot, cancels.current)
@@ -90,7 +90,7 @@ struct EndingFromInsideTheLoopTests {
       let loops = [try RunLoopThread(name: "r18-move-a"), try RunLoopThread(name: "r18-move-b")]
       let seen = Guarded<[Int: [Int]]>([:])
       let offLoop = AtomicCounter()
-      let commands = CommandSource<R18Item> { item in
+      let commands = CommandSource<ProducedItem> { item in
         if !loops.contains(where: { $0.isOnLoopThread }) { offLoop.increment() }
         seen.withLock { $0[item.producer, default: []].append(item.index) }
       }
@@ -101,7 +101,7 @@ struct EndingFromInsideTheLoopTests {
         var bodies: [@Sendable () -> Void] = (0..<producers).map { producer in
           {
             var mine: [Int] = []
-            for index in 0..<perProducer where commands.post(R18Item(producer: producer, index: index)) {
+            for index in 0..<perProducer where commands.post(ProducedItem(producer: producer, index: index)) {
               mine.append(index)
             }
             accepted.withLock { $0[producer] = mine }

@@ -37,11 +37,11 @@ struct InputSourceRoutineTests {
       loopB.remove(source)
       loopA.add(source, to: mode)
       if invalidateAtOnce { source.invalidate() }
-      _ = await r8OnLoop(loopA) { 0 }
-      _ = await r8OnLoop(loopB) { 0 }
-      _ = await r8OnLoop(loopA) { 0 }
+      _ = await runOnLoopThread(loopA) { 0 }
+      _ = await runOnLoopThread(loopB) { 0 }
+      _ = await runOnLoopThread(loopA) { 0 }
       source.invalidate()
-      _ = await r8OnLoop(loopA) { 0 }
+      _ = await runOnLoopThread(loopA) { 0 }
       let seen = log.snapshot
       let expected: [String: [String]] = [
         "r8-sc-a": ["s r8-src-m", "c", "s r8-src-m", "c"], "r8-sc-b": ["s kCFRunLoopDefaultMode", "c"],

@@ -16,7 +16,7 @@ struct InvalidationRacingAFreshAddTests {
       for round in 0..<60 {
         let seen = Guarded<[Int: [Int]]>([:])
         let pairs = PairLog()
-        let commands = CommandSource<R18Item>(
+        let commands = CommandSource<ProducedItem>(
           schedule: { _, loop, _ in pairs.schedule(loop) }, cancel: { _, loop in pairs.cancel(loop) }
         ) { item in seen.withLock { $0[item.producer, default: []].append(item.index) } }
         let release = round % 2 == 0 ? blockLoop(loop) : nil
@@ -26,7 +26,7 @@ struct InvalidationRacingAFreshAddTests {
           var bodies: [@Sendable () -> Void] = (0..<2).map { producer in
             {
               var mine: [Int] = []
-              for index in 0..<200 where commands.post(R18Item(producer: producer, index: index)) {
+              for index in 0..<200 where commands.post(ProducedItem(producer: producer, index: index)) {
                 mine.append(index)
               }
               accepted.withLock { $0[producer] = mine }
@@ -36,7 +36,9 @@ struct InvalidationRacingAFreshAddTests {
           race(bodies)
         }
         release?.open()
-        _ = await r18Poll(timeout: .seconds(5)) { pairs.counts.snapshot.values.contains { $0.cancel == 1 } }
+        _ = await pollEveryMillisecond(timeout: .seconds(5)) {
+          pairs.counts.snapshot.values.contains { $0.cancel == 1 }
+        }
         _ = try? loop.performAndWait { 0 }
         if seen.snapshot != accepted.snapshot.filter({ !$0.value.isEmpty }) {
           let counts = (seen.snapshot.mapValues(\.count), accepted.snapshot.mapValues(\.count))

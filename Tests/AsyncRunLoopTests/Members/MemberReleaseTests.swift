@@ -9,8 +9,10 @@ struct MemberReleaseTests {
   /// Every member kind, every way its stay can end: what its closures captured is released
   /// (exactly once), a source's cancel routine runs exactly once per schedule, and a dropped loop
   /// gives its poller back.
-  @Test(arguments: ReleasedMemberKind.allCases, R20Ending.allCases)
-  func everyClosureAMemberHoldsIsReleasedWhenItsStayEnds(kind: ReleasedMemberKind, ending: R20Ending) async throws {
+  @Test(arguments: ReleasedMemberKind.allCases, MemberStayEnding.allCases)
+  func everyClosureAMemberHoldsIsReleasedWhenItsStayEnds(kind: ReleasedMemberKind, ending: MemberStayEnding)
+    async throws
+  {
     let deaths = AtomicCounter()
     let fired = AtomicCounter()
     let cancels = AtomicCounter()
@@ -31,7 +33,7 @@ struct MemberReleaseTests {
     if let loop { member?.add(loop) }
     member?.trigger()
     // The member is on the loop and has been called out at least once.
-    #expect(await r20Eventually { fired.current >= 1 }, "\(kind) never called out")
+    #expect(await eventuallyWithin { fired.current >= 1 }, "\(kind) never called out")
     switch ending {
     case .invalidate:
       member?.invalidate()
@@ -52,15 +54,15 @@ struct MemberReleaseTests {
     case .dropLoopKeepingMember:
       loop = nil
     }
-    #expect(await r20Eventually { deaths.current == 1 }, "\(kind) kept its closures after \(ending)")
+    #expect(await eventuallyWithin { deaths.current == 1 }, "\(kind) kept its closures after \(ending)")
     member = nil
     if kind == .source || kind == .command {
-      #expect(await r20Eventually { cancels.current == schedules.current })
+      #expect(await eventuallyWithin { cancels.current == schedules.current })
       #expect(schedules.current == 1)
       #expect(cancels.current == 1)
     }
     if ending == .dropLoop || ending == .dropLoopKeepingMember {
-      #expect(await r20Eventually { weakPoller == nil }, "the dropped loop kept its poller")
+      #expect(await eventuallyWithin { weakPoller == nil }, "the dropped loop kept its poller")
     }
     if ending == .fromOwnCallout {
       #expect(fired.current == 1, "\(kind) called out again after invalidating itself")
@@ -83,7 +85,7 @@ struct MemberReleaseTests {
       for _ in 0..<3 { #expect(commands.post(ReleaseCanary(deaths))) }
       #expect(commands.pendingCount == 3)
     }
-    #expect(await r20Eventually { deaths.current == 4 }, "released \(deaths.current) of 4")
+    #expect(await eventuallyWithin { deaths.current == 4 }, "released \(deaths.current) of 4")
     #expect(delivered.current == 0)
   }
 
@@ -116,12 +118,12 @@ struct MemberReleaseTests {
       commands = nil
     }
     release.open()
-    #expect(await r20Eventually { delivered.current == 5 })
+    #expect(await eventuallyWithin { delivered.current == 5 })
     commands = nil
-    #expect(await r20Eventually { deaths.current == 6 }, "released \(deaths.current) of 6")
-    #expect(await r20Eventually { cancels.current == 1 })
+    #expect(await eventuallyWithin { deaths.current == 6 }, "released \(deaths.current) of 6")
+    #expect(await eventuallyWithin { cancels.current == 1 })
     #expect(delivered.current == 5)
-    if dropLoop { #expect(await r20Eventually { weakPoller == nil }) }
+    if dropLoop { #expect(await eventuallyWithin { weakPoller == nil }) }
     if let loop { await execShutdown(loop) }
   }
 
@@ -149,11 +151,11 @@ struct MemberReleaseTests {
       strongLoop.add(timer, to: .common)
       strongLoop.add(observer, to: .default)
     }
-    #expect(await r20Eventually { fired.current >= 2 })
+    #expect(await eventuallyWithin { fired.current >= 2 })
     if let loop { await execShutdown(loop) }
     loop = nil
-    #expect(await r20Eventually { deaths.current == 1 }, "the shut-down loop kept the closures")
-    #expect(await r20Eventually { weakPoller == nil }, "the shut-down loop was kept alive")
+    #expect(await eventuallyWithin { deaths.current == 1 }, "the shut-down loop kept the closures")
+    #expect(await eventuallyWithin { weakPoller == nil }, "the shut-down loop was kept alive")
   }
 
   /// Threads add, remove and invalidate many sources at once while another shuts the loop down:
@@ -217,8 +219,9 @@ struct MemberReleaseTests {
   /// Fixed: the binding forgets its last loop once the member is invalidated, or once that loop
   /// applied its removal. A removed `CommandSource` keeps it, as documented, so that the loop can
   /// deliver what is posted meanwhile: invalidating it lets go.
-  @Test(arguments: ReleasedMemberKind.allCases, R20LoopGone.allCases)
-  func aMemberThatOutlivesItsLoopLetsGoOfTheLoopsDescriptors(kind: ReleasedMemberKind, gone: R20LoopGone) async throws {
+  @Test(arguments: ReleasedMemberKind.allCases, LoopDeparture.allCases)
+  func aMemberThatOutlivesItsLoopLetsGoOfTheLoopsDescriptors(kind: ReleasedMemberKind, gone: LoopDeparture) async throws
+  {
     let deaths = AtomicCounter()
     let fired = AtomicCounter()
     let counter = AtomicCounter()
@@ -236,7 +239,7 @@ struct MemberReleaseTests {
       pipe: pipe)
     if let loop { member?.add(loop) }
     member?.trigger()
-    #expect(await r20Eventually { fired.current >= 1 }, "\(kind) never called out")
+    #expect(await eventuallyWithin { fired.current >= 1 }, "\(kind) never called out")
     switch gone {
     case .dropped: break
     case .shutDownThenDropped: if let loop { await execShutdown(loop) }
@@ -251,10 +254,10 @@ struct MemberReleaseTests {
     if kind == .command && (gone == .removedThenDropped || gone == .removedOnItsThreadThenDropped) {
       member?.invalidate()  // documented: a removed command source keeps its last loop until then
     }
-    #expect(await r20Eventually(3) { weakPoller == nil }, "a \(kind) kept its gone loop's poller")
+    #expect(await eventuallyWithin(3) { weakPoller == nil }, "a \(kind) kept its gone loop's poller")
     // Control: the member was what held it.
     member = nil
-    #expect(await r20Eventually { weakPoller == nil }, "the poller outlived the member too")
+    #expect(await eventuallyWithin { weakPoller == nil }, "the poller outlived the member too")
   }
 
   /// Promised (`CommandSource`): "Only a source that has no loop to deliver on — invalidated
@@ -282,7 +285,7 @@ struct MemberReleaseTests {
       let loop = try RunLoopThread(name: "r20-removed-cmd")
       loop.add(commands!.source, to: .default)
       #expect(commands?.post(ReleaseCanary(deaths)) == true)
-      #expect(await r20Eventually { delivered.current == 1 })
+      #expect(await eventuallyWithin { delivered.current == 1 })
       loop.remove(commands!.source, from: .default)
       _ = try await withWatchdogOnThread(timeout: .seconds(20), "a round trip") { try loop.performAndWait {} }
       for _ in 0..<3 { #expect(commands?.post(ReleaseCanary(deaths)) == true) }
@@ -294,7 +297,7 @@ struct MemberReleaseTests {
     #expect(deaths.current == before)
     commands?.source.invalidate()
     #expect(
-      await r20Eventually(3) { deaths.current == before + 3 },
+      await eventuallyWithin(3) { deaths.current == before + 3 },
       "released \(deaths.current - before) of 3 dropped commands; pendingCount \(commands?.pendingCount ?? -1)")
     #expect(commands?.pendingCount == 0)
     #expect(commands?.droppedCount == 3)
@@ -331,9 +334,9 @@ struct MembersReleasedOnceTheyLeaveTests {
         weak var weakObserver: LoopObserver?
         weak var weakSource: DescriptorSource?
         weak var weakInput: InputSource?
-        weak var weakCapture: R10Token?
+        weak var weakCapture: WeaklyObservedObject?
         do {
-          let capture = R10Token()
+          let capture = WeaklyObservedObject()
           weakCapture = capture
           let timer = makeParkedTimer { _ in withExtendedLifetime(capture) {} }
           let observer = LoopObserver(activities: .all) { _, _ in withExtendedLifetime(capture) {} }

@@ -103,8 +103,8 @@ struct RefusedAddLeavesMemberFreeTests {
   /// source stays valid and on no loop, may be added to another loop (refused there too, by its
   /// `fstat` check) and, once its number holds a pipe, is added there and fires. Every add of the
   /// burst is applied exactly once.
-  @Test(arguments: R25Callout.allCases)
-  func aRefusedDescriptorAddFromACalloutLeavesTheSourceFree(callout: R25Callout) throws {
+  @Test(arguments: RefusedAddCallout.allCases)
+  func aRefusedDescriptorAddFromACalloutLeavesTheSourceFree(callout: RefusedAddCallout) throws {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "refused from \(callout)") { () -> [String] in
       let loop = try RunLoopThread(name: "r25-refuse")
       let other = try RunLoopThread(name: "r25-refuse-b")
@@ -283,7 +283,7 @@ struct RefusedAddLeavesMemberFreeTests {
       let events = Guarded<[DescriptorEvents]>([])
       let freed = AtomicCounter()
       let source = { () -> DescriptorSource in
-        let token = R25Token(freed)
+        let token = DeinitCountingToken(freed)
         return DescriptorSource(descriptor: devNull) { _, got in
           withExtendedLifetime(token) { events.withLock { $0.append(got) } }
         }

@@ -16,7 +16,7 @@ struct DroppingPoliciesUnderLoadTests {
     let outcome = try await withWatchdog(timeout: .seconds(20), "dropping \(buffering)") {
       () async throws -> (seen: [Int: [Int]], dropped: Int, results: [SourcePostResult: Int]) in
       let loop = try RunLoopThread(name: "r18-drop-load")
-      let sequence = loop.sourceSequence(of: R18Item.self, buffering: buffering)
+      let sequence = loop.sourceSequence(of: ProducedItem.self, buffering: buffering)
       let consumer = Task { () -> [Int: [Int]] in
         var seen: [Int: [Int]] = [:]
         for await item in sequence {
@@ -31,7 +31,7 @@ struct DroppingPoliciesUnderLoadTests {
           (0..<producers).map { producer in
             {
               for index in 0..<perProducer {
-                let result = sequence.post(R18Item(producer: producer, index: index))
+                let result = sequence.post(ProducedItem(producer: producer, index: index))
                 results.withLock { $0[result, default: 0] += 1 }
               }
             }
@@ -68,7 +68,7 @@ struct DroppingPoliciesUnderLoadTests {
         close(pipe.read)
         close(pipe.write)
       }
-      var weaks: [(String, R18Weak)] = []
+      var weaks: [(String, WeakReference)] = []
       do {
         let source = loop.sourceSequence(of: Int.self)
         let signals = loop.signalSequence()
@@ -76,8 +76,8 @@ struct DroppingPoliciesUnderLoadTests {
         let readiness = try loop.readiness(of: pipe.read)
         let activities = loop.activities([.entry])
         weaks = [
-          ("source", R18Weak(source)), ("signal", R18Weak(signals)), ("timer", R18Weak(timer)),
-          ("readiness", R18Weak(readiness)), ("activity", R18Weak(activities)),
+          ("source", WeakReference(source)), ("signal", WeakReference(signals)), ("timer", WeakReference(timer)),
+          ("readiness", WeakReference(readiness)), ("activity", WeakReference(activities)),
         ]
         _ = source.post(1)
         signals.signal()
@@ -99,7 +99,7 @@ struct DroppingPoliciesUnderLoadTests {
         await t5.value
       }
       let watched = weaks
-      let allGone = await r18Poll(timeout: .seconds(5)) { watched.allSatisfy { $0.1.isGone } }
+      let allGone = await pollEveryMillisecond(timeout: .seconds(5)) { watched.allSatisfy { $0.1.isGone } }
       return allGone ? [] : watched.filter { !$0.1.isGone }.map(\.0)
     }
     #expect(outcome == [])
@@ -134,7 +134,7 @@ struct DroppingPoliciesUnderLoadTests {
     let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
       let loop = try RunLoopThread(name: "r18-trap-loop")
       let actor = CallLoggingActor(loop: loop)
-      r18AssumeIsolated(actor)
+      assumeIsolatedFromSyncCode(actor)
     }
     expectStandardError(of: result, mentions: "r18-trap-loop")
   }

@@ -48,9 +48,11 @@ struct EverySequenceKindTests {
         },
       ]
       let waited = [
-        await r14sPoll { r14sIsWaiting(source) }, await r14sPoll { r14sIsWaiting(signals) },
-        await r14sPoll { r14sIsWaiting(timer) }, await r14sPoll { r14sIsWaiting(readiness) },
-        await r14sPoll { r14sIsWaiting(activities) },
+        await pollEveryMillisecond { isConsumerWaiting(source) },
+        await pollEveryMillisecond { isConsumerWaiting(signals) },
+        await pollEveryMillisecond { isConsumerWaiting(timer) },
+        await pollEveryMillisecond { isConsumerWaiting(readiness) },
+        await pollEveryMillisecond { isConsumerWaiting(activities) },
       ]
       await execShutdown(loop)
       for task in tasks { await task.value }
@@ -78,45 +80,45 @@ extension EverySequenceKindTests {
         close(pipe.read)
         close(pipe.write)
       }
-      var weak: [String: R14SWeak] = [:]
+      var weak: [String: WeakReference] = [:]
       do {
-        let token = R14SToken()
-        weak["token"] = R14SWeak(token)
+        let token = WeaklyObservedObject()
+        weak["token"] = WeakReference(token)
         let source = loop.sourceSequence(of: Int.self, onCancel: { _ in _ = token })
-        weak["source"] = R14SWeak(source)
-        weak["source.member"] = R14SWeak(source.source)
+        weak["source"] = WeakReference(source)
+        weak["source.member"] = WeakReference(source.source)
         _ = source.post(1)
         for await _ in source { break }
       }
       do {
         let signals = loop.signalSequence()
-        weak["signals"] = R14SWeak(signals)
-        weak["signals.member"] = R14SWeak(signals.source)
+        weak["signals"] = WeakReference(signals)
+        weak["signals.member"] = WeakReference(signals.source)
         signals.signal()
         for await _ in signals { break }
       }
       do {
         let timer = loop.timer(every: .milliseconds(1))
-        weak["timer"] = R14SWeak(timer)
-        weak["timer.member"] = R14SWeak(timer.timer)
+        weak["timer"] = WeakReference(timer)
+        weak["timer.member"] = WeakReference(timer.timer)
         for await _ in timer { break }
       }
       do {
         let readiness = try loop.readiness(of: pipe.read)
-        weak["readiness"] = R14SWeak(readiness)
-        weak["readiness.member"] = R14SWeak(readiness.source)
+        weak["readiness"] = WeakReference(readiness)
+        weak["readiness.member"] = WeakReference(readiness.source)
         writeByte(pipe.write)
         for await _ in readiness { break }
       }
       do {
         let activities = loop.activities(.beforeWaiting)
-        weak["activities"] = R14SWeak(activities)
-        weak["activities.member"] = R14SWeak(activities.observer)
+        weak["activities"] = WeakReference(activities)
+        weak["activities.member"] = WeakReference(activities.observer)
         loop.wakeUp()
         for await _ in activities { break }
       }
       let all = weak
-      _ = await r14sPoll(timeout: .seconds(5)) {
+      _ = await pollEveryMillisecond(timeout: .seconds(5)) {
         _ = try? loop.performAndWait {}
         return all.values.allSatisfy(\.isGone)
       }

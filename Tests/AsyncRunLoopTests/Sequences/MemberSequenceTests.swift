@@ -109,7 +109,7 @@ struct MemberSequenceTests {
       t1.cancel()
       t2.cancel()
       let counts = await (t1.value, t2.value)
-      let timerGone = await r18Poll { !timer.timer.isValid }
+      let timerGone = await pollEveryMillisecond { !timer.timer.isValid }
       await execShutdown(loop)
       return (counts == (0, 0), timerGone)
     }
@@ -137,7 +137,7 @@ struct MemberSequenceTests {
       }
       for round in 1...3 {
         writeByte(pipe.write)
-        #expect(await r18Poll { count.current >= round })
+        #expect(await pollEveryMillisecond { count.current >= round })
       }
       await consumer.value
       await execShutdown(loop)
@@ -162,7 +162,7 @@ struct MemberSequenceTests {
       for _ in 0..<3 {
         _ = try loop.performAndWait { loop.run(mode: r18ModeA, for: .milliseconds(1)) }
       }
-      #expect(await r18Poll { seen.snapshot.count >= 6 })
+      #expect(await pollEveryMillisecond { seen.snapshot.count >= 6 })
       activities.invalidate()
       await consumer.value
       await execShutdown(loop)
@@ -177,7 +177,7 @@ struct MemberSequenceTests {
     let outcome = try await withWatchdog(timeout: .seconds(30), "one-shot late") { () async throws -> Int in
       let loop = try RunLoopThread(name: "r18-oneshot")
       let timer = loop.timer(after: .milliseconds(1))
-      #expect(await r18Poll { !timer.timer.isValid })
+      #expect(await pollEveryMillisecond { !timer.timer.isValid })
       var n = 0
       for await _ in timer { n += 1 }
       await execShutdown(loop)

@@ -336,7 +336,7 @@ struct SequenceDeliveryTests: SequenceTestModes {
       release.open()
       return true
     }
-    let ticks = try await withWatchdog(timeout: .seconds(20), "ticks after invalidate") { await r6Count(timer) }
+    let ticks = try await withWatchdog(timeout: .seconds(20), "ticks after invalidate") { await countElements(timer) }
     if shutdown {
       #expect(ticks.map { $0 <= 1 } == true)
     } else {
@@ -416,7 +416,7 @@ struct SequenceDeliveryTests: SequenceTestModes {
     let loop = try RunLoopThread(name: "r6-actor-nested")
     defer { loop.shutdownAndWait() }
     let sequence = loop.sourceSequence(of: Int.self)
-    let consumer = R6Consumer(loop: loop)
+    let consumer = NestingConsumerActor(loop: loop)
     _ = sequence.post(0)
     let outcome = try await withWatchdog(timeout: .seconds(20), "actor consumer") {
       await consumer.consume(sequence)
@@ -441,7 +441,7 @@ struct SequenceDeliveryTests: SequenceTestModes {
     defer { loop.shutdownAndWait() }
     let count = senderPrefersLoop ? 500 : 50
     let sequence = loop.sourceSequence(of: Int.self, buffering: .bounded(1))
-    let producer = R6Producer(loop: loop)
+    let producer = SendingProducerActor(loop: loop)
     let received = AtomicCounter()
     let consumer = Task(executorPreference: loop) { () async -> [Int] in
       var values: [Int] = []
@@ -463,10 +463,10 @@ struct SequenceDeliveryTests: SequenceTestModes {
     if await !execOnNewThread({ sent.wait(timeout: timeout) }) {
       // Stalled: record where everything stands before anything is cancelled, then again after
       // the loop ran a block (a lost wake-up would have been made good by it).
-      let before = r6HandOverState(sequence, received: received)
+      let before = handOverState(sequence, received: received)
       let ping = await execOnNewThread { (try? loop.performAndWait { 1 }) ?? -1 }
       usleep(200_000)
-      let after = r6HandOverState(sequence, received: received)
+      let after = handOverState(sequence, received: received)
       Issue.record("stalled: \(before); the loop answered \(ping); then \(after)")
       sender.cancel()
       sequence.invalidate()  // the consumer ends
@@ -526,7 +526,7 @@ struct SequenceDeliveryTests: SequenceTestModes {
     observer.invalidate()
     #expect(passes.current < 50, "the loop woke \(passes.current) times in 100 ms with nothing to do")
     readiness.invalidate()
-    let count = try await withWatchdog(timeout: .seconds(30), "readiness drain") { await r6Count(readiness) }
+    let count = try await withWatchdog(timeout: .seconds(30), "readiness drain") { await countElements(readiness) }
     #expect(count == 1)
   }
 

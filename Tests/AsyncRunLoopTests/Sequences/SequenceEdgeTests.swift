@@ -91,7 +91,7 @@ struct SequenceEdgeTests {
       _ = sequence.post(0)
       _ = sequence.post(1)
       let sender = Task { await sequence.send(2) }
-      _ = await r14sPoll { sequence.waitingProducerCount == 1 }
+      _ = await pollEveryMillisecond { sequence.waitingProducerCount == 1 }
       await execShutdown(loop)
       let send = await sender.value
       var values: [Int] = []
@@ -112,7 +112,7 @@ struct SequenceEdgeTests {
     let outcome = try await withWatchdog(timeout: .seconds(30), "drop accounting") {
       () async throws -> (delivered: Int, dropped: Int, ordered: Bool, results: [SourcePostResult: Int]) in
       let loop = try RunLoopThread(name: "r14s-dacc")
-      let sequence = loop.sourceSequence(of: R14SItem.self, buffering: buffering)
+      let sequence = loop.sourceSequence(of: ProducedItem.self, buffering: buffering)
       let consumer = Task { () -> (Int, Bool) in
         var last = [-1, -1]
         var ordered = true
@@ -131,7 +131,7 @@ struct SequenceEdgeTests {
             {
               var local: [SourcePostResult: Int] = [:]
               for index in 0..<perThread {
-                local[sequence.post(R14SItem(producer: producer, index: index)), default: 0] += 1
+                local[sequence.post(ProducedItem(producer: producer, index: index)), default: 0] += 1
               }
               results.withLock { $0.merge(local, uniquingKeysWith: +) }
             }
@@ -217,7 +217,7 @@ extension SequenceEdgeTests {
             }
           })
       }
-      _ = await r14sPoll {
+      _ = await pollEveryMillisecond {
         (try? loop.performAndWait { loop.core.modeTable.allRecords.count }) == 0
       }
       let records = await execOnNewThread { try? loop.performAndWait { loop.core.modeTable.allRecords.count } }
@@ -287,8 +287,9 @@ extension SequenceEdgeTests {
         },
       ]
       let waited = [
-        await r14sPoll { r14sIsWaiting(timer) }, await r14sPoll { r14sIsWaiting(readiness) },
-        await r14sPoll { r14sIsWaiting(activities) },
+        await pollEveryMillisecond { isConsumerWaiting(timer) },
+        await pollEveryMillisecond { isConsumerWaiting(readiness) },
+        await pollEveryMillisecond { isConsumerWaiting(activities) },
       ]
       await execOnNewThread {
         timer.invalidate()

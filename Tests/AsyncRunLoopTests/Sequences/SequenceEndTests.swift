@@ -75,10 +75,10 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
           cancels.increment()
         })
       for _ in 0..<3 { #expect(sequence.post(ReleaseCanary(deaths)).isEnqueued) }
-      #expect(await r20Eventually { scheduled.current == 1 })
+      #expect(await eventuallyWithin { scheduled.current == 1 })
     }
-    #expect(await r20Eventually { deaths.current == 4 }, "released \(deaths.current) of 4")
-    #expect(await r20Eventually { cancels.current == 1 })
+    #expect(await eventuallyWithin { deaths.current == 4 }, "released \(deaths.current) of 4")
+    #expect(await eventuallyWithin { cancels.current == 1 })
     await execShutdown(loop)
     #expect(cancels.current == 1)
   }
@@ -120,11 +120,11 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
       }
     }
     _ = await execOnNewThread { started.wait(timeout: .seconds(10)) }
-    if cancelWhileWaiting { #expect(await r20Eventually { received.current == 1 }) }
+    if cancelWhileWaiting { #expect(await eventuallyWithin { received.current == 1 }) }
     consumer.cancel()
     _ = try await withWatchdog(timeout: .seconds(20), "the cancelled consumer") { await consumer.value }
-    #expect(await r20Eventually { cancels.current == 1 })
-    #expect(await r20Eventually { deaths.current == 2 }, "released \(deaths.current) of 2")
+    #expect(await eventuallyWithin { cancels.current == 1 })
+    #expect(await eventuallyWithin { deaths.current == 2 }, "released \(deaths.current) of 2")
     await execShutdown(loop)
     #expect(cancels.current == 1)
   }
@@ -148,11 +148,11 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
       loop = nil
       release.open()
     }
-    #expect(await r20Eventually { received.snapshot.count >= 20 })
+    #expect(await eventuallyWithin { received.snapshot.count >= 20 })
     #expect(received.snapshot == Array(0..<20))
     consumer.cancel()
     _ = try await withWatchdog(timeout: .seconds(20), "the cancelled consumer") { await consumer.value }
-    #expect(await r20Eventually { weakPoller == nil }, "the loop outlived its last sequence")
+    #expect(await eventuallyWithin { weakPoller == nil }, "the loop outlived its last sequence")
   }
 
   /// `SourceSequence`, "How it ends": "The consuming task is cancelled [...]: the sequence ends
@@ -176,8 +176,8 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
     _ = await execOnNewThread { started.wait(timeout: .seconds(10)) }
     consumer.cancel()
     _ = try await withWatchdog(timeout: .seconds(20), "the cancelled consumer") { await consumer.value }
-    #expect(await r20Eventually { cancels.current == 1 })
-    #expect(await r20Eventually(3) { deaths.current == 3 }, "the ended sequence kept \(3 - deaths.current) elements")
+    #expect(await eventuallyWithin { cancels.current == 1 })
+    #expect(await eventuallyWithin(3) { deaths.current == 3 }, "the ended sequence kept \(3 - deaths.current) elements")
     buffered = nil
     await execShutdown(loop)
   }
@@ -189,7 +189,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
     let deaths = AtomicCounter()
     let sequence = loop.sourceSequence(of: ReleaseCanary.self, buffering: .dropNewest(2))
     for _ in 0..<5 { _ = sequence.post(ReleaseCanary(deaths)) }
-    #expect(await r20Eventually { deaths.current == 3 }, "released \(deaths.current) of 3")
+    #expect(await eventuallyWithin { deaths.current == 3 }, "released \(deaths.current) of 3")
     #expect(sequence.droppedCount == 3)
     #expect(sequence.bufferedCount == 2)
     withExtendedLifetime(sequence) {}
@@ -296,7 +296,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
     let sequence = loop.sourceSequence(
       of: WeaklyObservedObject.self, onCancel: { cancelLoop in cancels.record(onLoopThread: cancelLoop.isOnLoopThread) }
     )
-    let watchers = (0..<4).map { _ in R6Weak() }
+    let watchers = (0..<4).map { _ in WeakObservedObjectReference() }
     for watcher in watchers {
       let object = WeaklyObservedObject()
       watcher.object = object
@@ -324,7 +324,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
     let loop = try RunLoopThread(name: "r6-cancel-mid")
     defer { loop.shutdownAndWait() }
     let sequence = loop.sourceSequence(of: WeaklyObservedObject.self)
-    let watchers = (0..<5).map { _ in R6Weak() }
+    let watchers = (0..<5).map { _ in WeakObservedObjectReference() }
     let release = blockLoop(loop)
     for watcher in watchers {
       let object = WeaklyObservedObject()
@@ -365,11 +365,11 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
     let activity = loop.activities(.entry, modes: [modeA])
     let preference: RunLoopThread? = onLoop ? loop : nil
     let tasks: [Task<Int, Never>] = [
-      Task(executorPreference: preference) { await r6Count(source) },
-      Task(executorPreference: preference) { await r6Count(signal) },
-      Task(executorPreference: preference) { await r6Count(timer) },
-      Task(executorPreference: preference) { await r6Count(readiness) },
-      Task(executorPreference: preference) { await r6Count(activity) },
+      Task(executorPreference: preference) { await countElements(source) },
+      Task(executorPreference: preference) { await countElements(signal) },
+      Task(executorPreference: preference) { await countElements(timer) },
+      Task(executorPreference: preference) { await countElements(readiness) },
+      Task(executorPreference: preference) { await countElements(activity) },
     ]
     try await Task.sleep(for: .milliseconds(20))  // let them suspend (not asserted on)
     for task in tasks { task.cancel() }
@@ -420,8 +420,8 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
   /// runs once, and what its closures captured is released.
   @Test func aDroppedLoopWithDroppedSequencesIsReclaimed() async throws {
     let name = "r6-dropped"
-    let weakLoop = R6WeakLoop()
-    let captured = R6Weak()
+    let weakLoop = WeakLoopReference()
+    let captured = WeakObservedObjectReference()
     let cancels = SequenceCallLog()
     let pipeEnds = makePipe()
     defer {
@@ -460,7 +460,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
   @Test func aSequencesRoutinesAreReleasedAfterInvalidateWhileItIsStillHeld() async throws {
     let loop = try RunLoopThread(name: "r6-routines")
     defer { loop.shutdownAndWait() }
-    let captured = R6Weak()
+    let captured = WeakObservedObjectReference()
     let cancels = SequenceCallLog()
     let sequence: SourceSequence<Int> = {
       let object = WeaklyObservedObject()
@@ -489,7 +489,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
     let loop = try RunLoopThread(name: "r6-dropped-release")
     defer { loop.shutdownAndWait() }
     let sequence = loop.sourceSequence(of: WeaklyObservedObject.self, buffering: .dropOldest(2))
-    let watchers = (0..<1000).map { _ in R6Weak() }
+    let watchers = (0..<1000).map { _ in WeakObservedObjectReference() }
     for (index, watcher) in watchers.enumerated() {
       let object = WeaklyObservedObject()
       watcher.object = object
@@ -516,7 +516,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
     let loop = try RunLoopThread(name: "r6-dropped-released")
     defer { loop.shutdownAndWait() }
     let sequence = loop.sourceSequence(of: WeaklyObservedObject.self, buffering: .dropOldest(2))
-    let watchers = (0..<1000).map { _ in R6Weak() }
+    let watchers = (0..<1000).map { _ in WeakObservedObjectReference() }
     for watcher in watchers {
       let object = WeaklyObservedObject()
       watcher.object = object
@@ -540,7 +540,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
     let sequence = loop.sourceSequence(
       of: WeaklyObservedObject.self, onCancel: { cancelLoop in cancels.record(onLoopThread: cancelLoop.isOnLoopThread) }
     )
-    let watchers = (0..<6).map { _ in R6Weak() }
+    let watchers = (0..<6).map { _ in WeakObservedObjectReference() }
     let release = blockLoop(loop)
     for watcher in watchers.prefix(4) {
       let object = WeaklyObservedObject()
@@ -577,11 +577,11 @@ struct SequencesLeaveNothingBehindTests {
       let loop = try RunLoopThread(name: "r11-seq")
       let cancels = AtomicCounter()
       weak var weakSequence: SourceSequence<Int>?
-      weak var weakCapture: R11Token?
+      weak var weakCapture: WeaklyObservedObject?
       var got: [[Int]] = []
       var sent: [[Int]] = []
       do {
-        let capture = R11Token()
+        let capture = WeaklyObservedObject()
         weakCapture = capture
         let sequence = loop.sourceSequence(
           of: Int.self,
@@ -648,7 +648,7 @@ struct SequencesLeaveNothingBehindTests {
         var timers: [LoopTimer] = []
         let release = blockLoop(loop)
         for index in 0..<1_200 {
-          let capture = R11Token()
+          let capture = WeaklyObservedObject()
           weak let weakCapture = capture
           let source = InputSource(
             schedule: { _, _, _ in schedules.increment() },
@@ -667,7 +667,7 @@ struct SequencesLeaveNothingBehindTests {
           default: keep.append(source)  // left for the shutdown
           }
           if index % 4 == 0 {
-            let timerCapture = R11Token()
+            let timerCapture = WeaklyObservedObject()
             weak let weakTimerCapture = timerCapture
             let timer = LoopTimer(after: .seconds(3600)) { _ in withExtendedLifetime(timerCapture) {} }
             weak let weakTimer = timer

@@ -19,7 +19,7 @@ struct SequencesRacingTheirEndTests {
       () async throws -> (seen: [Int: [Int]], accepted: [Int: [Int]], cancels: Int) in
       let loop = try RunLoopThread(name: "r18-src")
       let cancels = AtomicCounter()
-      let sequence = loop.sourceSequence(of: R18Item.self, onCancel: { _ in cancels.increment() })
+      let sequence = loop.sourceSequence(of: ProducedItem.self, onCancel: { _ in cancels.increment() })
       let consumer = Task { () -> [Int: [Int]] in
         var seen: [Int: [Int]] = [:]
         var count = 0
@@ -30,9 +30,9 @@ struct SequencesRacingTheirEndTests {
         }
         return seen
       }
-      let accepted = await r18RacePosts(
+      let accepted = await racePostsAgainstEnd(
         producers: producers, perProducer: perProducer,
-        end: { r18End(end, loop: loop, source: sequence.source, invalidate: sequence.invalidate) },
+        end: { endStream(end, loop: loop, source: sequence.source, invalidate: sequence.invalidate) },
         post: { sequence.post($0).isEnqueued })
       let seen = await consumer.value
       await execShutdown(loop)
@@ -55,10 +55,10 @@ struct SequencesRacingTheirEndTests {
     let outcome = try await withWatchdog(timeout: .seconds(20), "actor consumer racing shutdown") {
       () async throws -> (seen: [Int: [Int]], accepted: [Int: [Int]]) in
       let loop = try RunLoopThread(name: "r18-src-actor")
-      let sequence = loop.sourceSequence(of: R18Item.self, buffering: .unbounded)
+      let sequence = loop.sourceSequence(of: ProducedItem.self, buffering: .unbounded)
       let actor = CallLoggingActor(loop: loop)
       let consumer = Task { await actor.consume(sequence) }
-      let accepted = await r18RacePosts(
+      let accepted = await racePostsAgainstEnd(
         producers: producers, perProducer: perProducer, end: { loop.shutdown() },
         post: { sequence.post($0).isEnqueued })
       let seen = await consumer.value
@@ -83,13 +83,13 @@ struct SequencesRacingTheirEndTests {
       let loop = try RunLoopThread(name: "r18-cmd")
       let seen = Guarded<[Int: [Int]]>([:])
       let cancels = AtomicCounter()
-      let commands = CommandSource<R18Item>(cancel: { _, _ in cancels.increment() }) { item in
+      let commands = CommandSource<ProducedItem>(cancel: { _, _ in cancels.increment() }) { item in
         seen.withLock { $0[item.producer, default: []].append(item.index) }
       }
       loop.add(commands.source, to: .common)
-      let accepted = await r18RacePosts(
+      let accepted = await racePostsAgainstEnd(
         producers: producers, perProducer: perProducer,
-        end: { r18End(end, loop: loop, source: commands.source, invalidate: commands.source.invalidate) },
+        end: { endStream(end, loop: loop, source: commands.source, invalidate: commands.source.invalidate) },
         post: { commands.post($0) })
       commands.source.invalidate()
       await execShutdown(loop)
@@ -121,9 +121,9 @@ struct SequencesRacingTheirEndTests {
         }
         return (total, elements)
       }
-      let accepted = await r18RacePosts(
+      let accepted = await racePostsAgainstEnd(
         producers: 4, perProducer: 3000,
-        end: { r18End(end, loop: loop, source: sequence.source, invalidate: sequence.invalidate) },
+        end: { endStream(end, loop: loop, source: sequence.source, invalidate: sequence.invalidate) },
         post: { _ in sequence.signal() })
       let (total, elements) = await consumer.value
       await execShutdown(loop)
@@ -147,8 +147,8 @@ struct SequencesRacingTheirEndTests {
       #expect(sequence.post(-1) == .enqueued)
       #expect(sequence.post(-2) == .enqueued)
       let senders = (0..<6).map { value in Task { (value, await sequence.send(value)) } }
-      #expect(await r18Poll { sequence.waitingProducerCount == 6 })
-      await execOnNewThread { r18End(end, loop: loop, source: sequence.source, invalidate: sequence.invalidate) }
+      #expect(await pollEveryMillisecond { sequence.waitingProducerCount == 6 })
+      await execOnNewThread { endStream(end, loop: loop, source: sequence.source, invalidate: sequence.invalidate) }
       var results: [Int: SourcePostResult] = [:]
       for sender in senders {
         let (value, result) = await sender.value
@@ -183,7 +183,7 @@ struct SequencesRacingTheirEndTests {
       consumer.cancel()
       gate.open()
       let first = await consumer.value
-      #expect(await r18Poll { cancels.current == 1 })
+      #expect(await pollEveryMillisecond { cancels.current == 1 })
       let later = sequence.post(2)
       await execShutdown(loop)
       return (first, later, cancels.current)

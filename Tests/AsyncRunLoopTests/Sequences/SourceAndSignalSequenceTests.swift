@@ -16,7 +16,7 @@ struct SourceAndSignalSequenceTests {
     let outcome = try await withWatchdog(timeout: .seconds(40), "many producers") {
       () async throws -> (seen: [Int: [Int]], refused: Int) in
       let loop = try RunLoopThread(name: "r14s-mp")
-      let sequence = loop.sourceSequence(of: R14SItem.self, buffering: .bounded(3))
+      let sequence = loop.sourceSequence(of: ProducedItem.self, buffering: .bounded(3))
       let consumer = Task(executorPreference: loop) { () -> [Int: [Int]] in
         var seen: [Int: [Int]] = [:]
         for await item in sequence { seen[item.producer, default: []].append(item.index) }
@@ -29,7 +29,7 @@ struct SourceAndSignalSequenceTests {
             await execOnNewThread {
               for index in 0..<perProducer {
                 while true {
-                  let result = sequence.post(R14SItem(producer: producer, index: index))
+                  let result = sequence.post(ProducedItem(producer: producer, index: index))
                   if result == .full {
                     sched_yield()
                     continue
@@ -46,7 +46,7 @@ struct SourceAndSignalSequenceTests {
         for producer in 0..<3 {
           group.addTask {
             for index in 0..<perProducer {
-              let result = await sequence.send(R14SItem(producer: producer, index: index))
+              let result = await sequence.send(ProducedItem(producer: producer, index: index))
               if result != .enqueued { refused.increment() }
             }
           }
@@ -120,7 +120,7 @@ struct SourceAndSignalSequenceTests {
         for await value in sequence { values.append(value) }
         return values
       }
-      _ = await r14sPoll { r14sIsWaiting(sequence) }
+      _ = await pollEveryMillisecond { isConsumerWaiting(sequence) }
       await execOnNewThread {
         let release = blockLoop(loop)  // the posts and the invalidation reach the loop together
         for value in 0..<5 { _ = sequence.post(value) }
@@ -129,7 +129,7 @@ struct SourceAndSignalSequenceTests {
       }
       let values = await consumer.value
       let after = sequence.post(99)
-      _ = await r14sPoll { cancels.current > 0 }
+      _ = await pollEveryMillisecond { cancels.current > 0 }
       await execShutdown(loop)
       return (values, cancels.current, onLoop.withLock { $0 }, after)
     }
@@ -151,7 +151,7 @@ struct SourceAndSignalSequenceTests {
       let sequence = loop.sourceSequence(of: Int.self, buffering: .bounded(3), onCancel: { _ in cancels.increment() })
       for value in 0..<3 { _ = sequence.post(value) }
       let sender = Task { await sequence.send(3) }  // waits: the buffer is full
-      _ = await r14sPoll { sequence.waitingProducerCount == 1 }
+      _ = await pollEveryMillisecond { sequence.waitingProducerCount == 1 }
       let consumer = Task { () -> [Int] in
         var taken: [Int] = []
         var iterator = sequence.makeAsyncIterator()
@@ -163,7 +163,7 @@ struct SourceAndSignalSequenceTests {
       }
       let taken = await consumer.value
       let send = await sender.value
-      _ = await r14sPoll { cancels.current > 0 }
+      _ = await pollEveryMillisecond { cancels.current > 0 }
       let post = sequence.post(7)
       await execShutdown(loop)
       return (taken, cancels.current, post, send)
@@ -190,10 +190,10 @@ struct SourceAndSignalSequenceTests {
         for await _ in sequence { count += 1 }
         return count
       }
-      _ = await r14sPoll { r14sIsWaiting(sequence) }
+      _ = await pollEveryMillisecond { isConsumerWaiting(sequence) }
       consumer.cancel()
       let count = await consumer.value
-      _ = await r14sPoll { cancels.current > 0 }
+      _ = await pollEveryMillisecond { cancels.current > 0 }
       let post = sequence.post(1)
       let records = await execOnNewThread { try? loop.performAndWait { loop.core.modeTable.allRecords.count } }
       await execShutdown(loop)

@@ -183,7 +183,7 @@ struct TicksActivityDropsAndCancelledSleepsTests {
   @Test func cancelledLongSleepsOnTheLoopEndPromptly() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "cancelled sleeps") { () async throws -> [Bool] in
       let loop = try RunLoopThread(name: "r18-sleep-cancel")
-      let actor = R18Sleeper(loop: loop)
+      let actor = HourSleepingActor(loop: loop)
       let preferred = Task(executorPreference: loop) { () -> Bool in
         do {
           try await Task.sleep(for: .seconds(3600))

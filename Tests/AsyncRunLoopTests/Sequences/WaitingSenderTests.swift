@@ -17,7 +17,7 @@ struct WaitingSenderTests {
       var senders: [Task<SourcePostResult, Never>] = []
       for value in 1...5 {
         senders.append(Task { await sequence.send(value) })
-        #expect(await r18Poll { sequence.waitingProducerCount == value })
+        #expect(await pollEveryMillisecond { sequence.waitingProducerCount == value })
       }
       senders[2].cancel()  // value 3
       let cancelled = await senders[2].value

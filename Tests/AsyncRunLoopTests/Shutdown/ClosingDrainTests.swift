@@ -24,10 +24,10 @@ struct ClosingDrainTests {
       let cancels = AtomicCounter()
       let cancelsAtDelivery = Locked<[Int]>([])
       let moved = TestGate()
-      weak var weakCapture: R12Token?
+      weak var weakCapture: WeaklyObservedObject?
       var accepted: [Int] = []
       do {
-        let capture = R12Token()
+        let capture = WeaklyObservedObject()
         weakCapture = capture
         let command = CommandSource<Int>(cancel: { _, _ in cancels.increment() }) { value in
           withExtendedLifetime(capture) {}

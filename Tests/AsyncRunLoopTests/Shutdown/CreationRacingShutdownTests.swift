@@ -157,7 +157,7 @@ struct CreationRacingShutdownTests {
       () async throws -> Int in
       let loop = try RunLoopThread(name: "r18-ticks")
       let timer = loop.timer(every: .milliseconds(1))
-      #expect(await r18Poll { timer.lock.withLock { timer.machine.hasElements } })
+      #expect(await pollEveryMillisecond { timer.lock.withLock { timer.machine.hasElements } })
       timer.invalidate()
       var n = 0
       for await _ in timer { n += 1 }

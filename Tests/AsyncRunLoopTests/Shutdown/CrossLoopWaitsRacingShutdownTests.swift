@@ -11,12 +11,12 @@ struct CrossLoopWaitsRacingShutdownTests {
   @Test func aThrowingBlockLeavesNoWaitForEdge() async throws {
     let loopA = try RunLoopThread(name: "r8-throw-a")
     let loopB = try RunLoopThread(name: "r8-throw-b")
-    let first = await r8OnLoop(loopA) { () -> String in
-      r8Describe(Result { try loopB.performAndWait { () throws -> Int in throw R8Failure() } })
+    let first = await runOnLoopThread(loopA) { () -> String in
+      describeOutcome(Result { try loopB.performAndWait { () throws -> Int in throw TestBlockError() } })
     }
-    #expect(first?.hasPrefix("other") == true, "B's block threw R8Failure: \(String(describing: first))")
+    #expect(first?.hasPrefix("other") == true, "B's block threw TestBlockError: \(String(describing: first))")
     let back = try await withWatchdogOnThread(timeout: .seconds(20), "B waiting for A after A's wait ended") {
-      try loopB.performAndWait { r8Describe(Result { try loopA.performAndWait { 1 } }) }
+      try loopB.performAndWait { describeOutcome(Result { try loopA.performAndWait { 1 } }) }
     }
     #expect(back == "value 1")
     await execShutdown(loopA)
@@ -29,7 +29,7 @@ struct CrossLoopWaitsRacingShutdownTests {
     let loopA = try RunLoopThread(name: "r8-cyc-a")
     let loopB = try RunLoopThread(name: "r8-cyc-b")
     let refused = try await withWatchdogOnThread(timeout: .seconds(20), "a cycle A → B → A") {
-      r8Describe(
+      describeOutcome(
         Result {
           try loopA.performAndWait {
             try loopB.performAndWait { try loopA.performAndWait { 0 } }
@@ -63,7 +63,7 @@ struct CrossLoopWaitsRacingShutdownTests {
     }
     #expect(chain == 3)
     let cycle = try await withWatchdogOnThread(timeout: .seconds(20), "a cycle of three") {
-      r8Describe(
+      describeOutcome(
         Result {
           try loops[0].performAndWait {
             try loops[1].performAndWait {
@@ -91,7 +91,7 @@ struct CrossLoopWaitsRacingShutdownTests {
     let current = await thread.loop()
     let blocked = try await withWatchdog(timeout: .seconds(20), "A's block calling the waiting current loop") {
       await thread.exec { _ in
-        r8Describe(Result { try loopA.performAndWait { try current.performAndWait { 1 } } })
+        describeOutcome(Result { try loopA.performAndWait { try current.performAndWait { 1 } } })
       }
     }
     #expect(blocked == "wouldDeadlock")
@@ -105,7 +105,7 @@ struct CrossLoopWaitsRacingShutdownTests {
         while !done.wait(timeout: .zero) { loop.run(for: .milliseconds(5)) }
         keepAlive.invalidate()
       }
-      let value = r8Describe(Result { try loopA.performAndWait { try current.performAndWait { 7 } } })
+      let value = describeOutcome(Result { try loopA.performAndWait { try current.performAndWait { 7 } } })
       result.withLock { $0 = value }
       done.open()
       return result.snapshot
@@ -125,7 +125,7 @@ struct CrossLoopWaitsRacingShutdownTests {
         let ran = AtomicCounter()
         let outcome = Guarded("none")
         race([
-          { outcome.withLock { $0 = r8Describe(Result { try loop.performAndWait { ran.increment() } }) } },
+          { outcome.withLock { $0 = describeOutcome(Result { try loop.performAndWait { ran.increment() } }) } },
           { loop.shutdown() },
         ])
         loop.shutdownAndWait()
@@ -145,12 +145,12 @@ struct CrossLoopWaitsRacingShutdownTests {
     let outcomes = try await withWatchdogOnThread(timeout: .seconds(30), "current-loop races") { () -> [String] in
       var wrong: [String] = []
       repeatRounds(25, budget: .seconds(3)) { round in
-        let owner = R8RunningCurrentLoop()
+        let owner = ShortRunsCurrentLoopThread()
         let loop = owner.loopBlocking()
         let ran = AtomicCounter()
         let outcome = Guarded("none")
         race([
-          { outcome.withLock { $0 = r8Describe(Result { try loop.performAndWait { ran.increment() } }) } },
+          { outcome.withLock { $0 = describeOutcome(Result { try loop.performAndWait { ran.increment() } }) } },
           { loop.shutdown() },
         ])
         owner.finish()
@@ -171,13 +171,13 @@ struct CrossLoopWaitsRacingShutdownTests {
     loop.shutdown()
     let answers = await thread.exec { loop -> (Bool?, String) in
       let isolated = loop.isIsolatingCurrentContext()
-      let inline = r8Describe(Result { try loop.performAndWait { loop.isOnLoopThread } })
+      let inline = describeOutcome(Result { try loop.performAndWait { loop.isOnLoopThread } })
       return (isolated, inline)
     }
     #expect(answers.0 == false)
     #expect(answers.1 == "value true")
     // From another thread the shut-down loop refuses.
-    let outside = await execOnNewThread { r8Describe(Result { try loop.performAndWait { 1 } }) }
+    let outside = await execOnNewThread { describeOutcome(Result { try loop.performAndWait { 1 } }) }
     #expect(outside == "shutDown")
     thread.quit()
   }

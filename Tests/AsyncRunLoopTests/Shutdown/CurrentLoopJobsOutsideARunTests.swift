@@ -14,7 +14,7 @@ struct CurrentLoopJobsOutsideARunTests {
   @Test func loopThreadAddsAndRemovesOutsideARunLeaveJobsInTheInbox() async throws {
     let thread = CommandedCurrentLoopThread()
     let loop = await thread.loop()
-    let actor = R15Actor(loop: loop)
+    let actor = NestedRunActor(loop: loop)
     let calls = Task {
       await withTaskGroup(of: Void.self) { group in
         for _ in 0..<200 { group.addTask { await actor.call() } }
@@ -56,7 +56,7 @@ extension CurrentLoopJobsOutsideARunTests {
   @Test
   func aLoopThreadRemoveRacingAnAddLeavesLoopAndBindingAgreeing() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(60), "remove racing add") {
-      try r15RaceMembership(loopThreadRemoves: true, rounds: 3_000 * stressFactor)
+      try raceTimerMembership(loopThreadRemoves: true, rounds: 3_000 * stressFactor)
     }
     guard let outcome else { return }
     #expect(outcome.mismatches == 0, "\(outcome.mismatches) rounds: \(outcome.example)")
@@ -67,7 +67,7 @@ extension CurrentLoopJobsOutsideARunTests {
   @Test
   func aLoopThreadAddRacingARemoveLeavesLoopAndBindingAgreeing() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(60), "add racing remove") {
-      try r15RaceMembership(loopThreadRemoves: false, rounds: 3_000 * stressFactor)
+      try raceTimerMembership(loopThreadRemoves: false, rounds: 3_000 * stressFactor)
     }
     guard let outcome else { return }
     #expect(outcome.mismatches == 0, "\(outcome.mismatches) rounds: \(outcome.example)")

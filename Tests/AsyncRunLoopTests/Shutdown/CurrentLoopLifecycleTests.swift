@@ -212,7 +212,7 @@ struct CurrentLoopLifecycleTests {
   /// another thread.
   @Test func currentIsOneLoopPerThreadForTheThreadsLife() async throws {
     let outcome = try await withWatchdogOnThread { () -> (Bool, Bool, Bool) in
-      let first = R6WeakLoop()
+      let first = WeakLoopReference()
       let identity: ObjectIdentifier = {
         let loop = RunLoopThread.current
         first.loop = loop

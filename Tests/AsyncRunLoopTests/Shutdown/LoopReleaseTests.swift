@@ -38,7 +38,7 @@ struct LoopReleaseTests {
     var loop: RunLoopThread? = try RunLoopThread(name: "r20-actor")
     weak let weakPoller = loop?.shared.poller
     let deaths = AtomicCounter()
-    var actor: R20Pinned? = R20Pinned(loop: loop!)
+    var actor: LoopCheckingActor? = LoopCheckingActor(loop: loop!)
     do {
       let canary = ReleaseCanary(deaths)
       loop!.add(LoopTimer(after: .seconds(3600)) { _ in canary.touch() }, to: .default)
@@ -52,8 +52,8 @@ struct LoopReleaseTests {
     }
     #expect(deaths.current == 0, "a member of a loop still alive was released")
     actor = nil
-    #expect(await r20Eventually { deaths.current == 1 }, "the loop's member was never released")
-    #expect(await r20Eventually { weakPoller == nil }, "the loop outlived its last actor")
+    #expect(await eventuallyWithin { deaths.current == 1 }, "the loop's member was never released")
+    #expect(await eventuallyWithin { weakPoller == nil }, "the loop outlived its last actor")
   }
 
   /// A task running under `withTaskExecutorPreference(loop)` keeps the loop alive after the test
@@ -80,7 +80,7 @@ struct LoopReleaseTests {
     proceed.open()
     let onLoop = try await withWatchdog(timeout: .seconds(20), "the preferring task") { await task.value }
     #expect(onLoop == true)
-    #expect(await r20Eventually { weakPoller == nil }, "the loop outlived the task that preferred it")
+    #expect(await eventuallyWithin { weakPoller == nil }, "the loop outlived the task that preferred it")
   }
 
   /// The test drops its last reference to a loop while a timer's callout is in a nested run: the
@@ -108,7 +108,7 @@ struct LoopReleaseTests {
     }
     // The nested run has started once the probe's first command is delivered there.
     #expect(probe?.post(1) == true)
-    #expect(await r20Eventually { nestedResult.snapshot != nil })
+    #expect(await eventuallyWithin { nestedResult.snapshot != nil })
     #expect(nestedResult.snapshot == .handledSource)
     // Second round: the callout is a one-shot timer's; use a new one for the drop.
     let secondResult = Guarded<RunLoopRunResult?>(nil)
@@ -126,15 +126,15 @@ struct LoopReleaseTests {
     _ = await execOnNewThread { inNested.wait(timeout: .seconds(10)) }
     loop = nil
     #expect(probe?.post(2) == true)
-    #expect(await r20Eventually { secondResult.snapshot != nil }, "the nested run never returned")
+    #expect(await eventuallyWithin { secondResult.snapshot != nil }, "the nested run never returned")
     #expect(secondResult.snapshot == .handledSource)
     #expect(delivered.current == 2)
-    #expect(await r20Eventually { deaths.current == 2 }, "released \(deaths.current) of 2 timer closures")
-    #expect(await r20Eventually { weakLoop == nil }, "the loop dropped during a nested run was kept")
+    #expect(await eventuallyWithin { deaths.current == 2 }, "released \(deaths.current) of 2 timer closures")
+    #expect(await eventuallyWithin { weakLoop == nil }, "the loop dropped during a nested run was kept")
     // (The probe, a member kept by the test, keeps the loop's poller: see
     // `aMemberThatOutlivesItsLoopLetsGoOfTheLoopsDescriptors`.)
     probe = nil
-    #expect(await r20Eventually { weakPoller == nil }, "the loop dropped during a nested run was kept")
+    #expect(await eventuallyWithin { weakPoller == nil }, "the loop dropped during a nested run was kept")
   }
 
   /// Promise (Shutdown, and dropping a loop): releasing the last reference to a loop drains it

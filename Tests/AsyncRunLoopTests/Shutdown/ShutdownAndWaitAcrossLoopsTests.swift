@@ -25,7 +25,7 @@ struct ShutdownAndWaitAcrossLoopsTests: PassTestModes {
           _ = try? second.performAndWait {
             second.perform {
               first.shutdownAndWait()
-              joined.withLock { $0 = r19IsReaped(first) }
+              joined.withLock { $0 = isReaped(first) }
               done.open()
             }
           }
@@ -58,7 +58,7 @@ struct ShutdownAndWaitAcrossLoopsTests: PassTestModes {
             second.perform {
               _ = left.wait(timeout: .seconds(10))
               first.shutdownAndWait()
-              joined.withLock { $0 = r19IsReaped(first) }
+              joined.withLock { $0 = isReaped(first) }
               done.open()
             }
           }
@@ -94,7 +94,7 @@ struct ShutdownAndWaitAcrossLoopsTests: PassTestModes {
         }
         for loop in loops { loop.shutdownAndWait() }
         #expect(returned.current == 3)
-        #expect(loops.allSatisfy(r19IsReaped))
+        #expect(loops.allSatisfy(isReaped))
       }
     }
     #expect((rounds ?? 0) > 0)
@@ -156,7 +156,7 @@ struct ShutdownAndWaitAcrossLoopsTests: PassTestModes {
         }
         group.shutdownAndWait()
         #expect(returned.current == 3)
-        #expect(group.loops.allSatisfy(r19IsReaped))
+        #expect(group.loops.allSatisfy(isReaped))
       }
     }
     #expect((rounds ?? 0) > 0)
@@ -181,7 +181,7 @@ struct ShutdownAndWaitAcrossLoopsTests: PassTestModes {
           usleep(2_000)  // B is waiting by now (or invalidated first: then nothing to wait for)
           first.perform {
             second.shutdownAndWait()
-            joined.withLock { $0 = r19IsReaped(second) }
+            joined.withLock { $0 = isReaped(second) }
             done.open()
           }
         }
@@ -204,8 +204,8 @@ struct ShutdownAndWaitAcrossLoopsTests: PassTestModes {
   /// observer's callout) while another thread shuts the loop down and tasks keep calling an actor
   /// on it: every call completes exactly once, never two of the loop's jobs at once, none waits
   /// for the thread to exit, and the nested run ends.
-  @Test(arguments: R7NestingSite.allCases)
-  func aShutdownDuringANestedRunLosesNoCallAndNeverOverlaps(site: R7NestingSite) async throws {
+  @Test(arguments: CurrentLoopNestingSite.allCases)
+  func aShutdownDuringANestedRunLosesNoCallAndNeverOverlaps(site: CurrentLoopNestingSite) async throws {
     let rounds = 20
     for round in 0..<rounds {
       let thread = CommandedCurrentLoopThread()

@@ -14,7 +14,7 @@ struct ShutdownDrainCapTests {
   /// actor ever run at once.
   @Test func theCappedDrainLosesNothingAndPairsEverySchedule() async throws {
     let loop = try RunLoopThread(name: "r15-d1")
-    let actor = R15Actor(loop: loop)
+    let actor = NestedRunActor(loop: loop)
     let pairs = PairLog()
     let stop = Guarded(false)
     let calls = AtomicCounter()
@@ -241,7 +241,7 @@ extension DrainCapTests {
     let outcome = try await withWatchdog(timeout: .seconds(60), "command source after the cap") { () -> Bool in
       let loop = try RunLoopThread(name: "r16-d2")
       let ended = await execOnNewThread {
-        r16WithDrainPastTheCap(loop) {
+        withDrainPastTheCap(loop) {
           let commands = CommandSource<Int> { _ in afterCap.withLock { $0 += 1 } }
           for command in 0..<3 { _ = commands.post(command) }
           loop.add(commands.source, to: .default)
@@ -267,7 +267,7 @@ extension DrainCapTests {
     let made = Guarded<(SignalSequence, SourceSequence<Int>, SourcePostResult)?>(nil)
     let ended = try await withWatchdog(timeout: .seconds(60), "sequences after the cap") { () -> Bool in
       await execOnNewThread {
-        r16WithDrainPastTheCap(loop) {
+        withDrainPastTheCap(loop) {
           let signals = loop.signalSequence()
           _ = signals.signal()
           let elements = loop.sourceSequence(of: Int.self)

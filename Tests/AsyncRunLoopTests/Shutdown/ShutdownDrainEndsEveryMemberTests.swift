@@ -188,7 +188,7 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
       }
       #expect(outcome)
     }
-    #expect(await r20Eventually { deaths.current == 2 }, "released \(deaths.current) of 2")
+    #expect(await eventuallyWithin { deaths.current == 2 }, "released \(deaths.current) of 2")
     #expect(ran.current == 0)
   }
 
@@ -213,8 +213,8 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
     } else if let loop {
       await execShutdown(loop)
     }
-    #expect(await r20Eventually { deaths.current == 1 }, "the block of a never-run mode was kept")
-    if dropLoop { #expect(await r20Eventually { weakPoller == nil }) }
+    #expect(await eventuallyWithin { deaths.current == 1 }, "the block of a never-run mode was kept")
+    if dropLoop { #expect(await eventuallyWithin { weakPoller == nil }) }
   }
 
   /// A `performAndWait` for a mode the loop never runs blocks its caller; the loop's shutdown
@@ -245,7 +245,7 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
     await execShutdown(loop)
     let outcome = try await waiter.value
     #expect(outcome == "ran" || outcome == "\(RunLoopError.shutDown(loop: loop.name))", "\(outcome ?? "hung")")
-    #expect(await r20Eventually { deaths.current == 1 })
+    #expect(await eventuallyWithin { deaths.current == 1 })
   }
 
   /// `shutdown()` sent behind a held burst of 1,000 adds and 300 removals: the drain applies every

@@ -20,7 +20,7 @@ struct ShutdownDrainTests {
       let added = Guarded<[Int]>([0])
       let length = 5
       for index in 0..<length {
-        let source = r14cLoggedSource(
+        let source = loggedSource(
           "s\(index)", log, pairs: pairs,
           cancel: { _, loop in
             guard index + 1 < length else { return }

@@ -70,7 +70,7 @@ struct ShutdownFromInsideTests {
       loop.add(observer, to: .common)
       loop.perform(check)
       await Task(executorPreference: loop) { check() }.value
-      #expect(await r18Poll { done.current == 5 })
+      #expect(await pollEveryMillisecond { done.current == 5 })
       commands.source.invalidate()
       await execShutdown(loop)
       return await actor.entries.count

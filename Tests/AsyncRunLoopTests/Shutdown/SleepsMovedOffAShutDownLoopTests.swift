@@ -12,7 +12,7 @@ struct SleepsMovedOffAShutDownLoopTests {
     let outcome = try await withWatchdog(timeout: .seconds(30), "moved sleeps cancelled") {
       () async throws -> [Bool] in
       let loop = try RunLoopThread(name: "r18-moved-sleep")
-      let actor = R18Sleeper(loop: loop)
+      let actor = HourSleepingActor(loop: loop)
       let started = AtomicCounter()
       let preferred = Task(executorPreference: loop) { () -> Bool in
         started.increment()
@@ -21,7 +21,7 @@ struct SleepsMovedOffAShutDownLoopTests {
           return false
         } catch { return error is CancellationError }
       }
-      #expect(await r18Poll { started.current == 1 && loop.scheduledJobCount >= 1 })
+      #expect(await pollEveryMillisecond { started.current == 1 && loop.scheduledJobCount >= 1 })
       let isolated = Task { await actor.sleepLong() }
       try await Task.sleep(for: .milliseconds(10))
       await execShutdown(loop)

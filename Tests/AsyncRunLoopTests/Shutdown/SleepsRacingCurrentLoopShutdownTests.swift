@@ -10,7 +10,7 @@ struct SleepsRacingCurrentLoopShutdownTests {
   /// `CancellationError`. None hangs, whenever the shutdown comes (before, during, after).
   @Test func sleepsRacingTheShutdownNeverEndEarlyAndNeverHang() async throws {
     for round in 0..<12 {
-      let thread = await execOnNewThread { R9CurrentThread() }
+      let thread = await execOnNewThread { OutlivingCurrentLoopThread() }
       let loop = await execOnNewThread { thread.loop() }
       let delay = UInt32(round % 4) * 5_000
       let outcome = try await withWatchdog(timeout: .seconds(20), "sleeps racing shutdown (round \(round))") {

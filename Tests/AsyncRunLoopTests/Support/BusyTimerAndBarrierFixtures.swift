@@ -11,6 +11,3 @@ import Testing
 let r11ModeA: RunLoopMode = "r11-a"
 
 let r11ModeB: RunLoopMode = "r11-b"
-
-/// An object to watch with a weak reference (captured by a member's closure).
-final class R11Token: Sendable {}

@@ -52,20 +52,13 @@ func openRegularFile() -> Int32 {
   return descriptor
 }
 
-/// Counts its own deinits: captured by a member's closures, it tells whether they were released.
-final class R25Token: Sendable {
-  let freed: AtomicCounter
-  init(_ freed: AtomicCounter) { self.freed = freed }
-  deinit { freed.increment() }
-}
-
 /// A descriptor number above the process's limit: never open (no other test can reuse it).
 let r25ClosedDescriptor: Int32 = 1_000_000
 
 /// 20,000 adds wait on a held loop A; each one's schedule routine adds, on A's thread, a timer of
 /// its own. With `staleOnB`, each timer was last changed from another thread on loop B, whose
 /// inbox numbers are all past A's. Traps unless all 20,000 are scheduled.
-func r25DeepLoopThreadAdds(staleOnB: Bool) throws {
+func deepLoopThreadAdds(staleOnB: Bool) throws {
   let count = 20_000
   let loopA = try RunLoopThread(name: "r25-deep-a")
   let loopB = try RunLoopThread(name: "r25-deep-b")
@@ -95,7 +88,7 @@ func r25DeepLoopThreadAdds(staleOnB: Bool) throws {
   loopB.shutdownAndWait()
 }
 
-actor R25Pinned: LoopActor {
+actor ModeCountReadingActor: LoopActor {
   nonisolated let loop: RunLoopThread
   init(loop: RunLoopThread) { self.loop = loop }
   func record(_ counter: AtomicCounter, into box: Guarded<Int>) {
@@ -114,7 +107,7 @@ enum MovedMemberKind: String, CaseIterable, Sendable, CustomTestStringConvertibl
 }
 
 /// Where a refused descriptor add is made from (on the loop thread).
-enum R25Callout: String, CaseIterable, Sendable, CustomTestStringConvertible {
+enum RefusedAddCallout: String, CaseIterable, Sendable, CustomTestStringConvertible {
   case observer, timer, block, handler, schedule, observerInNestedRun
   var testDescription: String { rawValue }
 }

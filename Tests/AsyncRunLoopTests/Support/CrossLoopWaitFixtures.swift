@@ -8,15 +8,15 @@ import Testing
 // racing `shutdown()`, descriptor sources sharing a number, custom input source routines and
 // observers. Gates and polls only, never timing assertions.
 
-struct R8Failure: Error {}
+struct TestBlockError: Error {}
 
 /// Runs `body` on `loop`'s thread (from a thread of the test's own) and returns its result.
-func r8OnLoop<T: Sendable>(_ loop: RunLoopThread, _ body: @escaping @Sendable () -> T) async -> T? {
+func runOnLoopThread<T: Sendable>(_ loop: RunLoopThread, _ body: @escaping @Sendable () -> T) async -> T? {
   await execOnNewThread { try? loop.performAndWait { body() } }
 }
 
 /// What a call that may throw `RunLoopError` gave back, in a comparable form.
-func r8Describe<T>(_ result: Result<T, any Error>) -> String {
+func describeOutcome<T>(_ result: Result<T, any Error>) -> String {
   switch result {
   case .success(let value): return "value \(value)"
   case .failure(let error as RunLoopError):
@@ -31,7 +31,7 @@ func r8Describe<T>(_ result: Result<T, any Error>) -> String {
 /// A `RunLoopThread.current` loop on a thread of the test's own that keeps making short runs of
 /// `.default` (a keep-alive timer holds the mode open) until `finish()`, which joins the thread:
 /// the loop's exit drain has run when it returns.
-final class R8RunningCurrentLoop: Sendable {
+final class ShortRunsCurrentLoopThread: Sendable {
   private let published = Guarded<RunLoopThread?>(nil)
   private let quitting = Guarded(false)
   private let thread: ExecThread

@@ -22,12 +22,12 @@ let r17ModeModal: RunLoopMode = "r17-modal"
 let r17Steps = 1_500
 
 /// One pass of `mode` on the calling loop thread.
-func r17OnePass(_ loop: RunLoopThread, _ mode: RunLoopMode) {
+func runOnePass(_ loop: RunLoopThread, _ mode: RunLoopMode) {
   _ = loop.run(mode: mode, until: .now)
 }
 
 /// A small deterministic pseudo-random sequence (a 64-bit LCG), so a failing round repeats.
-struct R17Random {
+struct SeededRandom {
   var state: UInt64
   mutating func next(_ bound: Int) -> Int {
     state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
@@ -36,12 +36,12 @@ struct R17Random {
 }
 
 /// Whether `values` is 0, 1, 2, … (each once, in order).
-func r17IsInOrderOnce(_ values: [Int], count: Int) -> Bool {
+func isEachOnceInOrder(_ values: [Int], count: Int) -> Bool {
   values == Array(0..<count)
 }
 
 /// Where the moving source is, as the loop thread left it.
-struct R17Placement {
+struct MovingSourcePlacement {
   var inB = false
   var inC = false
   var inCommon = false

@@ -9,7 +9,7 @@ import Testing
 // own (`withWatchdogOnThread`); results are checked after it returns.
 
 /// Counts the loop's wake-ups (`afterWaiting`) and passes (`beforeTimers`) in `mode`.
-final class R9PassCounter: Sendable {
+final class WakeAndPassCountingObserver: Sendable {
   let wakes = AtomicCounter()
   let passes = AtomicCounter()
   let observer: LoopObserver
@@ -23,7 +23,7 @@ final class R9PassCounter: Sendable {
 
 /// A thread of the test's own whose `RunLoopThread.current` loop runs in short runs until it is
 /// shut down; then the thread lives on (not running the loop) until `end()`.
-final class R9CurrentThread: Sendable {
+final class OutlivingCurrentLoopThread: Sendable {
   private let published = Guarded<RunLoopThread?>(nil)
   private let exit = TestGate()
   let exited = TestGate()

@@ -19,7 +19,7 @@ let r15ModeM: RunLoopMode = "r15-m"
 let r15ModeX: RunLoopMode = "r15-x"
 
 /// An actor on a loop, for jobs that run the loop nested.
-actor R15Actor: LoopActor {
+actor NestedRunActor: LoopActor {
   nonisolated let loop: RunLoopThread
   nonisolated let overlap = JobOverlapCounter()
   private(set) var calls = 0
@@ -50,13 +50,8 @@ actor R15Actor: LoopActor {
   }
 }
 
-/// The number of records on `loop`, read on its thread (nil when refused).
-func r15Records(_ loop: RunLoopThread) -> Int? {
-  try? loop.performAndWait { loop.core.modeTable.allRecords.count }
-}
-
 /// Sleeps `duration` under `loop`'s preference; returns how long it took (nil: it threw).
-func r15Sleep(on loop: RunLoopThread, _ duration: Duration) async -> Duration? {
+func sleepUnderPreference(on loop: RunLoopThread, _ duration: Duration) async -> Duration? {
   await Task(executorPreference: loop) { () -> Duration? in
     let start = ContinuousClock.now
     do { try await Task.sleep(for: duration) } catch { return nil }
@@ -65,7 +60,7 @@ func r15Sleep(on loop: RunLoopThread, _ duration: Duration) async -> Duration? {
 }
 
 /// The mode names `member`'s binding holds (read through reflection: the list is private).
-func r15BindingModes(_ member: some LoopMember) -> [RunLoopMode] {
+func bindingModes(_ member: some LoopMember) -> [RunLoopMode] {
   member.withBinding { binding -> [RunLoopMode] in
     guard let names = Mirror(reflecting: binding).children.first(where: { $0.label == "modes" })?.value else {
       return []
@@ -84,7 +79,7 @@ func r15BindingModes(_ member: some LoopMember) -> [RunLoopMode] {
 /// loop thread removes, the other adds; else the reverse). After each round (both calls
 /// returned, the changes applied), counts the rounds where the loop's modes for the timer differ
 /// from its binding's.
-func r15RaceMembership(loopThreadRemoves: Bool, rounds: Int) throws -> (mismatches: Int, example: String) {
+func raceTimerMembership(loopThreadRemoves: Bool, rounds: Int) throws -> (mismatches: Int, example: String) {
   let loop = try RunLoopThread(name: "r15-b1")
   defer { loop.shutdownAndWait() }
   let timer = LoopTimer(after: .seconds(3600)) { _ in }
@@ -108,7 +103,7 @@ func r15RaceMembership(loopThreadRemoves: Bool, rounds: Int) throws -> (mismatch
       if loopThreadRemoves { loop.remove(timer, from: r15ModeX) } else { loop.add(timer, to: r15ModeX) }
       while done.current < round { sched_yield() }
       loop.core.applyControlsIfAny()
-      let bound = r15BindingModes(timer)
+      let bound = bindingModes(timer)
       let here = loop.core.modes(of: timer).sorted { $0.rawValue < $1.rawValue }
       if bound != here {
         mismatches += 1

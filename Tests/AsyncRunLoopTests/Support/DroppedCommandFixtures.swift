@@ -4,7 +4,7 @@ import Testing
 @testable import AsyncRunLoop
 
 /// A loop actor whose method suspends in a continuation that a raw thread resumes.
-actor R21Waiter: LoopActor {
+actor ResumptionCheckingActor: LoopActor {
   nonisolated let loop: RunLoopThread
   init(loop: RunLoopThread) { self.loop = loop }
 

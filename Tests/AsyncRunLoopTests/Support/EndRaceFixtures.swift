@@ -12,7 +12,7 @@ import Testing
 let r18ModeA: RunLoopMode = "r18-a"
 
 /// One element of a multi-producer test.
-struct R18Item: Sendable, Equatable {
+struct ProducedItem: Sendable, Equatable {
   let producer: Int
   let index: Int
 }
@@ -49,7 +49,7 @@ actor CallLoggingActor: LoopActor {
   }
 
   /// Consumes `sequence` on this actor (the loop's thread).
-  func consume(_ sequence: SourceSequence<R18Item>) async -> [Int: [Int]] {
+  func consume(_ sequence: SourceSequence<ProducedItem>) async -> [Int: [Int]] {
     var seen: [Int: [Int]] = [:]
     for await item in sequence { seen[item.producer, default: []].append(item.index) }
     return seen
@@ -57,7 +57,7 @@ actor CallLoggingActor: LoopActor {
 }
 
 /// Polls `condition` every millisecond without blocking a pool thread; false after `timeout`.
-func r18Poll(timeout: Duration = .seconds(10), _ condition: @Sendable () -> Bool) async -> Bool {
+func pollEveryMillisecond(timeout: Duration = .seconds(10), _ condition: @Sendable () -> Bool) async -> Bool {
   let deadline = ContinuousClock.now.advanced(by: timeout * watchdogScale)
   while !condition() {
     if ContinuousClock.now >= deadline { return false }
@@ -67,7 +67,7 @@ func r18Poll(timeout: Duration = .seconds(10), _ condition: @Sendable () -> Bool
 }
 
 /// Ends a stream the way `end` says, from the calling thread.
-func r18End(_ end: StreamEnding, loop: RunLoopThread, source: InputSource, invalidate: () -> Void) {
+func endStream(_ end: StreamEnding, loop: RunLoopThread, source: InputSource, invalidate: () -> Void) {
   switch end {
   case .shutdown: loop.shutdown()
   case .invalidate: invalidate()
@@ -77,9 +77,9 @@ func r18End(_ end: StreamEnding, loop: RunLoopThread, source: InputSource, inval
 
 /// `producers` threads post `perProducer` items each through `post`, while one more thread ends
 /// the stream once a third of the posts were made. Returns, per producer, the indices accepted.
-func r18RacePosts(
+func racePostsAgainstEnd(
   producers: Int, perProducer: Int, end: @escaping @Sendable () -> Void,
-  post: @escaping @Sendable (R18Item) -> Bool
+  post: @escaping @Sendable (ProducedItem) -> Bool
 ) async -> [Int: [Int]] {
   let accepted = Guarded<[Int: [Int]]>([:])
   let posted = AtomicCounter()
@@ -88,7 +88,7 @@ func r18RacePosts(
       {
         var mine: [Int] = []
         for index in 0..<perProducer {
-          if post(R18Item(producer: producer, index: index)) { mine.append(index) }
+          if post(ProducedItem(producer: producer, index: index)) { mine.append(index) }
           posted.increment()
         }
         accepted.withLock { $0[producer] = mine }
@@ -146,7 +146,7 @@ extension NestingLoopActor {
 let r18ModeB: RunLoopMode = "r18-b"
 
 /// Where a run nested inside a job's nested run is started from.
-enum R18Callout: Sendable, CustomStringConvertible {
+enum DeepNestCallout: Sendable, CustomStringConvertible {
   case source
   case block
   case timer
@@ -165,7 +165,7 @@ enum R18Callout: Sendable, CustomStringConvertible {
 extension NestingLoopActor {
   /// Runs the loop nested in mode A; a callout of `kind` there runs it nested again in mode B.
   /// A job for this actor is queued before; it must not run before this method returns.
-  func deepNest(_ kind: R18Callout) {
+  func deepNest(_ kind: DeepNestCallout) {
     log.add("outer-start")
     Task { self.inner() }  // its first job queues on this loop now
     let holdB = LoopTimer(after: .seconds(3600)) { _ in }
@@ -209,13 +209,13 @@ extension NestingLoopActor {
 }
 
 /// An actor on a loop that sleeps for an hour.
-actor R18Sleeper: LoopActor {
+actor HourSleepingActor: LoopActor {
   nonisolated let loop: RunLoopThread
   init(loop: RunLoopThread) { self.loop = loop }
 
 }
 
-extension R18Sleeper {
+extension HourSleepingActor {
   func sleepLong() async -> Bool {
     do {
       try await Task.sleep(for: .seconds(3600))
@@ -225,7 +225,7 @@ extension R18Sleeper {
 }
 
 /// Consumes `sequence` on the loop and invalidates it from inside the loop after `after` elements.
-actor R18SelfEnder: LoopActor {
+actor SelfInvalidatingConsumerActor: LoopActor {
   nonisolated let loop: RunLoopThread
   init(loop: RunLoopThread) { self.loop = loop }
 
@@ -246,19 +246,19 @@ actor R18SelfEnder: LoopActor {
 }
 
 /// A weak reference readable from any thread.
-final class R18Weak: @unchecked Sendable {  // Safety: only a weak reference, set in init
+final class WeakReference: @unchecked Sendable {  // Safety: only a weak reference, set in init
   weak var value: AnyObject?
   init(_ value: AnyObject) { self.value = value }
   var isGone: Bool { value == nil }
 }
 
 /// `assumeIsolated` from synchronous code.
-func r18AssumeIsolated(_ actor: CallLoggingActor) {
+func assumeIsolatedFromSyncCode(_ actor: CallLoggingActor) {
   actor.assumeIsolated { _ in }
 }
 
 /// An actor on a loop that asks its own loop for a modal run.
-actor R18Modal: LoopActor {
+actor OwnLoopModalActor: LoopActor {
   nonisolated let loop: RunLoopThread
   private(set) var pokes = 0
   init(loop: RunLoopThread) { self.loop = loop }
@@ -274,7 +274,7 @@ actor R18Modal: LoopActor {
 }
 
 /// An actor on a loop that sleeps briefly.
-actor R18ShortSleeper: LoopActor {
+actor NappingActor: LoopActor {
   nonisolated let loop: RunLoopThread
   init(loop: RunLoopThread) { self.loop = loop }
 
@@ -286,7 +286,7 @@ actor R18ShortSleeper: LoopActor {
   }
 }
 
-extension R18ShortSleeper {
+extension NappingActor {
   /// Sleeps on `LoopClock()` (the caller's loop while it runs, per its docs).
   func napOnDefaultClock() async -> Bool {
     (try? await LoopClock().sleep(for: .milliseconds(2))) != nil
@@ -294,7 +294,7 @@ extension R18ShortSleeper {
 }
 
 /// How many timer schedulings `loop` has made (read on its thread).
-func r18TimerSchedulings(_ loop: RunLoopThread) -> UInt64 {
+func timerSchedulings(_ loop: RunLoopThread) -> UInt64 {
   (try? loop.performAndWait { loop.core.timerSequence }) ?? 0
 }
 

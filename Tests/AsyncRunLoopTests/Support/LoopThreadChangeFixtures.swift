@@ -28,7 +28,7 @@ struct BindingAgreement: Sendable, Equatable, CustomStringConvertible {
 }
 
 /// Reads the agreement for `member` on `loop`'s thread (nil when the loop refused the block).
-func r14cAgreement(_ member: some LoopMember, on loop: RunLoopThread) -> BindingAgreement? {
+func bindingAgreement(_ member: some LoopMember, on loop: RunLoopThread) -> BindingAgreement? {
   try? loop.performAndWait {
     BindingAgreement(
       modes: loop.core.modes(of: member).sorted { $0.rawValue < $1.rawValue },
@@ -39,7 +39,7 @@ func r14cAgreement(_ member: some LoopMember, on loop: RunLoopThread) -> Binding
 }
 
 /// The same, read on the loop thread itself (inside a callout or block).
-func r14cAgreementHere(_ member: some LoopMember, on loop: RunLoopThread) -> BindingAgreement {
+func bindingAgreementHere(_ member: some LoopMember, on loop: RunLoopThread) -> BindingAgreement {
   BindingAgreement(
     modes: loop.core.modes(of: member).sorted { $0.rawValue < $1.rawValue },
     bound: member.isBound(to: loop.shared),
@@ -49,7 +49,7 @@ func r14cAgreementHere(_ member: some LoopMember, on loop: RunLoopThread) -> Bin
 
 /// Runs `body` on `loop`'s thread (a performed block) while what `pending` sends from this thread
 /// waits in the inbox: `pending` runs once the block has started, and the block goes on after.
-func r14cWithChangeWaiting<T: Sendable>(
+func withChangeWaiting<T: Sendable>(
   on loop: RunLoopThread, pending: @escaping @Sendable () -> Void, _ body: @escaping @Sendable () -> T
 ) -> T? {
   let started = TestGate()
@@ -71,7 +71,7 @@ func r14cWithChangeWaiting<T: Sendable>(
 }
 
 /// Runs `loop` in `mode` for `duration` on its thread (from a performed block), and waits.
-func r14cRun(_ loop: RunLoopThread, mode: RunLoopMode, for duration: Duration) {
+func runOnLoopAndWait(_ loop: RunLoopThread, mode: RunLoopMode, for duration: Duration) {
   let done = TestGate()
   loop.perform {
     _ = loop.run(mode: mode, for: duration)
@@ -81,7 +81,7 @@ func r14cRun(_ loop: RunLoopThread, mode: RunLoopMode, for duration: Duration) {
 }
 
 /// A custom source that logs its routines under `name`.
-func r14cLoggedSource(
+func loggedSource(
   _ name: String, _ log: EventLog, pairs: PairLog? = nil,
   cancel extra: (@Sendable (InputSource, RunLoopThread) -> Void)? = nil,
   perform: @escaping @Sendable (InputSource) -> Void = { _ in }
@@ -99,7 +99,7 @@ func r14cLoggedSource(
 }
 
 /// Two loops and a member moved between them by its own callout.
-final class R14CPingPong: Sendable {
+final class CalloutPingPongScenario: Sendable {
   let loops: [RunLoopThread]
   let fires = Guarded<[String]>([])
   let overlaps = AtomicCounter()
@@ -129,7 +129,7 @@ final class R14CPingPong: Sendable {
 }
 
 /// An actor pinned to a loop: counts calls, and runs the loop modally from one of its methods.
-actor R14CActor: LoopActor {
+actor CallCountingActor: LoopActor {
   nonisolated let loop: RunLoopThread
   private(set) var calls = 0
   private(set) var misisolated = 0

@@ -7,7 +7,7 @@ import Testing
 // Every test states the documented promise it attacks and asserts exact counts.
 
 /// An actor pinned to a loop whose method runs the loop nested (from an executor job).
-actor R26NestingActor: LoopActor {
+actor ClosureNestingActor: LoopActor {
   nonisolated let loop: RunLoopThread
   let nest: @Sendable () -> Void
   init(loop: RunLoopThread, nest: @escaping @Sendable () -> Void) {

@@ -8,7 +8,7 @@ import Testing
 // `setFireDate`, and runs of an emptied mode.
 
 /// How a timer stays in `.default` while the way the loop holds it there changes behind a burst.
-enum R27Route: String, Sendable, CustomTestStringConvertible {
+enum DefaultModeRoute: String, Sendable, CustomTestStringConvertible {
   /// In `.default` through `.common`; then added to `.default` by name and removed from `.common`.
   case commonToName
   /// In `.default` by name; then added to `.common` and removed from `.default` by name.

@@ -21,11 +21,8 @@ func makeParkedTimer(_ handler: @escaping @Sendable (LoopTimer) -> Void) -> Loop
   LoopTimer(after: .seconds(3600), repeatingEvery: .seconds(3600), handler: handler)
 }
 
-/// An object to watch with a weak reference (captured by a member's closure).
-final class R10Token: Sendable {}
-
 /// Counts the loop's passes (`beforeTimers`) in the modes it is added to.
-final class R10PassCounter: Sendable {
+final class PassCountingObserver: Sendable {
   let passes = AtomicCounter()
   let observer: LoopObserver
 
@@ -57,14 +54,5 @@ final class ScheduleCountingSource: Sendable {
           ? nil : "\(loop): schedule \(pair.schedule), cancel \(pair.cancel)"
       }
     }
-  }
-}
-
-/// A small deterministic generator (each thread its own).
-struct R10Random {
-  var state: UInt64
-  mutating func next(_ bound: Int) -> Int {
-    state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
-    return Int((state >> 33) % UInt64(bound))
   }
 }

@@ -13,9 +13,6 @@ let r12ModeA: RunLoopMode = "r12-a"
 
 let r12ModeB: RunLoopMode = "r12-b"
 
-/// An object to watch with a weak reference (captured by a member's closure).
-final class R12Token: Sendable {}
-
 /// The number of records `loop` holds, read on its thread (nil when it refused: shut down).
 func recordCount(_ loop: RunLoopThread) -> Int? {
   try? loop.performAndWait { loop.core.modeTable.allRecords.count }

@@ -120,7 +120,7 @@ actor OverlapRecordingActor: LoopActor {
 }
 
 /// Which callout a run nested on a current loop's thread is made from.
-enum R7NestingSite: String, CaseIterable, Sendable {
+enum CurrentLoopNestingSite: String, CaseIterable, Sendable {
   case job, block, timer, observer
 }
 

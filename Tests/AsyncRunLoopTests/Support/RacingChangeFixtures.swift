@@ -14,25 +14,10 @@ let r16ModeX: RunLoopMode = "r16-x"
 
 let r16ModeY: RunLoopMode = "r16-y"
 
-/// The mode names `member`'s binding holds (read through reflection: the list is private).
-func r16BindingModes(_ member: some LoopMember) -> [RunLoopMode] {
-  member.withBinding { binding -> [RunLoopMode] in
-    guard let names = Mirror(reflecting: binding).children.first(where: { $0.label == "modes" })?.value else {
-      return []
-    }
-    var modes: [RunLoopMode] = []
-    for child in Mirror(reflecting: names).children {
-      if child.label == "first", let first = child.value as? RunLoopMode?, let first { modes.append(first) }
-      if child.label == "others", let others = child.value as? [RunLoopMode] { modes += others }
-    }
-    return modes.sorted { $0.rawValue < $1.rawValue }
-  }
-}
-
 /// Whether the loop's modes for `member` are its binding's (loop thread of `loop`).
-func r16Disagreement(_ loop: RunLoopThread, _ member: some LoopMember) -> String? {
+func bindingDisagreement(_ loop: RunLoopThread, _ member: some LoopMember) -> String? {
   loop.core.applyControlsIfAny()
-  let bound = r16BindingModes(member).flatMap { $0 == .common ? Array(loop.commonModes) : [$0] }
+  let bound = bindingModes(member).flatMap { $0 == .common ? Array(loop.commonModes) : [$0] }
     .sorted { $0.rawValue < $1.rawValue }
   let here = loop.core.modes(of: member).sorted { $0.rawValue < $1.rawValue }
   return bound == here ? nil : "binding \(bound), loop \(here)"
@@ -41,7 +26,7 @@ func r16Disagreement(_ loop: RunLoopThread, _ member: some LoopMember) -> String
 /// Round after round, the loop thread changes `member`'s membership in `mode` while another
 /// thread makes the opposite change at a varying moment. Counts rounds where loop and binding
 /// disagree afterwards.
-func r16RaceMembership<Member: LoopMember>(
+func raceMembership<Member: LoopMember>(
   _ member: Member, mode: RunLoopMode, loopThreadRemoves: Bool, rounds: Int,
   add: @escaping @Sendable (RunLoopThread, Member, RunLoopMode) -> Void,
   remove: @escaping @Sendable (RunLoopThread, Member, RunLoopMode) -> Void
@@ -67,7 +52,7 @@ func r16RaceMembership<Member: LoopMember>(
       _ = go.increment()
       if loopThreadRemoves { remove(loop, member, mode) } else { add(loop, member, mode) }
       while done.current < round { sched_yield() }
-      if let disagreement = r16Disagreement(loop, member) {
+      if let disagreement = bindingDisagreement(loop, member) {
         mismatches += 1
         if example.isEmpty { example = "round \(round): \(disagreement)" }
       }
@@ -78,11 +63,12 @@ func r16RaceMembership<Member: LoopMember>(
   return result
 }
 
-/// As `r16RaceMembership` on a timer in mode X, while a third thread adds (and invalidates) a
+/// As `raceMembership` on a timer in mode X, while a third thread adds (and invalidates) a
 /// source each round, as the round begins, whose schedule routines, on the loop thread while the loop applies the
 /// changes another thread sent, wait until the round's opposite change has been sent and then make
 /// a loop-thread call of their own on another timer (which applies every waiting change first).
-func r16RaceWithCallouts(loopThreadRemoves: Bool, rounds: Int) throws -> (mismatches: Int, example: String) {
+func raceTimerMembershipWithCallouts(loopThreadRemoves: Bool, rounds: Int) throws -> (mismatches: Int, example: String)
+{
   let loop = try RunLoopThread(name: "r16-b3")
   defer { loop.shutdownAndWait() }
   let timer = LoopTimer(after: .seconds(3600)) { _ in }
@@ -122,7 +108,7 @@ func r16RaceWithCallouts(loopThreadRemoves: Bool, rounds: Int) throws -> (mismat
       _ = go.increment()
       if loopThreadRemoves { loop.remove(timer, from: r16ModeX) } else { loop.add(timer, to: r16ModeX) }
       while done.current < round { sched_yield() }
-      if let disagreement = r16Disagreement(loop, timer) {
+      if let disagreement = bindingDisagreement(loop, timer) {
         mismatches += 1
         if example.isEmpty { example = "round \(round): \(disagreement)" }
       }
@@ -140,7 +126,7 @@ func r16RaceWithCallouts(loopThreadRemoves: Bool, rounds: Int) throws -> (mismat
 /// Shuts `loop` down with the drain's first round held past the one-second cap (a source's
 /// cancel routine waits), runs `body` on another thread meanwhile (its changes are refused: the
 /// loop is still draining, not terminated), then lets the drain end. Returns whether it ended.
-func r16WithDrainPastTheCap(_ loop: RunLoopThread, _ body: @escaping @Sendable () -> Void) -> Bool {
+func withDrainPastTheCap(_ loop: RunLoopThread, _ body: @escaping @Sendable () -> Void) -> Bool {
   let held = TestGate()
   let bodyDone = TestGate()
   let holder = InputSource(

@@ -20,7 +20,7 @@ enum ReleasedMemberKind: String, CaseIterable, Sendable, CustomTestStringConvert
 }
 
 /// How a member's stay ends.
-enum R20Ending: String, CaseIterable, Sendable, CustomTestStringConvertible {
+enum MemberStayEnding: String, CaseIterable, Sendable, CustomTestStringConvertible {
   /// `invalidate()` from the test's thread.
   case invalidate
   /// `invalidate()` from the member's own callout.
@@ -127,12 +127,12 @@ struct AnyMemberHandle: Sendable {
 }
 
 /// Polls `condition` (scaled by `watchdogScale`) without holding a pool thread.
-func r20Eventually(_ seconds: Int = 10, _ condition: () -> Bool) async -> Bool {
+func eventuallyWithin(_ seconds: Int = 10, _ condition: () -> Bool) async -> Bool {
   await pollAsync(timeout: .seconds(seconds * watchdogScale), condition)
 }
 
 /// An actor pinned to a loop.
-actor R20Pinned: LoopActor {
+actor LoopCheckingActor: LoopActor {
   nonisolated let loop: RunLoopThread
   init(loop: RunLoopThread) { self.loop = loop }
   func isOnItsLoop() -> Bool { loop.isOnLoopThread }
@@ -141,14 +141,14 @@ actor R20Pinned: LoopActor {
 // MARK: - Nested runs from every kind of callout
 
 /// Where a nested run is entered.
-enum R20Callout: String, CaseIterable, Sendable, CustomTestStringConvertible {
+enum NestedRunCallout: String, CaseIterable, Sendable, CustomTestStringConvertible {
   case timer, observer, source, command, descriptor, perform, performAndWait, actorJob, consumer
   var testDescription: String { rawValue }
   var isMember: Bool { [.timer, .observer, .source, .command, .descriptor].contains(self) }
 }
 
 /// How the nested run is ended.
-enum R20NestedEnd: String, CaseIterable, Sendable, CustomTestStringConvertible {
+enum NestedRunEnding: String, CaseIterable, Sendable, CustomTestStringConvertible {
   /// The calling member is invalidated from another thread, then `stop()`.
   case invalidateAndStop
   /// The calling member is removed from its mode from another thread, then `stop()`.
@@ -159,7 +159,7 @@ enum R20NestedEnd: String, CaseIterable, Sendable, CustomTestStringConvertible {
 }
 
 /// An actor on a loop that runs a body (a nested run) in one of its jobs.
-actor R20NestingActor: LoopActor {
+actor BodyRunningActor: LoopActor {
   nonisolated let loop: RunLoopThread
   init(loop: RunLoopThread) { self.loop = loop }
   func run(_ body: @Sendable () -> Void) { body() }
@@ -172,7 +172,7 @@ let r20Never: RunLoopMode = "r20-never"
 let r20Nest: RunLoopMode = "r20-nest"
 
 /// How the loop goes away while the test keeps a member of it.
-enum R20LoopGone: String, CaseIterable, Sendable, CustomTestStringConvertible {
+enum LoopDeparture: String, CaseIterable, Sendable, CustomTestStringConvertible {
   /// Dropped without a shutdown, the member still on it.
   case dropped
   /// Shut down, then dropped.

@@ -10,20 +10,20 @@ import Testing
 final class WeaklyObservedObject: Sendable {}
 
 /// A weak reference to an `WeaklyObservedObject`, shared with closures.
-final class R6Weak: @unchecked Sendable {
+final class WeakObservedObjectReference: @unchecked Sendable {
   // Safety: written once by the test before the object is shared, read by polls afterwards;
   // the runtime zeroes weak references atomically.
   weak var object: WeaklyObservedObject?
 }
 
 /// A weak reference to a loop.
-final class R6WeakLoop: @unchecked Sendable {
-  // Safety: as `R6Weak`.
+final class WeakLoopReference: @unchecked Sendable {
+  // Safety: as `WeakObservedObjectReference`.
   weak var loop: RunLoopThread?
 }
 
 /// Counts the elements of a sequence until it ends.
-func r6Count<S: AsyncSequence & Sendable>(_ sequence: S) async -> Int {
+func countElements<S: AsyncSequence & Sendable>(_ sequence: S) async -> Int {
   var count = 0
   var iterator = sequence.makeAsyncIterator()
   while (try? await iterator.next()) != nil { count += 1 }
@@ -31,7 +31,7 @@ func r6Count<S: AsyncSequence & Sendable>(_ sequence: S) async -> Int {
 }
 
 /// Consumes a source sequence of its own loop and runs the loop nested inside its loop body.
-actor R6Consumer: LoopActor {
+actor NestingConsumerActor: LoopActor {
   nonisolated let loop: RunLoopThread
   init(loop: RunLoopThread) { self.loop = loop }
 
@@ -56,14 +56,14 @@ actor R6Consumer: LoopActor {
 
 /// Sends into a sequence of its own loop.
 /// The hand-over's state for a stall report: what the consumer got, what the machine holds.
-func r6HandOverState(_ sequence: SourceSequence<Int>, received: AtomicCounter) -> String {
+func handOverState(_ sequence: SourceSequence<Int>, received: AtomicCounter) -> String {
   let machine = sequence.lock.withLock { sequence.machine }
   return "received \(received.current), posted \(machine.posted.count), released \(machine.released.count), "
     + "waiting producers \(machine.waitingProducers.count), consumer \(machine.lifecycle.state), "
     + "source signalled \(sequence.source.isSignalled), valid \(sequence.source.isValid)"
 }
 
-actor R6Producer: LoopActor {
+actor SendingProducerActor: LoopActor {
   nonisolated let loop: RunLoopThread
   init(loop: RunLoopThread) { self.loop = loop }
 

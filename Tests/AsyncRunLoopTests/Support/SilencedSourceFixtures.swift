@@ -12,7 +12,7 @@ let r19Third: RunLoopMode = "r19-third"
 let r19Empty: RunLoopMode = "r19-empty"
 
 /// Whether `loop`'s thread has been joined (or detached): `shutdownAndWait()` waited for it.
-func r19IsReaped(_ loop: RunLoopThread) -> Bool {
+func isReaped(_ loop: RunLoopThread) -> Bool {
   let state = loop.shared.threadLock.withLock { loop.shared.threadState }
   if case .reaped = state { return true }
   return false
@@ -47,7 +47,7 @@ final class FireCountingPipe: Sendable {
 
 /// Runs `mode` (kept alive by a far-future timer) long enough for readable descriptors of other
 /// modes to report there and be silenced. Loop thread.
-func r19RunOther(_ loop: RunLoopThread, _ mode: RunLoopMode = r19Other) {
+func runOtherModeBriefly(_ loop: RunLoopThread, _ mode: RunLoopMode = r19Other) {
   let keepAlive = LoopTimer(after: .seconds(3_600)) { _ in }
   loop.add(keepAlive, to: mode)
   loop.run(mode: mode, until: .now.advanced(by: .milliseconds(30)))
@@ -55,7 +55,7 @@ func r19RunOther(_ loop: RunLoopThread, _ mode: RunLoopMode = r19Other) {
 }
 
 /// An actor on a loop that sleeps with `LoopClock()`.
-actor R19Sleeper: LoopActor {
+actor LoopClockSleepingActor: LoopActor {
   nonisolated let loop: RunLoopThread
 
   init(loop: RunLoopThread) { self.loop = loop }

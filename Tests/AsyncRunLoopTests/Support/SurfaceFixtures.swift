@@ -13,25 +13,8 @@ let r14sModeA: RunLoopMode = "r14s-a"
 
 let r14sModeB: RunLoopMode = "r14s-b"
 
-/// An object to watch with a weak reference.
-final class R14SToken: Sendable {}
-
-/// A weak reference readable from any thread (the runtime loads and zeroes weak references
-/// atomically).
-final class R14SWeak: @unchecked Sendable {  // Safety: only a weak reference, set in init
-  weak var value: AnyObject?
-  init(_ value: AnyObject) { self.value = value }
-  var isGone: Bool { value == nil }
-}
-
-/// One element of a multi-producer test.
-struct R14SItem: Sendable {
-  let producer: Int
-  let index: Int
-}
-
 /// Whether the single consumer of `storage` is suspended in `next()`.
-func r14sIsWaiting<S: SingleConsumerStorage>(_ storage: S) -> Bool {
+func isConsumerWaiting<S: SingleConsumerStorage>(_ storage: S) -> Bool {
   storage.lock.withLock {
     switch storage.machine.lifecycle.state {
     case .consumerWaiting, .closing(consumer: .some): return true
@@ -40,20 +23,10 @@ func r14sIsWaiting<S: SingleConsumerStorage>(_ storage: S) -> Bool {
   }
 }
 
-/// Polls `condition` every millisecond without blocking a pool thread; false after `timeout`.
-func r14sPoll(timeout: Duration = .seconds(10), _ condition: @Sendable () -> Bool) async -> Bool {
-  let deadline = ContinuousClock.now.advanced(by: timeout * watchdogScale)
-  while !condition() {
-    if ContinuousClock.now >= deadline { return false }
-    try? await Task.sleep(for: .milliseconds(1))
-  }
-  return true
-}
-
 // MARK: - Executor
 
 /// Counts callers inside an actor method at once (more than one would break the serial contract).
-final class R14SOverlap: Sendable {
+final class ConcurrentCallerCounter: Sendable {
   let inside = AtomicCounter()
   let most = Locked(0)
   func enter() {
@@ -66,7 +39,7 @@ final class R14SOverlap: Sendable {
 /// An actor pinned to a loop.
 actor PinnedSurfaceActor: LoopActor {
   nonisolated let loop: RunLoopThread
-  let overlap = R14SOverlap()
+  let overlap = ConcurrentCallerCounter()
   var calls = 0
   init(loop: RunLoopThread) { self.loop = loop }
 

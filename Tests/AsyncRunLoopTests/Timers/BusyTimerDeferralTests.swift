@@ -33,10 +33,10 @@ struct BusyTimerDeferralTests {
       let loop = RunLoopThread.current
       defer { loop.shutdown() }
       let fires = AtomicCounter()
-      weak var weakToken: R11Token?
+      weak var weakToken: WeaklyObservedObject?
       let timer: LoopTimer
       do {
-        let token = R11Token()
+        let token = WeaklyObservedObject()
         weakToken = token
         timer = LoopTimer(fireAt: .now) { timer in
           withExtendedLifetime(token) {}
@@ -231,10 +231,10 @@ extension BusyTimerDeferralTests {
       let fires = AtomicCounter()
       let calloutDone = TestGate()
       weak var weakTimer: LoopTimer?
-      weak var weakCapture: R11Token?
+      weak var weakCapture: WeaklyObservedObject?
       var valid = true
       do {
-        let capture = R11Token()
+        let capture = WeaklyObservedObject()
         weakCapture = capture
         let timer = LoopTimer(fireAt: .now, repeatingEvery: .milliseconds(5)) { timer in
           withExtendedLifetime(capture) {}

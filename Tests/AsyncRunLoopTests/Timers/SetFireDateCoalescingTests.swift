@@ -92,7 +92,7 @@ struct SetFireDateCoalescingTests {
       timer.setFireDate(final)
       _ = waitUntil(timeout: .seconds(10), "the timer fired") { !fires.snapshot.isEmpty }
       usleep(50_000)
-      return (fires.snapshot, early.current, [r15Records(loopA), r15Records(loopB)])
+      return (fires.snapshot, early.current, [recordCount(loopA), recordCount(loopB)])
     }
     guard let outcome else { return }
     #expect(outcome.fires == ["r15-f2b"])

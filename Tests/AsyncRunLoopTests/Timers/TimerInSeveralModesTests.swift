@@ -219,9 +219,9 @@ struct TimerInSeveralModesTests {
       defer { loop.shutdown() }
       let fires = AtomicCounter()
       weak var weakTimer: LoopTimer?
-      weak var weakCapture: R10Token?
+      weak var weakCapture: WeaklyObservedObject?
       do {
-        let capture = R10Token()
+        let capture = WeaklyObservedObject()
         weakCapture = capture
         let timer = makeParkedTimer { timer in
           withExtendedLifetime(capture) {}

@@ -24,9 +24,9 @@ struct TimerMovedByItsCalloutTests {
         let fires = AtomicCounter()
         let calloutDone = TestGate()
         weak var weakTimer: LoopTimer?
-        weak var weakCapture: R12Token?
+        weak var weakCapture: WeaklyObservedObject?
         do {
-          let capture = R12Token()
+          let capture = WeaklyObservedObject()
           weakCapture = capture
           let timer = LoopTimer(fireAt: .now) { timer in
             withExtendedLifetime(capture) {}
@@ -293,7 +293,7 @@ struct TimersAndObserversMovedByTheirCalloutsTests {
         loopA.shutdownAndWait()
         loopB.shutdownAndWait()
       }
-      let scenario = R14CPingPong([loopA, loopB])
+      let scenario = CalloutPingPongScenario([loopA, loopB])
       let hops = 200
       let finished = TestGate()
       let timer = LoopTimer(after: .zero) { timer in
@@ -339,7 +339,7 @@ struct TimersAndObserversMovedByTheirCalloutsTests {
         loopA.shutdownAndWait()
         loopB.shutdownAndWait()
       }
-      let scenario = R14CPingPong([loopA, loopB])
+      let scenario = CalloutPingPongScenario([loopA, loopB])
       let timer = LoopTimer(after: .zero, repeatingEvery: .zero) { timer in
         scenario.begin(timer)
         defer { scenario.end() }
@@ -376,7 +376,7 @@ struct TimersAndObserversMovedByTheirCalloutsTests {
         loopA.shutdownAndWait()
         loopB.shutdownAndWait()
       }
-      let scenario = R14CPingPong([loopA, loopB])
+      let scenario = CalloutPingPongScenario([loopA, loopB])
       let observer = LoopObserver(activities: .all) { observer, _ in
         scenario.begin(observer)
         defer { scenario.end() }
@@ -428,10 +428,10 @@ struct TimersAndObserversMovedByTheirCalloutsTests {
       let keep = LoopTimer(after: .seconds(3600)) { _ in }
       loop.add(keep, to: r14cModeA)
       loop.add(keep, to: r14cModeB)
-      r14cRun(loop, mode: r14cModeA, for: .milliseconds(10))
-      r14cRun(loop, mode: r14cModeB, for: .milliseconds(10))
+      runOnLoopAndWait(loop, mode: r14cModeA, for: .milliseconds(10))
+      runOnLoopAndWait(loop, mode: r14cModeB, for: .milliseconds(10))
       keep.invalidate()
-      return (told.current, observer.isValid, r14cAgreement(observer, on: loop))
+      return (told.current, observer.isValid, bindingAgreement(observer, on: loop))
     }
     guard let outcome else { return }
     #expect(outcome.told == 1)
