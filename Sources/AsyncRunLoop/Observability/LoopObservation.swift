@@ -25,8 +25,8 @@ struct CalloutStamp {
 /// stall watch, and the stamp of the callout the loop's thread is in, which the stall watcher
 /// reads without the loop thread's help. Any thread.
 final class LoopObservation: @unchecked Sendable {  // Safety: proof below
-  // Safety: `storage`, `watch`, `current` and `reportedCallout` are only touched with `lock` held;
-  // `stampsArrivals` is an atomic; `loopName` is immutable.
+  // Safety: `storage`, `watch`, `current`, `reportedCallout` and `reportedAt` are only touched
+  // with `lock` held; `stampsArrivals` is an atomic; `loopName` is immutable.
 
   let loopName: String
   /// Metrics are on: producers stamp what they hand the loop (a job's enqueue, a source's
@@ -39,8 +39,10 @@ final class LoopObservation: @unchecked Sendable {  // Safety: proof below
   /// The callout the loop's thread is in, unless a run nested in it is running passes (then the
   /// loop is not stuck); only kept while a watch is on.
   private var current: CalloutStamp?
-  /// The callout the watcher reported as still running (its `.ended` report is always made).
+  /// The callout the watcher reported as still running (its `.ended` report is always made), and
+  /// the time it saw it still running.
   private var reportedCallout: UInt64 = 0
+  private var reportedAt: Int64 = 0
   /// The callout whose `.stillRunning` report the watcher is delivering now (0: none), and the
   /// `.ended` report the loop's thread left for the watcher to deliver after it (so that a
   /// callout's two reports never arrive in the wrong order, without calling out under a lock).
@@ -95,8 +97,12 @@ final class LoopObservation: @unchecked Sendable {  // Safety: proof below
     lock.withLock {
       current = nil
       guard let watch else { return nil }
-      let duration = now - stamp.started
-      guard reportedCallout == stamp.number || duration >= watch.thresholdNanoseconds else { return nil }
+      // The loop's thread read `now` before it took the lock; if the watcher meanwhile saw the
+      // callout still running, the callout ended no earlier than that (the thread was preempted
+      // between its return and this call), so its duration is at least what was reported.
+      let reported = reportedCallout == stamp.number
+      let duration = (reported ? max(now, reportedAt) : now) - stamp.started
+      guard reported || duration >= watch.thresholdNanoseconds else { return nil }
       let report = stamp.report(loopName: loopName, phase: .ended(duration: .nanoseconds(duration)))
       guard watcherDelivering != stamp.number else {
         pendingEnd = (report, watch)
@@ -130,6 +136,7 @@ final class LoopObservation: @unchecked Sendable {  // Safety: proof below
       let due = stamp.stuckSince.addingSaturating(threshold)
       guard due <= now else { return (nil, watch, due) }
       reportedCallout = stamp.number
+      reportedAt = now
       watcherDelivering = stamp.number
       let report = stamp.report(loopName: loopName, phase: .stillRunning(elapsed: .nanoseconds(now - stamp.started)))
       return (report, watch, now.addingSaturating(threshold))

@@ -47,6 +47,25 @@ struct QuickCalloutsAreNotReportedTests {
     #expect(ended?.report.calloutNumber == 7 && ended?.report.label == "t")
   }
 
+  /// The loop's thread reads the end time, is preempted past the threshold, and the watcher sees
+  /// the callout still running before the thread unpublishes it: the `.ended` report's duration
+  /// is at least the elapsed time the `.stillRunning` report gave, never the shorter reading.
+  @Test func aCalloutSeenStillRunningAfterItsEndWasReadEndsNoEarlierThanItWasSeen() {
+    let observation = LoopObservation(loopName: "made-up")
+    let watch = StallWatch(loopName: "made-up", threshold: .milliseconds(1), bufferSize: 4, handler: nil) { _ in }
+    _ = observation.replaceWatch(with: watch)
+    let start: Int64 = 5_000_000
+    let stamp = CalloutStamp(
+      kind: .job, label: nil, priority: nil, mode: .default, depth: 1, number: 3, started: start, stuckSince: start)
+    observation.publish(stamp)
+    let endReadByTheLoop = start + 7_000  // 7 µs: then the thread is preempted
+    let stuck = observation.check(now: start + 2_000_000).report
+    #expect(stuck?.phase == .stillRunning(elapsed: .milliseconds(2)))
+    _ = observation.watcherDelivered()
+    let ended = observation.calloutEnded(stamp, now: endReadByTheLoop)
+    #expect(ended?.report.phase == .ended(duration: .milliseconds(2)))
+  }
+
   @Test func trivialCalloutsWithAOneMillisecondThresholdAreReportedOnlyWhenTheyTookThatLong() async throws {
     let loop = try RunLoopThread(name: "stall-quick")
     let reports = Guarded<[StallReport]>([])
