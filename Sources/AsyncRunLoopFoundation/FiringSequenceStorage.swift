@@ -90,7 +90,7 @@ final class WeakFiringStorage<Element: FoldableFiring>: @unchecked Sendable {  /
 }
 
 /// A CF object captured by a `@Sendable` closure.
-struct CFReference<Object>: @unchecked Sendable {
+struct CFReference<Object>: @unchecked Sendable {  // Safety: proof below
   // Safety: `object` is immutable; the closures that capture it call only CF's thread-safe
   // run-loop functions on it (invalidate, signal, wake up).
   let object: Object

@@ -72,3 +72,29 @@ func processCPUNanoseconds() -> Int64 {
 func startThread(_ body: @escaping @Sendable () -> Void) {
   Thread { body() }.start()
 }
+
+/// A thread started now that blocks in `runOnMainAndWait { 7 }`. `outcome`: nil while it is
+/// blocked, then "returned 7", "refused" (`wouldDeadlock`) or "threw …".
+final class BlockedMainCall: Sendable {
+  let outcome = Locked<String?>(nil)
+  private let ended = DispatchSemaphore(value: 0)
+
+  init() {
+    startThread { [outcome, ended] in
+      do {
+        let value = try runOnMainAndWait { () -> Int in 7 }
+        outcome.withLock { $0 = "returned \(value)" }
+      } catch RunLoopError.wouldDeadlock {
+        outcome.withLock { $0 = "refused" }
+      } catch {
+        outcome.withLock { $0 = "threw \(error)" }
+      }
+      ended.signal()
+    }
+  }
+
+  /// Whether the call ended within `seconds`.
+  func waitForEnd(seconds: Int) -> Bool {
+    ended.wait(timeout: .now() + .seconds(seconds)) == .success
+  }
+}

@@ -28,29 +28,10 @@ func foundationModalInOurCalloutScenario() {
   // Foundation's runs nested in our callout held nothing: runMainLoop() has returned, so the main
   // loop is not running and a caller that would wait for it is refused, not left hanging.
   check(!RunLoopThread.isMainLoopRunning, "the main loop still counts as running after runMainLoop() returned")
-  expectRunOnMainAndWaitRefused(within: 2)
+  let call = BlockedMainCall()
+  check(call.waitForEnd(seconds: 2), "runOnMainAndWait still blocked 2 s although nothing serves the main loop")
+  check(call.outcome.snapshot == "refused", "runOnMainAndWait \(call.outcome.snapshot ?? "")")
   say("seen \(seen.snapshot)")
-}
-
-/// Starts a thread that calls `runOnMainAndWait` and checks that it throws `wouldDeadlock` within
-/// `seconds` (the main thread runs no loop meanwhile).
-func expectRunOnMainAndWaitRefused(within seconds: Int) {
-  let outcome = Locked<String?>(nil)
-  let ended = DispatchSemaphore(value: 0)
-  startThread {
-    do {
-      _ = try runOnMainAndWait { () -> Int in 1 }
-      outcome.withLock { $0 = "returned" }
-    } catch RunLoopError.wouldDeadlock {
-      outcome.withLock { $0 = "refused" }
-    } catch {
-      outcome.withLock { $0 = "threw \(error)" }
-    }
-    ended.signal()
-  }
-  let finished = ended.wait(timeout: .now() + .seconds(seconds)) == .success
-  check(finished, "runOnMainAndWait still blocked after \(seconds) s although nothing serves the main loop")
-  check(outcome.snapshot == "refused", "runOnMainAndWait \(outcome.snapshot ?? "")")
 }
 
 /// `RunLoop.main.run()` drives; a Foundation timer's handler runs `RunLoopThread.main.run(mode:until:)`

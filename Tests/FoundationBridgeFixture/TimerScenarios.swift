@@ -111,25 +111,14 @@ func foundationDriverBetweenRunsScenario() {
   MainLoopBridge.install()
   // One CF run first: from then on CF serves the main loop.
   _ = RunLoop.main.run(mode: .default, before: Date(timeIntervalSinceNow: 0.01))
-  let outcome = Locked<String?>(nil)
-  let registered = DispatchSemaphore(value: 0)
-  startThread {
-    registered.signal()
-    do {
-      let value = try runOnMainAndWait { () -> Int in 7 }
-      outcome.withLock { $0 = "returned \(value)" }
-    } catch {
-      outcome.withLock { $0 = "threw \(error)" }
-    }
-  }
+  let call = BlockedMainCall()
   // Between two runs, long enough for the caller to have blocked (or been refused).
-  registered.wait()
   usleep(200_000)
-  check(outcome.snapshot == nil, "runOnMainAndWait ended between two CF runs: \(outcome.snapshot ?? "")")
-  while outcome.snapshot == nil {
+  check(call.outcome.snapshot == nil, "runOnMainAndWait ended between two CF runs: \(call.outcome.snapshot ?? "")")
+  while call.outcome.snapshot == nil {
     _ = RunLoop.main.run(mode: .default, before: Date(timeIntervalSinceNow: 0.05))
   }
-  check(outcome.snapshot == "returned 7", "runOnMainAndWait \(outcome.snapshot ?? "")")
+  check(call.outcome.snapshot == "returned 7", "runOnMainAndWait \(call.outcome.snapshot ?? "")")
 }
 
 /// A caller blocked between two `RunLoop.main.run(mode:before:)` calls is released with an error
@@ -137,23 +126,10 @@ func foundationDriverBetweenRunsScenario() {
 func foundationDriverShutdownBetweenRunsScenario() {
   MainLoopBridge.install()
   _ = RunLoop.main.run(mode: .default, before: Date(timeIntervalSinceNow: 0.01))
-  let outcome = Locked<String?>(nil)
-  let ended = DispatchSemaphore(value: 0)
-  startThread {
-    do {
-      _ = try runOnMainAndWait { () -> Int in 1 }
-      outcome.withLock { $0 = "returned" }
-    } catch RunLoopError.wouldDeadlock {
-      outcome.withLock { $0 = "refused" }
-    } catch {
-      outcome.withLock { $0 = "threw \(error)" }
-    }
-    ended.signal()
-  }
+  let call = BlockedMainCall()
   usleep(200_000)
-  check(outcome.snapshot == nil, "runOnMainAndWait ended between two CF runs: \(outcome.snapshot ?? "")")
+  check(call.outcome.snapshot == nil, "runOnMainAndWait ended between two CF runs: \(call.outcome.snapshot ?? "")")
   RunLoopThread.main.shutdown()
-  let finished = ended.wait(timeout: .now() + .seconds(2)) == .success
-  check(finished, "runOnMainAndWait still blocked 2 s after the main loop shut down")
-  check(outcome.snapshot == "refused", "runOnMainAndWait \(outcome.snapshot ?? "")")
+  check(call.waitForEnd(seconds: 2), "runOnMainAndWait still blocked 2 s after the main loop shut down")
+  check(call.outcome.snapshot == "refused", "runOnMainAndWait \(call.outcome.snapshot ?? "")")
 }
