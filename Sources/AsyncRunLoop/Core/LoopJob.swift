@@ -33,6 +33,6 @@ struct LoopJob {
   let role: JobRole
   /// The inbox's sequence number when it arrived (see `LoopInbox.sequence`).
   var sequence: UInt64 = 0
-  /// When it was enqueued (`LoopClock`), while the loop keeps metrics; else 0.
+  /// When it was enqueued (a `MetricsClock` reading), while the loop keeps metrics; else 0.
   var enqueuedAt: Int64 = 0
 }

@@ -28,7 +28,7 @@ extension RunLoopThread: SerialExecutor, TaskExecutor {
 
   /// Enqueues a job in `role` (the loop's serial role, or its task-executor role). Any thread.
   func enqueue(_ job: UnownedJob, role: JobRole) {
-    let stamp = shared.observation.stampsArrivals.load(ordering: .relaxed) ? LoopClock.monotonicNanoseconds() : 0
+    let stamp = shared.observation.arrivalStamp()
     switch shared.inboxLock.withLock({ shared.inbox.enqueue(LoopJob(job: job, role: role, enqueuedAt: stamp)) }) {
     case .accepted(let wake):
       perform(wake)

@@ -33,7 +33,7 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
   // spans a callout.
   @exclusivity(unchecked) private var state: SignalState
   @exclusivity(unchecked) private var binding = MemberBinding()
-  /// When the pending signal was sent (`LoopClock`), if its loop keeps metrics; else 0.
+  /// When the pending signal was sent (a `MetricsClock` reading), if its loop keeps metrics; else 0.
   @exclusivity(unchecked) private var signalledAt: Int64 = 0
 
   /// Creates a source. The routines are called on the thread of the loop it is added to, and
@@ -94,9 +94,7 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
       guard binding.isValid, state.signal() else { return nil }
       // nil when not on a loop: the loop it joins picks the signal up
       guard let target = binding.loopAndRecord else { return nil }
-      if target.loop.observation.stampsArrivals.load(ordering: .relaxed) {
-        signalledAt = LoopClock.monotonicNanoseconds()
-      }
+      signalledAt = target.loop.observation.arrivalStamp()
       return target
     }
     if let target { target.loop.enqueueSignalled(target.record) }

@@ -14,7 +14,7 @@ extension LoopCore {
     priority: @autoclosure () -> TaskPriority? = nil, since: Int64 = 0, _ body: () throws -> Result
   ) rethrows -> Result {
     guard monitor.isActive else { return try body() }
-    let token = monitor.begin(kind, label: label(), priority: priority(), since: since)
+    let token = monitor.begin(kind, label: label, priority: priority, since: since)
     defer { monitor.end(token) }
     return try body()
   }
@@ -32,7 +32,8 @@ extension LoopShared {
     guard core.monitor.isActive else { return try body() }
     var arrived = since()
     if arrived != 0, case .manual(let clock) = timeSource {
-      arrived = LoopClock.monotonicNanoseconds() - (clock.nowNanoseconds - arrived)
+      let ago = clock.nowNanoseconds.subtractingSaturating(arrived)
+      arrived = LoopClock.monotonicNanoseconds().subtractingSaturating(ago)
     }
     return try core.observed(kind, label: label(), since: arrived, body)
   }

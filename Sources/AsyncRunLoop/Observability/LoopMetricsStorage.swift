@@ -24,8 +24,8 @@ final class LoopMetricsStorage: @unchecked Sendable {  // Safety: proof below
     case signalLatency, jobQueueDelay, timerLateness, passDuration, calloutDuration
   }
 
-  /// Per histogram: count, total, then the buckets.
-  private static let histogramStride = 2 + LoopHistogram.bucketCount
+  /// Per histogram: the total, then the buckets (the count is their sum, taken by `snapshot()`).
+  private static let histogramStride = 1 + LoopHistogram.bucketCount
   private static let slotCount = Counter.allCases.count + Histogram.allCases.count * histogramStride
 
   private let slots: UnsafeMutablePointer<Atomic<UInt64>>
@@ -58,9 +58,8 @@ final class LoopMetricsStorage: @unchecked Sendable {  // Safety: proof below
   func record(_ histogram: Histogram, _ nanoseconds: Int64) {
     let base = Counter.allCases.count + histogram.rawValue * Self.histogramStride
     let value = max(nanoseconds, 0)
-    add(1, at: base)
-    add(UInt64(value), at: base + 1)
-    add(1, at: base + 2 + LoopHistogram.bucketIndex(of: value))
+    add(UInt64(value), at: base)
+    add(1, at: base + 1 + LoopHistogram.bucketIndex(of: value))
   }
 
   /// What was recorded so far. Any thread.
@@ -71,10 +70,10 @@ final class LoopMetricsStorage: @unchecked Sendable {  // Safety: proof below
     for histogram in Histogram.allCases {
       let base = Counter.allCases.count + histogram.rawValue * Self.histogramStride
       var buckets = [UInt64](repeating: 0, count: LoopHistogram.bucketCount)
-      for index in buckets.indices { buckets[index] = slots[base + 2 + index].load(ordering: .relaxed) }
-      // The count last-but-not-least: read after the buckets, it may be lower than their sum
-      // (values recorded meanwhile), never higher; recomputed from the buckets for consistency.
-      let total = slots[base + 1].load(ordering: .relaxed)
+      for index in buckets.indices { buckets[index] = slots[base + 1 + index].load(ordering: .relaxed) }
+      // The count is the buckets' sum, so it always agrees with them; the total, read after
+      // them, may include a value or two recorded meanwhile.
+      let total = slots[base].load(ordering: .relaxed)
       histograms.append(LoopHistogram(buckets: buckets, count: buckets.reduce(0, &+), totalNanoseconds: total))
     }
     return LoopMetrics(counters: counters, histograms: histograms)

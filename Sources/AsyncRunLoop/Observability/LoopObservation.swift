@@ -26,12 +26,14 @@ struct CalloutStamp {
 /// reads without the loop thread's help. Any thread.
 final class LoopObservation: @unchecked Sendable {  // Safety: proof below
   // Safety: `storage`, `watch`, `current`, `reportedCallout` and `reportedAt` are only touched
-  // with `lock` held; `stampsArrivals` is an atomic; `loopName` is immutable.
+  // with `lock` held; `stampsArrivals` is an atomic; `loopName` and `metricsClock` are immutable.
 
   let loopName: String
   /// Metrics are on: producers stamp what they hand the loop (a job's enqueue, a source's
   /// signal). Relaxed: a stamp taken or skipped around the switch only adds or misses one sample.
   let stampsArrivals = Atomic<Bool>(false)
+  /// The clock metrics time with (the process's).
+  let metricsClock = MetricsClock.shared
 
   private let lock = PthreadLock.make()
   private var storage: LoopMetricsStorage?
@@ -54,6 +56,13 @@ final class LoopObservation: @unchecked Sendable {  // Safety: proof below
   }
 
   // MARK: Metrics
+
+  /// What a producer stamps on what it hands the loop: a `metricsClock` reading while metrics
+  /// are on, else 0 (unknown). Any thread.
+  @inline(__always)
+  func arrivalStamp() -> Int64 {
+    stampsArrivals.load(ordering: .relaxed) ? metricsClock.now() : 0
+  }
 
   /// The metrics storage, once metrics were first switched on. Any thread.
   var metricsStorage: LoopMetricsStorage? { lock.withLock { storage } }

@@ -31,6 +31,26 @@ static inline void carl_set_current_loop(void *_Nullable loop) { carl_current_lo
 /// when a thread that created its loop lazily exits. Returns 0 on success.
 int carl_set_thread_exit_release(void *_Nonnull value, void (*_Nonnull destructor)(void *_Nullable));
 
+// MARK: - Cycle counter
+
+/// The CPU's time-stamp counter (x86-64 `rdtsc`; the virtual counter on arm64), or 0 where there
+/// is none. Not serializing: it may be read a few instructions early or late, which is noise
+/// next to what the metrics time. Only meaningful where the kernel uses it as its clock source
+/// (then it is constant-rate and synchronized across CPUs); the caller checks that.
+static inline uint64_t carl_cycle_counter(void) {
+#if defined(__x86_64__)
+  uint32_t low, high;
+  __asm__ __volatile__("rdtsc" : "=a"(low), "=d"(high));
+  return ((uint64_t)high << 32) | low;
+#elif defined(__aarch64__)
+  uint64_t value;
+  __asm__ __volatile__("mrs %0, cntvct_el0" : "=r"(value));
+  return value;
+#else
+  return 0;
+#endif
+}
+
 // MARK: - Small syscall helpers
 
 /// The kernel thread id of the calling thread.

@@ -80,4 +80,49 @@ struct LoopMetricsCountTests {
     #expect((loop.metrics - before).performedBlocks == 1)
     loop.shutdownAndWait()
   }
+
+  @Test func aNewLoopKeepsMetricsFromItsFirstPass() async throws {
+    let loop = try RunLoopThread(name: "metrics-default")
+    await Task(executorPreference: loop) {}.value
+    try loop.performAndWait {}
+    let metrics = loop.metrics
+    #expect(metrics.passes > 0)
+    #expect(metrics.jobs >= 1 && metrics.jobQueueDelay.count >= 1)
+    #expect(metrics.performedBlocks >= 1)
+    loop.shutdownAndWait()
+  }
+
+  @Test func calloutAndPassTimesAreNanoseconds() throws {
+    let loop = try RunLoopThread(name: "metrics-units")
+    let before = try loop.performAndWait { loop.metrics }
+    try loop.performAndWait { _ = usleep(20_000) }
+    // The block's pass goes on to sleep (its sleep is not counted) and ends after a wake-up.
+    waitUntil("the sleeping block's pass ends") {
+      loop.wakeUp()
+      return (loop.metrics - before).passDuration.totalNanoseconds >= 20_000_000
+    }
+    let delta = loop.metrics - before
+    // At least the 20 ms slept; far below a wrong unit's thousandfold.
+    #expect(delta.calloutDuration.totalNanoseconds >= 20_000_000)
+    #expect(delta.calloutDuration.totalNanoseconds < 20_000_000_000)
+    #expect(delta.passDuration.totalNanoseconds < 20_000_000_000)
+    let longest = try #require(delta.calloutDuration.quantile(1.0))
+    #expect(longest >= .milliseconds(20))
+    loop.shutdownAndWait()
+  }
+
+  @Test func aTimerDueAtTheEarliestInstantIsRecordedAsLateInsteadOfOverflowing() throws {
+    let loop = try RunLoopThread(name: "metrics-earliest-timer")
+    let before = try loop.performAndWait { loop.metrics }
+    let fired = Guarded(false)
+    loop.add(LoopTimer(after: .seconds(-Int64.max)) { _ in fired.withLock { $0 = true } }, to: .default)
+    waitUntil("the timer fires") { fired.snapshot }
+    let delta = try loop.performAndWait { loop.metrics } - before
+    #expect(delta.timersFired == 1)
+    #expect(delta.timerLateness.count == 1)
+    // Saturated: later than any bucket but the last holds.
+    let lateness = try #require(delta.timerLateness.quantile(1.0))
+    #expect(lateness > .seconds(500))
+    loop.shutdownAndWait()
+  }
 }
