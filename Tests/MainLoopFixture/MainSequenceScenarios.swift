@@ -81,7 +81,7 @@ func mainSequencesScenario() {
 /// loop and from an actor on that loop, the body runs on the main thread and the caller resumes
 /// on the worker loop's thread.
 func runOnMainReturnsToTheCallersExecutorScenario() {
-  let worker = RunLoopThread.start(named: "fixture-r6")
+  let worker = RunLoopThread.start(named: "fixture-worker")
   let actor = SequenceScenarioWorker(loop: worker)
   Task(executorPreference: worker) {
     check(worker.isOnLoopThread, "the task did not start on the worker loop")

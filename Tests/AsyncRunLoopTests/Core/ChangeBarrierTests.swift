@@ -10,7 +10,7 @@ struct ChangeBarrierTests {
   /// its thread sent before it was applied (its schedule routine ran). Promised: a block runs only
   /// once every change sent before it was applied.
   @Test func blocksAfterManyChangesSeeThemAllAppliedAcrossChunksAndPasses() async throws {
-    let loop = try RunLoopThread(name: "r11-barrier")
+    let loop = try RunLoopThread(name: "barrier")
     let outcome = await execOnNewThread { () -> (ran: Int, wrong: [String], scheduled: [Int]) in
       let scheduled = (0..<3).map { _ in AtomicCounter() }
       let wrong = Locked<[String]>([])
@@ -24,7 +24,7 @@ struct ChangeBarrierTests {
             for index in 0..<1_500 {
               let source = InputSource(schedule: { _, _, _ in scheduled[thread].increment() }) { _ in }
               own.append(source)
-              loop.add(source, to: index % 2 == 0 ? .default : r11ModeA)
+              loop.add(source, to: index % 2 == 0 ? .default : barrierModeA)
               if index % 200 == 199 {
                 let expected = index + 1
                 let modes: [RunLoopMode] = index % 400 == 199 ? [.default] : [.common]
@@ -52,7 +52,7 @@ struct ChangeBarrierTests {
   /// Jobs too: a task that prefers the loop, started after 1,000 adds from the same thread into a
   /// blocked loop, runs after they are applied.
   @Test func aJobAfterManyChangesSeesThemApplied() async throws {
-    let loop = try RunLoopThread(name: "r11-barrier-job")
+    let loop = try RunLoopThread(name: "barrier-job")
     let scheduled = AtomicCounter()
     let sources = Locked<[InputSource]>([])
     let release = await execOnNewThread { () -> TestGate in
@@ -71,12 +71,12 @@ struct ChangeBarrierTests {
     await execShutdown(loop)
   }
 
-  /// Three threads perform 3,000 blocks each (in `.default`, in `r11ModeA` or in `.common`, in
-  /// turn) while the loop runs nested: some blocks run the loop in `r11ModeA` or `.default`, a timer
-  /// runs it in `r11ModeA`, a source's handler runs it in `.default`. Every block runs exactly once,
+  /// Three threads perform 3,000 blocks each (in `.default`, in `barrierModeA` or in `.common`, in
+  /// turn) while the loop runs nested: some blocks run the loop in `barrierModeA` or `.default`, a timer
+  /// runs it in `barrierModeA`, a source's handler runs it in `.default`. Every block runs exactly once,
   /// in one of its modes, and each thread's blocks for the same modes run in the order performed.
   @Test func burstsOfBlocksWhileTheLoopRunsNestedRunEachOnceInOrderInTheirModes() async throws {
-    let loop = try RunLoopThread(name: "r11-burst")
+    let loop = try RunLoopThread(name: "burst")
     let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "bursts of blocks") {
       () -> (counts: [Int], wrongMode: Int, outOfOrder: Int, nested: Int) in
       let modeStack = Locked<[RunLoopMode]>([.default])
@@ -93,14 +93,14 @@ struct ChangeBarrierTests {
         modeStack.withLock { _ = $0.popLast() }
         nested.increment()
       }
-      let ticker = LoopTimer(after: .milliseconds(1), repeatingEvery: .milliseconds(1)) { _ in runNested(r11ModeA) }
+      let ticker = LoopTimer(after: .milliseconds(1), repeatingEvery: .milliseconds(1)) { _ in runNested(barrierModeA) }
       loop.add(ticker)
       let kick = Locked<InputSource?>(nil)
       let source = InputSource { _ in runNested(.default) }
       kick.withLock { $0 = source }
       loop.add(source)
       _ = try? loop.performAndWait {}
-      let kinds: [[RunLoopMode]] = [[.default], [r11ModeA], [.common]]
+      let kinds: [[RunLoopMode]] = [[.default], [barrierModeA], [.common]]
       race(
         (0..<3).map { thread in
           {
@@ -108,16 +108,16 @@ struct ChangeBarrierTests {
               let kind = index % 3
               loop.perform(inModes: kinds[kind]) {
                 let mode = modeStack.withLock { $0.last! }
-                let allowed = kind == 0 ? mode == .default : kind == 1 ? mode == r11ModeA : mode == .default
+                let allowed = kind == 0 ? mode == .default : kind == 1 ? mode == barrierModeA : mode == .default
                 if !allowed { wrongMode.increment() }
                 runs.withLock { $0[thread * 3 + kind].append(index) }
-                if index % 250 == 0 { runNested(index % 500 == 0 ? r11ModeA : .default) }
+                if index % 250 == 0 { runNested(index % 500 == 0 ? barrierModeA : .default) }
               }
               if index % 400 == 0 { source.signal() }
             }
           }
         })
-      // r11ModeA blocks run only in nested runs in r11ModeA: keep them coming until every block ran.
+      // barrierModeA blocks run only in nested runs in barrierModeA: keep them coming until every block ran.
       let deadline = ContinuousClock.now.advanced(by: .seconds(10))
       while runs.withLock({ $0.map(\.count).reduce(0, +) }) < 3 * perThread && ContinuousClock.now < deadline {
         usleep(2_000)
@@ -143,7 +143,7 @@ struct ChangeBarrierTests {
   /// (for the same mode) ran, and after the changes it sent before it were applied, also when
   /// they are more than a chunk and a pass.
   @Test func performAndWaitComesAfterTheThreadsOwnBlocksAndChanges() async throws {
-    let loop = try RunLoopThread(name: "r11-paw")
+    let loop = try RunLoopThread(name: "paw")
     let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "performAndWait order") {
       () -> [String] in
       var wrong: [String] = []
@@ -180,7 +180,7 @@ struct ChangeBarrierTests {
       () throws -> [String] in
       var wrong: [String] = []
       for round in 0..<4 {
-        let loop = try RunLoopThread(name: "r11-sd")
+        let loop = try RunLoopThread(name: "sd")
         let accepted = AtomicCounter()
         let ran = Locked<[Int: Int]>([:])
         let refused = Locked<Set<Int>>([])
@@ -195,7 +195,7 @@ struct ChangeBarrierTests {
             {
               for index in 0..<2_500 {
                 let id = thread * 10_000 + index
-                let modes: [RunLoopMode] = index % 2 == 0 ? [.default] : [r11ModeB]  // r11ModeB never runs
+                let modes: [RunLoopMode] = index % 2 == 0 ? [.default] : [barrierModeB]  // barrierModeB never runs
                 let took = loop.perform(inModes: modes) {
                   if returned.withLock({ $0 }) { lateRuns.increment() }
                   ran.withLock { $0[id, default: 0] += 1 }

@@ -22,7 +22,7 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
       let keep = LoopTimer(after: .seconds(3600)) { _ in }
       let keepModal = LoopTimer(after: .seconds(3600)) { _ in }
       loop.add(keep, to: .default)
-      loop.add(keepModal, to: r17ModeModal)
+      loop.add(keepModal, to: orderModeModal)
       let producerDone = TestGate()
       let producer = startThread {
         var index = 0
@@ -49,7 +49,7 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
       while (order.snapshot.count < total || followUps.snapshot.count < total) && ContinuousClock.now < deadline {
         if round % 3 == 0 {
           _ = loop.perform(inModes: [.default]) {
-            _ = loop.run(mode: r17ModeModal, until: .now.advanced(by: .microseconds(300)))
+            _ = loop.run(mode: orderModeModal, until: .now.advanced(by: .microseconds(300)))
           }
         }
         _ = loop.run(mode: .default, until: .now.advanced(by: .microseconds(500)))
@@ -82,8 +82,8 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
         let timer = LoopTimer(after: .seconds(3600)) { _ in }
         for index in 0..<total {
           for _ in 0..<(index % 5 == 0 ? 200 : 2) {
-            loop.add(timer, to: r17ModeB)
-            loop.remove(timer, from: r17ModeB)
+            loop.add(timer, to: orderModeB)
+            loop.remove(timer, from: orderModeB)
           }
           Task(executorPreference: loop) { order.withLock { $0.append(index) } }
         }
@@ -112,7 +112,7 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
   /// exactly once each.
   @Test func aBlockAfterAHeldBurstSeesEveryChangeAndRemovedTimersNeverFire() throws {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "held burst") { () -> [String] in
-      let loop = try RunLoopThread(name: "r25-held")
+      let loop = try RunLoopThread(name: "held")
       defer { loop.shutdownAndWait() }
       let sources = (0..<450).map { _ in RoutineCountingSource() }
       let fired = AtomicCounter()
@@ -177,7 +177,7 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
   /// pass, or the whole budget): a block, a job of an actor pinned to the loop and a task that
   /// prefers the loop, each sent after the burst, see every change of it.
   @Test func blocksActorsAndTasksAfterAFreeRunningBurstSeeItApplied() async throws {
-    let loop = try RunLoopThread(name: "r25-free")
+    let loop = try RunLoopThread(name: "free")
     defer { loop.shutdownAndWait() }
     let actor = ModeCountReadingActor(loop: loop)
     for round in 0..<3 {
@@ -221,7 +221,7 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
   /// is called (its job waits in the inbox behind the burst) and a task that prefers the loop,
   /// suspended on a continuation, is resumed: both see the whole burst applied.
   @Test func anActorHopAndAResumedTaskBehindAHeldBurstSeeItApplied() async throws {
-    let loop = try RunLoopThread(name: "r25-held-jobs")
+    let loop = try RunLoopThread(name: "held-jobs")
     defer { loop.shutdownAndWait() }
     let actor = ModeCountReadingActor(loop: loop)
     let sources = (0..<1_000).map { _ in RoutineCountingSource() }
@@ -268,7 +268,7 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
   @Test
   func aLoopThreadAddInABlockAppliesEveryChangeSentBeforeIt() throws {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "loop-thread add") { () -> [Int] in
-      let loop = try RunLoopThread(name: "r25-loop-add")
+      let loop = try RunLoopThread(name: "loop-add")
       defer { loop.shutdownAndWait() }
       let scheduled = AtomicCounter()
       let sources = (0..<1_000).map { index in RoutineCountingSource(index: index) { _, _ in scheduled.increment() } }
@@ -302,7 +302,7 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
   /// observer of `beforeWaiting` is never told with part of the burst applied.
   @Test func passesWithChangesWaitingNeverSleep() throws {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "no sleep") { () -> [Int] in
-      let loop = try RunLoopThread(name: "r25-no-sleep")
+      let loop = try RunLoopThread(name: "no-sleep")
       defer { loop.shutdownAndWait() }
       let scheduled = AtomicCounter()
       let sources = (0..<1_000).map { index in RoutineCountingSource(index: index) { _, _ in scheduled.increment() } }
@@ -335,8 +335,8 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
   @Test
   func aLoopThreadAddOfAMemberLastChangedOnAnotherLoopKeepsTheBudget() throws {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "stale sequence") { () -> [Int] in
-      let loopA = try RunLoopThread(name: "r25-seq-a")
-      let loopB = try RunLoopThread(name: "r25-seq-b")
+      let loopA = try RunLoopThread(name: "seq-a")
+      let loopB = try RunLoopThread(name: "seq-b")
       defer {
         loopA.shutdownAndWait()
         loopB.shutdownAndWait()
@@ -394,7 +394,7 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
   @Test
   func aSignalBeforeABurstFiresWithinOneBudgetAcrossANestedRun() throws {
     let outcome = try withWatchdogSync(timeout: .seconds(30), "nested budget") { () -> [[Int]] in
-      let loop = try RunLoopThread(name: "r28-nested-budget")
+      let loop = try RunLoopThread(name: "nested-budget")
       defer { loop.shutdownAndWait() }
       var rounds: [[Int]] = []
       for _ in 0..<3 {
@@ -450,7 +450,7 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
   @Test
   func aSignalStreamDoesNotStarveABurstOfChanges() throws {
     let outcome = try withWatchdogSync(timeout: .seconds(30), "signal stream") { () -> [Int] in
-      let loop = try RunLoopThread(name: "r28-stream")
+      let loop = try RunLoopThread(name: "stream")
       defer { loop.shutdownAndWait() }
       let scheduled = AtomicCounter()
       let sources = (0..<10_000).map { _ in
@@ -492,7 +492,7 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
   @Test
   func aSelfResignallingHandlerDoesNotStarveABurstOfChanges() throws {
     let outcome = try withWatchdogSync(timeout: .seconds(30), "self signal") { () -> [Int] in
-      let loop = try RunLoopThread(name: "r28-self-signal")
+      let loop = try RunLoopThread(name: "self-signal")
       defer { loop.shutdownAndWait() }
       let scheduled = AtomicCounter()
       let sources = (0..<10_000).map { _ in
@@ -529,7 +529,7 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
   /// An endless stream of changes from another thread does not starve blocks and jobs: they all
   /// run while the stream still goes on (the producer stops on its own after at most 1.2 s).
   @Test func streamOfChangesDoesNotStarveWork() async throws {
-    let loop = try RunLoopThread(name: "rr2-starve")
+    let loop = try RunLoopThread(name: "starve")
     defer { loop.shutdownAndWait() }
     let stop = AtomicCounter()
     let producerDone = AtomicCounter()
@@ -572,7 +572,7 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
   /// still wait (a pass applies a bounded number of them): it waits only for the changes that
   /// arrived before its signal, not for every change behind it.
   @Test func aSignalBeforeABurstOfChangesFiresWhileTheyStillWait() throws {
-    let loop = try RunLoopThread(name: "rr2-signal-burst")
+    let loop = try RunLoopThread(name: "signal-burst")
     defer { loop.shutdownAndWait() }
     let firedWhileWaiting = Guarded<Bool?>(nil)
     let source = InputSource { _ in
@@ -585,7 +585,7 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
     source.signal()
     let timer = LoopTimer(after: .seconds(3600)) { _ in }
     for index in 0..<(4 * LoopChangeQueue.perPass) {
-      if index % 2 == 0 { loop.add(timer, to: "rr2-burst") } else { loop.remove(timer, from: "rr2-burst") }
+      if index % 2 == 0 { loop.add(timer, to: "burst") } else { loop.remove(timer, from: "burst") }
     }
     release.open()
     _ = try loop.performAndWait { () }
@@ -599,9 +599,9 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
   /// runModal and performAndWait behind many waiting changes: the modal run sees the source the
   /// changes added and returns handledSource; performAndWait returns.
   @Test func runModalAndPerformAndWaitBehindWaitingChanges() async throws {
-    let loop = try RunLoopThread(name: "rr2-modal")
+    let loop = try RunLoopThread(name: "modal")
     defer { loop.shutdownAndWait() }
-    let mode = RunLoopMode("rr2-modal")
+    let mode = RunLoopMode("modal")
     let fired = AtomicCounter()
     let source = InputSource(perform: { _ in fired.increment() })
     let release = blockLoop(loop)
@@ -625,7 +625,7 @@ struct ChangeBudgetPerPassTests: ChangeBurstSending {
     let release2 = blockLoop(loop)
     let observer2 = Self.sendChanges(loop, count: 3 * LoopChangeQueue.perPass + 3)
     let emptyResult = try await withWatchdog(timeout: .seconds(20), "runModal empty") {
-      async let run = loop.runModal(mode: RunLoopMode("rr2-empty"), for: .seconds(10))
+      async let run = loop.runModal(mode: RunLoopMode("empty"), for: .seconds(10))
       release2.open()
       return try await run
     }

@@ -14,8 +14,8 @@ struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstS
   /// add was never scheduled.
   @Test
   func anAddStillInTheOldLoopsInboxIsScheduledAfterTheSourceMovedAndWasInvalidated() throws {
-    let oldLoop = try RunLoopThread(name: "ar3-inbox-old")
-    let newLoop = try RunLoopThread(name: "ar3-inbox-new")
+    let oldLoop = try RunLoopThread(name: "inbox-old")
+    let newLoop = try RunLoopThread(name: "inbox-new")
     defer {
       oldLoop.shutdownAndWait()
       newLoop.shutdownAndWait()
@@ -32,10 +32,10 @@ struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstS
     try Self.settle(newLoop)
     release.open()
     try Self.settle(oldLoop)
-    #expect(log.count("schedule@ar3-inbox-new") == 1)
-    #expect(log.count("cancel@ar3-inbox-new") == 1)
-    #expect(log.count("schedule@ar3-inbox-old") == 1, "log: \(log.snapshot)")
-    #expect(log.count("cancel@ar3-inbox-old") == 1, "log: \(log.snapshot)")
+    #expect(log.count("schedule@inbox-new") == 1)
+    #expect(log.count("cancel@inbox-new") == 1)
+    #expect(log.count("schedule@inbox-old") == 1, "log: \(log.snapshot)")
+    #expect(log.count("cancel@inbox-old") == 1, "log: \(log.snapshot)")
   }
 
   /// A source added to `.common`, then removed from `.default` (its record leaves its last mode,
@@ -175,20 +175,20 @@ struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstS
       let log = EventLog()
       let keepA = LoopTimer(after: .seconds(3600)) { _ in }
       let keepB = LoopTimer(after: .seconds(3600)) { _ in }
-      loop.add(keepA, to: r17ModeA)
-      loop.add(keepB, to: r17ModeB)
+      loop.add(keepA, to: orderModeA)
+      loop.add(keepB, to: orderModeB)
       let old = InputSource(cancel: { _, _ in log.add("old cancel") }) { _ in log.add("old") }
-      loop.add(old, to: r17ModeB)
+      loop.add(old, to: orderModeB)
       old.signal()
-      runOnePass(loop, r17ModeA)
-      runOnePass(loop, r17ModeA)
+      runOnePass(loop, orderModeA)
+      runOnePass(loop, orderModeA)
       old.invalidate()
       let fresh = InputSource { _ in log.add("fresh") }
-      loop.add(fresh, to: r17ModeA)
+      loop.add(fresh, to: orderModeA)
       fresh.signal()
-      runOnePass(loop, r17ModeA)
+      runOnePass(loop, orderModeA)
       log.add("A ran")
-      runOnePass(loop, r17ModeB)
+      runOnePass(loop, orderModeB)
       fresh.invalidate()
       keepA.invalidate()
       keepB.invalidate()
@@ -205,28 +205,28 @@ struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstS
       let loop = RunLoopThread.current
       defer { loop.shutdown() }
       let keepA = LoopTimer(after: .seconds(3600)) { _ in }
-      loop.add(keepA, to: r17ModeA)
+      loop.add(keepA, to: orderModeA)
       var bad: [Int] = []
       repeatRounds(300, budget: .milliseconds(800)) { round in
         let fires = AtomicCounter()
         let source = InputSource { _ in fires.increment() }
-        loop.add(source, to: r17ModeB)
+        loop.add(source, to: orderModeB)
         source.signal()
-        runOnePass(loop, r17ModeA)  // sorted out: waits for B
+        runOnePass(loop, orderModeA)  // sorted out: waits for B
         let moved = TestGate()
         let mover = startThread {
           for _ in 0..<(round % 32) { sched_yield() }
-          loop.remove(source, from: r17ModeB)
-          loop.add(source, to: r17ModeA)
+          loop.remove(source, from: orderModeB)
+          loop.add(source, to: orderModeA)
           moved.open()
         }
         var passes = 0
         while !moved.opened || passes < 3 {
-          runOnePass(loop, r17ModeA)
+          runOnePass(loop, orderModeA)
           if moved.opened { passes += 1 }
         }
         joinThread(mover)
-        runOnePass(loop, r17ModeA)
+        runOnePass(loop, orderModeA)
         if fires.current != 1 { bad.append(round) }
         source.invalidate()
       }
@@ -241,10 +241,10 @@ struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstS
   /// default mode (and an add to another mode), 600 changes into the burst, does not fire in the
   /// default mode, and fires exactly once when the other mode runs.
   @Test func signalsWaitOnlyForTheChangesSentBeforeThem() throws {
-    let other: RunLoopMode = "r25-signal-other"
+    let other: RunLoopMode = "signal-other"
     let outcome = try withWatchdogSync(timeout: .seconds(20), "signals") {
       () -> (early: [Int], late: (before: Int, after: Int)) in
-      let loop = try RunLoopThread(name: "r25-signals")
+      let loop = try RunLoopThread(name: "signals")
       defer { loop.shutdownAndWait() }
       let scheduled = AtomicCounter()
       let sources = (0..<1_000).map { index in RoutineCountingSource(index: index) { _, _ in scheduled.increment() } }
@@ -288,7 +288,7 @@ struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstS
   /// per stay, none is lost or doubled.
   @Test func cancelRoutinesChangingMembersWhoseRemovalsWait() throws {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "cancel churn") { () -> [String] in
-      let loop = try RunLoopThread(name: "r25-cancel-churn")
+      let loop = try RunLoopThread(name: "cancel-churn")
       defer { loop.shutdownAndWait() }
       let pool = Guarded<[InputSource]>([])
       let cancelled = Guarded<[Int]>([])
@@ -332,13 +332,13 @@ struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstS
   @Test
   func aMemberSentToAnotherLoopKeepsItsWaitingRemovalFirstOnTheFirstLoop() throws {
     let order = try Self.reAddOrder(viaOtherLoop: true)
-    #expect(order == ["schedule r27-order-a", "cancel r27-order-a", "schedule r27-order-a"])
+    #expect(order == ["schedule order-a", "cancel order-a", "schedule order-a"])
   }
 
   /// Control: without the detour through loop B the waiting removal is applied first.
   @Test func aMemberReaddedInAScheduleRoutineKeepsItsWaitingRemovalFirst() throws {
     let order = try Self.reAddOrder(viaOtherLoop: false)
-    #expect(order == ["schedule r27-order-a", "cancel r27-order-a", "schedule r27-order-a"])
+    #expect(order == ["schedule order-a", "cancel order-a", "schedule order-a"])
   }
 
   /// The same with a readiness source: its removal from A waits while A's loop thread adds it
@@ -361,7 +361,7 @@ struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstS
   @Test
   func aSignalAfterARemovalWaitsForIt() throws {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "after removal") { () -> [Int] in
-      let loop = try RunLoopThread(name: "r28-after-removal")
+      let loop = try RunLoopThread(name: "after-removal")
       defer { loop.shutdownAndWait() }
       let performed = AtomicCounter()
       let source = InputSource { _ in _ = performed.increment() }
@@ -392,7 +392,7 @@ struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstS
   @Test
   func aSourceBouncingBetweenHeldLoopsKeepsItsRoutinesInOrder() throws {
     let outcome = try withWatchdogSync(timeout: .seconds(30), "bounce") { () -> [String] in
-      let loops = try (0..<3).map { try RunLoopThread(name: "r28-bounce-\($0)") }
+      let loops = try (0..<3).map { try RunLoopThread(name: "bounce-\($0)") }
       defer { for loop in loops { loop.shutdownAndWait() } }
       let events = Guarded<[String: String]>([:])
       let member = InputSource(
@@ -431,7 +431,7 @@ struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstS
     }
     #expect(
       outcome == [
-        "r28-bounce-0: scscsc", "r28-bounce-1: scscsc", "r28-bounce-2: scscsc", "triggers 3",
+        "bounce-0: scscsc", "bounce-1: scscsc", "bounce-2: scscsc", "triggers 3",
       ])
   }
 
@@ -440,7 +440,7 @@ struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstS
   /// the collected batch and never looks at the inbox, so the later inline add overtakes the
   /// earlier removal: the source ends up bound but detached (its signals never fire).
   @Test func inlineAddInsideScheduleRoutineDoesNotOvertakeEarlierRemoval() async throws {
-    let loop = try RunLoopThread(name: "rr2-overtake")
+    let loop = try RunLoopThread(name: "overtake")
     defer { loop.shutdownAndWait() }
     let log = Log()
     let target = InputSource(
@@ -483,7 +483,7 @@ struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstS
 
   /// The same with the inline call made from a cancel routine that a cross-thread removal runs.
   @Test func inlineAddInsideCancelRoutineDoesNotOvertakeEarlierRemoval() async throws {
-    let loop = try RunLoopThread(name: "rr2-overtake-c")
+    let loop = try RunLoopThread(name: "overtake-c")
     defer { loop.shutdownAndWait() }
     let log = Log()
     let timer = LoopTimer(after: .seconds(3600)) { _ in }
@@ -521,7 +521,7 @@ struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstS
   /// applied: with more than a pass's worth of changes waiting in front, the signal is collected
   /// (signals are always taken) and step 4 fires the old registration.
   @Test func signalDoesNotOvertakeWaitingRemoval() async throws {
-    let loop = try RunLoopThread(name: "rr2-sigorder")
+    let loop = try RunLoopThread(name: "sigorder")
     defer { loop.shutdownAndWait() }
     let log = Log()
     let source = InputSource(
@@ -546,12 +546,12 @@ struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstS
   /// A signal for a source whose add still waits (behind many changes) is kept and fires once the
   /// add is applied; blocks and jobs sent after the changes see them applied.
   @Test func signalForWaitingAddAndWorkAfterManyChanges() async throws {
-    let loop = try RunLoopThread(name: "rr2-waitadd")
+    let loop = try RunLoopThread(name: "waitadd")
     defer { loop.shutdownAndWait() }
     let log = Log()
     let source = InputSource(perform: { _ in log.add("perform") })
     let other = InputSource(perform: { _ in log.add("other") })
-    loop.add(other, to: RunLoopMode("rr2-a"))
+    loop.add(other, to: RunLoopMode("a"))
     _ = try loop.performAndWait { () }
     let timers = (0..<(3 * LoopChangeQueue.perPass + 7)).map { _ in LoopTimer(after: .seconds(3600)) { _ in } }
     let release = blockLoop(loop)
@@ -585,7 +585,7 @@ struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstS
   /// Changes that a nested run (started by a change's schedule routine) applies keep their order,
   /// and a block sent after all of them sees them all.
   @Test func nestedRunInsideScheduleRoutineKeepsChangeOrder() async throws {
-    let loop = try RunLoopThread(name: "rr2-nestorder")
+    let loop = try RunLoopThread(name: "nestorder")
     defer { loop.shutdownAndWait() }
     let log = Guarded<[Int]>([])
     let nestedResults = Guarded<[RunLoopRunResult]>([])
@@ -597,7 +597,7 @@ struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstS
           if index == 0 || index == 300 {
             // Runs the loop nested in an empty mode: it must apply the waiting changes first and
             // report finished only then (or time out).
-            let result = runLoop.run(mode: RunLoopMode("rr2-empty"), for: .seconds(5))
+            let result = runLoop.run(mode: RunLoopMode("empty"), for: .seconds(5))
             nestedResults.withLock { $0.append(result) }
           }
         }, perform: { _ in })
@@ -620,7 +620,7 @@ struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstS
   /// continues the same queue, bounded); a block sent after them runs after every schedule.
   @Test
   func nestedRunInScheduleKeepsChangeAndBlockOrder() async throws {
-    let loop = try RunLoopThread(name: "r4-batch")
+    let loop = try RunLoopThread(name: "batch")
     defer { loop.shutdownAndWait() }
     let result = try await withWatchdogOnThread { () -> (ordered: Bool, count: Int, blockLast: Bool) in
       let log = EventLog()
@@ -652,8 +652,8 @@ struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstS
   /// the source is removed and moved to another loop: it fires exactly once, on the new loop.
   @Test
   func waitingSignalFollowsTheSourceToItsNextLoop() async throws {
-    let first = try RunLoopThread(name: "r4-sig-1")
-    let second = try RunLoopThread(name: "r4-sig-2")
+    let first = try RunLoopThread(name: "sig-1")
+    let second = try RunLoopThread(name: "sig-2")
     defer {
       first.shutdownAndWait()
       second.shutdownAndWait()
@@ -682,7 +682,7 @@ struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstS
         // Waited for, not taken from barriers on `second`: a pass runs the blocks sent before it
         // (step 3) before it fires the sources signalled before it (step 4), so a source that
         // joined late in one pass fires after the block of the next (invalidated, it would not).
-        waitUntil("the perform on r4-sig-2") { performs.snapshot.count > round }
+        waitUntil("the perform on sig-2") { performs.snapshot.count > round }
         try? second.performAndWait {}
         source.invalidate()
         filler.invalidate()
@@ -691,7 +691,7 @@ struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstS
       try? second.performAndWait {}
       return (performs.snapshot, pairs.unpaired, rounds)
     }
-    #expect(result?.performs.allSatisfy { $0 == "r4-sig-2" } == true, "\(result?.performs ?? [])")
+    #expect(result?.performs.allSatisfy { $0 == "sig-2" } == true, "\(result?.performs ?? [])")
     #expect(result.map { $0.performs.count == $0.rounds } == true, "one signal, not exactly one perform")
     #expect(result?.unpaired.isEmpty == true, "\(result?.unpaired ?? [])")
   }
@@ -699,12 +699,12 @@ struct ChangeOrderTests: MemberPromiseSettling, ReAddOrderMeasures, ChangeBurstS
   /// "Equal orders fire in signalling order", also for a source signalled while the loop ran a
   /// mode it is not in (kept aside) and a source signalled after it.
   @Test func aSourceKeptAsideFiresBeforeOneSignalledLater() throws {
-    let loop = try RunLoopThread(name: "r4-signal-order")
+    let loop = try RunLoopThread(name: "signal-order")
     defer { loop.shutdownAndWait() }
     let log = EventLog()
     let first = InputSource { _ in log.add("first") }
     let second = InputSource { _ in log.add("second") }
-    let other: RunLoopMode = "r4-order-other"
+    let other: RunLoopMode = "order-other"
     try loop.performAndWait {
       loop.add(first)
       loop.add(second)

@@ -12,7 +12,7 @@ struct ChunkedInboxTests {
   @Test func blocksWaitForTheChangesSentBeforeThemAcrossChunkBoundaries() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "chunked barrier") {
       () throws -> (short: [String], order: [String], ran: Int) in
-      let loop = try RunLoopThread(name: "r13-chunk")
+      let loop = try RunLoopThread(name: "chunk")
       defer { loop.shutdownAndWait() }
       let perThread = 2_000
       let short = Guarded<[String]>([])
@@ -22,7 +22,7 @@ struct ChunkedInboxTests {
       let bodies: [@Sendable () -> Void] = (0..<2).map { thread in
         {
           for index in 0..<perThread {
-            loop.add(LoopObserver(activities: .exit) { _, _ in }, to: r13ModeA)
+            loop.add(LoopObserver(activities: .exit) { _, _ in }, to: inboxModeA)
             loop.perform {
               ran.increment()
               let records = loop.core.modeTable.recordCount
@@ -58,7 +58,7 @@ struct ChunkedInboxTests {
       () throws -> [String] in
       var wrong: [String] = []
       repeatRounds(6, budget: .milliseconds(2000)) { round in
-        guard let loop = try? RunLoopThread(name: "r13-burst") else { return }
+        guard let loop = try? RunLoopThread(name: "burst") else { return }
         let pairs = PairLog()
         let accepted = AtomicCounter()
         let ran = Guarded<[Int: Int]>([:])
@@ -70,9 +70,9 @@ struct ChunkedInboxTests {
                 schedule: { _, loop, _ in pairs.schedule(loop) }, cancel: { _, loop in pairs.cancel(loop) },
                 perform: { _ in })
               sources.withLock { $0.append(source) }
-              loop.add(source, to: index % 2 == 0 ? .default : r13ModeA)
+              loop.add(source, to: index % 2 == 0 ? .default : inboxModeA)
               let key = thread * 10_000 + index
-              if loop.perform(inModes: [r13ModeB], { ran.withLock { $0[key, default: 0] += 1 } }) {
+              if loop.perform(inModes: [inboxModeB], { ran.withLock { $0[key, default: 0] += 1 } }) {
                 accepted.increment()
               }
             }

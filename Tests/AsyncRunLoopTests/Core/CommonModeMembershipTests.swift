@@ -14,8 +14,8 @@ struct CommonModeMembershipTests: MemberPromiseSettling, SharedTestLoops, PassTe
   /// ends it there (cancel once) and lets it move.
   @Test(arguments: [true, false])
   func aMemberLeavesItsLoopWhenItsLastModeNameIsRemovedCommonIncluded(addedToCommon: Bool) throws {
-    let loopA = try RunLoopThread(name: "ar3-common-a")
-    let loopB = try RunLoopThread(name: "ar3-common-b")
+    let loopA = try RunLoopThread(name: "common-a")
+    let loopB = try RunLoopThread(name: "common-b")
     defer {
       loopA.shutdownAndWait()
       loopB.shutdownAndWait()
@@ -33,39 +33,39 @@ struct CommonModeMembershipTests: MemberPromiseSettling, SharedTestLoops, PassTe
     #expect(log.snapshot.isEmpty, "removing a name it was not added by ended it: \(log.snapshot)")
     if addedToCommon {
       // Out of .default, still in the common set: a mode that joins it receives the source.
-      loopA.addModeToCommonModes("ar3-late")
+      loopA.addModeToCommonModes("late")
       #expect(command.post(1))
       let result = try loopA.performAndWait {
-        loopA.run(mode: "ar3-late", for: .milliseconds(200), returnAfterSourceHandled: true)
+        loopA.run(mode: "late", for: .milliseconds(200), returnAfterSourceHandled: true)
       }
       #expect(result == .handledSource)
     } else {
       #expect(command.post(1))  // still in .default, where the owned loop runs
     }
-    #expect(waitUntil(timeout: .seconds(5)) { log.count("cmd1@ar3-common-a") == 1 })
+    #expect(waitUntil(timeout: .seconds(5)) { log.count("cmd1@common-a") == 1 })
     loopA.remove(command.source, from: first)  // its last name: it leaves the loop
     try Self.settle(loopA)
-    #expect(log.snapshot == ["cmd1@ar3-common-a", "cancel@ar3-common-a"])
+    #expect(log.snapshot == ["cmd1@common-a", "cancel@common-a"])
     loopB.add(command.source)  // free to move
     #expect(command.post(2))
-    #expect(waitUntil(timeout: .seconds(5)) { log.count("cmd2@ar3-common-b") == 1 })
-    #expect(log.snapshot == ["cmd1@ar3-common-a", "cancel@ar3-common-a", "cmd2@ar3-common-b"])
+    #expect(waitUntil(timeout: .seconds(5)) { log.count("cmd2@common-b") == 1 })
+    #expect(log.snapshot == ["cmd1@common-a", "cancel@common-a", "cmd2@common-b"])
   }
 
   /// A `.common` descriptor silenced in a mode outside the common set fires in that mode once the
   /// mode joins the common set (the add re-evaluates the silenced ones), exactly once.
   @Test func aSilencedCommonSourceFiresInAModeThatJoinsTheCommonSetLater() throws {
-    let loop = try RunLoopThread(name: "r19-common")
+    let loop = try RunLoopThread(name: "common")
     let pipe = FireCountingPipe()
     let (silenced, afterJoin, listed) = try loop.performAndWait { () throws -> (Int, Int, Int) in
       try loop.add(pipe.source, to: .common)
       writeByte(pipe.write)
       runOtherModeBriefly(loop)
       let silenced = pipe.count
-      loop.addModeToCommonModes(r19Other)
+      loop.addModeToCommonModes(silencedOtherMode)
       let keepAlive = LoopTimer(after: .seconds(3_600)) { _ in }
-      loop.add(keepAlive, to: r19Other)
-      loop.run(mode: r19Other, until: .now.advanced(by: .milliseconds(20)))
+      loop.add(keepAlive, to: silencedOtherMode)
+      loop.run(mode: silencedOtherMode, until: .now.advanced(by: .milliseconds(20)))
       keepAlive.invalidate()
       loop.run(mode: .default, until: .now)
       return (silenced, pipe.count, loop.core.descriptors.silenced.count)
@@ -77,16 +77,16 @@ struct CommonModeMembershipTests: MemberPromiseSettling, SharedTestLoops, PassTe
     pipe.close()
   }
 
-  /// "Its last mode" counts names, `.common` being one: a source added to `.common` and to "r21"
-  /// by name, with "r21-late" joining the common set afterwards, is in all three; removing
+  /// "Its last mode" counts names, `.common` being one: a source added to `.common` and to "named"
+  /// by name, with "late" joining the common set afterwards, is in all three; removing
   /// `.default` by name takes it out of that mode only (no cancel), removing `.common` leaves
-  /// "r21" (still no cancel), and removing "r21" cancels it, once.
+  /// "named" (still no cancel), and removing "named" cancels it, once.
   @Test func commonModeNamesCountAsOneAndALateCommonModeReceivesTheSource() async throws {
-    let loop = try RunLoopThread(name: "r21-common")
+    let loop = try RunLoopThread(name: "common")
     let cancels = AtomicCounter()
     let source = InputSource(cancel: { _, _ in cancels.increment() }, perform: { _ in })
-    let named: RunLoopMode = "r21"
-    let late: RunLoopMode = "r21-late"
+    let named: RunLoopMode = "named"
+    let late: RunLoopMode = "late"
     loop.add(source, to: .common)
     loop.add(source, to: named)
     loop.addModeToCommonModes(late)
@@ -108,7 +108,7 @@ struct CommonModeMembershipTests: MemberPromiseSettling, SharedTestLoops, PassTe
     }
     #expect(
       steps == [
-        "kCFRunLoopDefaultMode,r21,r21-late cancels 0", "r21,r21-late cancels 0", "r21 cancels 0", " cancels 1",
+        "kCFRunLoopDefaultMode,late,named cancels 0", "late,named cancels 0", "named cancels 0", " cancels 1",
         "after shutdown: cancels 1",
       ], "\(steps ?? [])")
   }
@@ -121,7 +121,7 @@ struct CommonModeMembershipTests: MemberPromiseSettling, SharedTestLoops, PassTe
   @Test func membersInCommonReachModesAddedToTheSetConcurrently() async throws {
     let failures = try await failuresOverRounds(25, budget: .seconds(4), "common modes vs churn") {
       round, failures in
-      guard let loop = try? RunLoopThread(name: "r26-common") else { return failures.append("no loop") }
+      guard let loop = try? RunLoopThread(name: "common") else { return failures.append("no loop") }
       defer { loop.shutdownAndWait() }
       let schedules = AtomicCounter()
       let cancels = AtomicCounter()
@@ -131,7 +131,7 @@ struct CommonModeMembershipTests: MemberPromiseSettling, SharedTestLoops, PassTe
         schedule: { _, _, _ in schedules.increment() }, cancel: { _, _ in cancels.increment() }
       ) { _ in performs.increment() }
       let observer = LoopObserver(activities: .entry) { _, _ in entries.increment() }
-      let modes = (0..<16).map { RunLoopMode("r26-c\(round)-\($0)") }
+      let modes = (0..<16).map { RunLoopMode("c\(round)-\($0)") }
       let addModes: @Sendable () -> Void = { for mode in modes { loop.addModeToCommonModes(mode) } }
       let churn: @Sendable () -> Void = {
         for index in 0..<60 {
@@ -180,8 +180,8 @@ struct CommonModeMembershipTests: MemberPromiseSettling, SharedTestLoops, PassTe
     let failures = try await failuresOverRounds(200, budget: .seconds(3), "remove .common vs join") {
       round, failures in
       let loop = Self.sharedLoop
-      let joining = RunLoopMode("r26-join-\(round)")
-      let named = RunLoopMode("r26-named-\(round)")
+      let joining = RunLoopMode("join-\(round)")
+      let named = RunLoopMode("named-\(round)")
       let schedules = AtomicCounter()
       let cancels = AtomicCounter()
       let performs = AtomicCounter()
@@ -226,7 +226,7 @@ struct CommonModeMembershipTests: MemberPromiseSettling, SharedTestLoops, PassTe
       }
       let fires = AtomicCounter()
       let source = DescriptorSource(descriptor: ends.read) { _, _ in fires.increment() }
-      let modes = (0..<8).map { RunLoopMode("r26-d\(round)-\($0)") }
+      let modes = (0..<8).map { RunLoopMode("d\(round)-\($0)") }
       let churn: @Sendable () -> Void = {
         for _ in 0..<30 {
           try? loop.add(source, to: .common)
@@ -260,7 +260,7 @@ struct CommonModeMembershipTests: MemberPromiseSettling, SharedTestLoops, PassTe
   /// mode that joins the set afterwards, and is again once re-added.
   @Test func commonSetBookkeepingIsExact() async throws {
     let report = try await withWatchdogOnThread(timeout: .seconds(20), "common bookkeeping") { () throws -> [String] in
-      let loop = try RunLoopThread(name: "r26-book")
+      let loop = try RunLoopThread(name: "book")
       defer { loop.shutdownAndWait() }
       return try loop.performAndWait { () -> [String] in
         var wrong: [String] = []
@@ -287,18 +287,18 @@ struct CommonModeMembershipTests: MemberPromiseSettling, SharedTestLoops, PassTe
         }
         loop.add(source, to: .common)
         loop.add(observer, to: .common)
-        let modes = (0..<5).map { RunLoopMode("r26-book-\($0)") }
+        let modes = (0..<5).map { RunLoopMode("book-\($0)") }
         for mode in modes { loop.addModeToCommonModes(mode) }
         if schedules.current != 1 { wrong.append("schedules \(schedules.current) after modes joined") }
         for mode in modes { expect(mode, (1, 1), "joined") }
         loop.remove(source, from: .default)
         expect(.default, (0, 1), "removed .default by name")
         expect(modes[0], (1, 1), "removed .default by name")
-        let late = RunLoopMode("r26-book-late")
+        let late = RunLoopMode("book-late")
         loop.addModeToCommonModes(late)
         expect(late, (1, 1), "joined after .default was removed")
         loop.remove(observer, from: .common)
-        let later = RunLoopMode("r26-book-later")
+        let later = RunLoopMode("book-later")
         loop.addModeToCommonModes(later)
         expect(later, (1, 0), "observer removed, then a mode joined")
         loop.add(observer, to: .common)
@@ -324,25 +324,25 @@ struct CommonModeMembershipTests: MemberPromiseSettling, SharedTestLoops, PassTe
   /// until removed from `.common`), so adding it to a second loop traps, naming both loops.
   @Test func removingDefaultByNameDoesNotFreeACommonMemberForAnotherLoop() async {
     let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
-      let first = try RunLoopThread(name: "r26-trap-first")
-      let second = try RunLoopThread(name: "r26-trap-second")
+      let first = try RunLoopThread(name: "trap-first")
+      let second = try RunLoopThread(name: "trap-second")
       let source = InputSource { _ in }
       first.add(source, to: .common)
       first.remove(source, from: .default)
       second.add(source, to: .default)
     }
-    expectStandardError(of: result, mentions: "r26-trap-first")
-    expectStandardError(of: result, mentions: "r26-trap-second")
+    expectStandardError(of: result, mentions: "trap-first")
+    expectStandardError(of: result, mentions: "trap-second")
   }
 
   /// Added to `.common`, removed from `.default` by name: stays on the loop in no mode; a mode
   /// joining the common set later receives it; removing `.common` then cancels it, once.
   @Test
   func commonMemberRemovedByNameThenCommonModeAddedThenCommonRemoved() async throws {
-    let loop = try RunLoopThread(name: "r4-common")
+    let loop = try RunLoopThread(name: "common")
     defer { loop.shutdownAndWait() }
     let pairs = PairLog()
-    let modeX = RunLoopMode("r4-common-late")
+    let modeX = RunLoopMode("common-late")
     let result = try await withWatchdogOnThread { () -> [String] in
       let source = InputSource(
         schedule: { _, loop, _ in pairs.schedule(loop) }, cancel: { _, loop in pairs.cancel(loop) },
@@ -356,7 +356,7 @@ struct CommonModeMembershipTests: MemberPromiseSettling, SharedTestLoops, PassTe
       loop.remove(source, from: .common)
       try loop.performAndWait { log.add("after remove common: \(loop.core.modes(of: source))") }
       // Free to move now.
-      let other = try RunLoopThread(name: "r4-common-2")
+      let other = try RunLoopThread(name: "common-2")
       other.add(source, to: .default)
       try other.performAndWait { log.add("on other: \(other.core.modes(of: source))") }
       source.invalidate()
@@ -369,7 +369,7 @@ struct CommonModeMembershipTests: MemberPromiseSettling, SharedTestLoops, PassTe
         "on other: [\(RunLoopMode.default)]",
       ])
     #expect(pairs.unpaired.isEmpty, "\(pairs.unpaired)")
-    #expect(pairs.counts.snapshot["r4-common"]?.schedule == 1)
+    #expect(pairs.counts.snapshot["common"]?.schedule == 1)
   }
 
   /// A mode added to the common set from a callout inside a nested run of that very mode: a

@@ -47,23 +47,23 @@ struct CommonOrderTests {
         keep.invalidate()
         return log.withLock { $0 }
       }
-      loop.addModeToCommonModes(r10ModeA)
-      let first = tellEntry(r10ModeA)
+      loop.addModeToCommonModes(payloadModeA)
+      let first = tellEntry(payloadModeA)
       // As if 2^32 more adds had happened: the next adds wrap again.
       modeTable.setCommonOrderCountForTesting(UInt32.max - 1)
       for index in 8..<11 {
         loop.add(observers[index], to: .common)
         loop.add(timers[index], to: .common)
       }
-      loop.addModeToCommonModes(r10ModeB)
-      let second = tellEntry(r10ModeB)
+      loop.addModeToCommonModes(payloadModeB)
+      let second = tellEntry(payloadModeB)
       // Only B runs the timers (out of default and A by name; B holds them through the set).
       for timer in timers {
         loop.remove(timer, from: .default)
-        loop.remove(timer, from: r10ModeA)
+        loop.remove(timer, from: payloadModeA)
       }
       timerLog.withLock { $0.removeAll() }
-      _ = loop.run(mode: r10ModeB, until: due.advanced(by: .milliseconds(50)))
+      _ = loop.run(mode: payloadModeB, until: due.advanced(by: .milliseconds(50)))
       for member in observers { member.invalidate() }
       for timer in timers { timer.invalidate() }
       return (first, second, timerLog.withLock { $0 })
@@ -96,10 +96,10 @@ struct CommonOrderTests {
         loop.remove(sources[index], from: .default)
         loop.remove(timers[index], from: .default)
       }
-      loop.addModeToCommonModes(r10ModeC)
+      loop.addModeToCommonModes(payloadModeC)
       for index in 0..<50 {
-        if loop.core.modes(of: sources[index]) != [r10ModeC] { problems.append("source \(index)") }
-        if loop.core.modes(of: timers[index]) != [r10ModeC] { problems.append("timer \(index)") }
+        if loop.core.modes(of: sources[index]) != [payloadModeC] { problems.append("source \(index)") }
+        if loop.core.modes(of: timers[index]) != [payloadModeC] { problems.append("timer \(index)") }
       }
       for index in 0..<50 {
         loop.remove(sources[index], from: .common)

@@ -12,18 +12,18 @@ struct CrossThreadChangesAsValuesTests {
   @Test func aThreadsChangesAreAllAppliedBeforeItsPerformAndWait() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "ordered changes") {
       () throws -> (problems: [String], released: Bool) in
-      let loop = try RunLoopThread(name: "r10-order")
+      let loop = try RunLoopThread(name: "order")
       defer { loop.shutdownAndWait() }
       let keep = LoopTimer(after: .seconds(3600)) { _ in }
-      loop.add(keep, to: r10ModeC)
+      loop.add(keep, to: payloadModeC)
       let churner = LoopTimer(after: .milliseconds(1), repeatingEvery: .milliseconds(1)) { _ in
-        _ = RunLoopThread.current.run(mode: r10ModeC, for: .milliseconds(1))
+        _ = RunLoopThread.current.run(mode: payloadModeC, for: .milliseconds(1))
       }
       loop.add(churner, to: .default)
-      loop.add(churner, to: r10ModeA)
+      loop.add(churner, to: payloadModeA)
       let problems = Locked<[String]>([])
       let weakMembers = Locked<[() -> Bool]>([])  // true while the member is alive
-      let modes: [RunLoopMode] = [r10ModeA, r10ModeB, .default]
+      let modes: [RunLoopMode] = [payloadModeA, payloadModeB, .default]
       let threads = (0..<4).map { thread in
         startThread {
           var random = SeededRandom(state: UInt64(thread + 1) &* 0x9E37_79B9)
@@ -122,8 +122,8 @@ struct CrossThreadChangesAsValuesTests {
   /// the valid ones are in loop one's mode A only, and loop two holds nothing.
   @Test func sourcesMovedBetweenLoopsQuicklyPairTheirRoutinesOnEachLoop() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "stale adds") { () throws -> [String] in
-      let one = try RunLoopThread(name: "r10-one")
-      let two = try RunLoopThread(name: "r10-two")
+      let one = try RunLoopThread(name: "one")
+      let two = try RunLoopThread(name: "two")
       defer {
         one.shutdownAndWait()
         two.shutdownAndWait()
@@ -138,11 +138,11 @@ struct CrossThreadChangesAsValuesTests {
           _ = repeatRounds(300, budget: .milliseconds(600)) { _ in
             let source = ScheduleCountingSource()
             all.append(source)
-            one.add(source.source, to: r10ModeA)
-            one.remove(source.source, from: r10ModeA)
-            two.add(source.source, to: r10ModeB)
-            two.remove(source.source, from: r10ModeB)
-            one.add(source.source, to: r10ModeA)
+            one.add(source.source, to: payloadModeA)
+            one.remove(source.source, from: payloadModeA)
+            two.add(source.source, to: payloadModeB)
+            two.remove(source.source, from: payloadModeB)
+            one.add(source.source, to: payloadModeA)
             if random.next(3) == 0 {
               source.source.invalidate()
             } else {
@@ -153,7 +153,7 @@ struct CrossThreadChangesAsValuesTests {
           _ = try? two.performAndWait {}
           for source in all {
             let isValid = source.source.isValid
-            let unpaired = source.unpaired(open: isValid ? ["r10-one"] : [])
+            let unpaired = source.unpaired(open: isValid ? ["one"] : [])
             if !unpaired.isEmpty { problems.withLock { $0.append("thread \(thread): \(unpaired)") } }
           }
           kept.withLock { $0 += valid }
@@ -162,7 +162,7 @@ struct CrossThreadChangesAsValuesTests {
       for thread in threads { joinThread(thread) }
       let valid = kept.withLock { $0 }
       let onOne = try one.performAndWait { () -> (records: Int, wrong: Int) in
-        (one.core.modeTable.allRecords.count, valid.filter { one.core.modes(of: $0.source) != [r10ModeA] }.count)
+        (one.core.modeTable.allRecords.count, valid.filter { one.core.modes(of: $0.source) != [payloadModeA] }.count)
       }
       let onTwo = try two.performAndWait { two.core.modeTable.allRecords.count }
       var result = problems.withLock { $0 }
@@ -186,16 +186,16 @@ struct CrossThreadChangesAsValuesTests {
       var problems: [String] = []
       var alive = 0
       for round in 0..<6 {
-        let loop = try RunLoopThread(name: "r10-race")
+        let loop = try RunLoopThread(name: "race")
         let counted = Locked<[ScheduleCountingSource]>([])
         let probes = Locked<[() -> Bool]>([])
         let done = Locked(false)
         let pipe = makePipe()
         let churner = LoopTimer(after: .milliseconds(1), repeatingEvery: .milliseconds(1)) { _ in
-          _ = RunLoopThread.current.run(mode: r10ModeC, for: .milliseconds(1))
+          _ = RunLoopThread.current.run(mode: payloadModeC, for: .milliseconds(1))
         }
         loop.add(churner, to: .default)
-        loop.add(churner, to: r10ModeC)
+        loop.add(churner, to: payloadModeC)
         let workers = (0..<3).map { thread in
           startThread {
             var random = SeededRandom(state: UInt64(round * 7 + thread + 1))
@@ -203,7 +203,7 @@ struct CrossThreadChangesAsValuesTests {
             // Until a while after the shutdown (and at least 100 steps, at most 5,000).
             while step < 5_000 && (step < 100 || !done.withLock({ $0 })) {
               step += 1
-              let mode: RunLoopMode = [r10ModeA, .default, .common][random.next(3)]
+              let mode: RunLoopMode = [payloadModeA, .default, .common][random.next(3)]
               switch random.next(4) {
               case 0:
                 let source = ScheduleCountingSource()
@@ -216,7 +216,7 @@ struct CrossThreadChangesAsValuesTests {
                 weak let weakTimer = timer
                 probes.withLock { $0.append { weakTimer != nil } }
                 loop.add(timer, to: mode)
-                loop.add(timer, to: r10ModeC)
+                loop.add(timer, to: payloadModeC)
                 timer.setFireDate(.now)
                 if random.next(2) == 0 { loop.remove(timer, from: mode) }
                 if random.next(2) == 0 { timer.invalidate() }

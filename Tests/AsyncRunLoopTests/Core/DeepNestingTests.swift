@@ -11,7 +11,7 @@ struct DeepNestingTests {
   @Test(arguments: [DeepNestCallout.source, .block, .timer, .observer])
   func noJobRunsInARunNestedInACalloutOfAJobsNestedRun(kind: DeepNestCallout) async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "deep nest \(kind)") { () async throws -> [String] in
-      let loop = try RunLoopThread(name: "r18-deep")
+      let loop = try RunLoopThread(name: "deep")
       let log = EventLog()
       let actor = NestingLoopActor(loop: loop, log: log)
       await actor.deepNest(kind)
@@ -60,7 +60,7 @@ struct DeepNestingTests {
   @Test func defaultClockSleepOnALoopThatShutsDownCompletes() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "LoopClock() across shutdown") {
       () async throws -> Bool in
-      let loop = try RunLoopThread(name: "r18-default-clock")
+      let loop = try RunLoopThread(name: "default-clock")
       let started = AtomicCounter()
       let sleeper = Task(executorPreference: loop) { () -> Bool in
         started.increment()

@@ -10,30 +10,30 @@ struct EarlierHandlerChangesTests {
   /// S1's handler takes S2 out of the running mode A (S2 stays in B) and runs B nested: S2 fires
   /// exactly once, in B, and not again in a later run of B.
   @Test func aSourceTakenOutOfTheModeByAnEarlierHandlerFiresOnceInItsOtherMode() throws {
-    let loop = try RunLoopThread(name: "r19-step4")
-    let running = Locked(r19Other.rawValue)
+    let loop = try RunLoopThread(name: "step4")
+    let running = Locked(silencedOtherMode.rawValue)
     let log = Locked([String]())
     let second = InputSource(order: 1) { _ in log.withLock { $0.append("S2 in \(running.withLock { $0 })") } }
     let first = InputSource(order: 0) { _ in
       log.withLock { $0.append("S1") }
-      loop.remove(second, from: r19Other)
-      running.withLock { $0 = r19Second.rawValue }
-      loop.run(mode: r19Second, until: .now)
-      running.withLock { $0 = r19Other.rawValue }
+      loop.remove(second, from: silencedOtherMode)
+      running.withLock { $0 = silencedSecondMode.rawValue }
+      loop.run(mode: silencedSecondMode, until: .now)
+      running.withLock { $0 = silencedOtherMode.rawValue }
     }
     let entries = try loop.performAndWait { () -> [String] in
-      loop.add(first, to: r19Other)
-      loop.add(second, to: r19Other)
-      loop.add(second, to: r19Second)
+      loop.add(first, to: silencedOtherMode)
+      loop.add(second, to: silencedOtherMode)
+      loop.add(second, to: silencedSecondMode)
       first.signal()
       second.signal()
-      loop.run(mode: r19Other, until: .now)
-      running.withLock { $0 = r19Second.rawValue }
-      loop.run(mode: r19Second, until: .now)
-      loop.run(mode: r19Second, until: .now)
+      loop.run(mode: silencedOtherMode, until: .now)
+      running.withLock { $0 = silencedSecondMode.rawValue }
+      loop.run(mode: silencedSecondMode, until: .now)
+      loop.run(mode: silencedSecondMode, until: .now)
       return log.withLock { $0 }
     }
-    #expect(entries == ["S1", "S2 in \(r19Second.rawValue)"])
+    #expect(entries == ["S1", "S2 in \(silencedSecondMode.rawValue)"])
     first.invalidate()
     second.invalidate()
     loop.shutdownAndWait()
@@ -43,7 +43,7 @@ struct EarlierHandlerChangesTests {
   /// the loop): S2 is still in A and fires there once; runs of B and of another common mode do not
   /// fire it again.
   @Test func aSourceMovedToCommonByAnEarlierHandlerFiresOnceInTheRunningMode() throws {
-    let loop = try RunLoopThread(name: "r19-tocommon")
+    let loop = try RunLoopThread(name: "tocommon")
     let fires = Locked(0)
     let second = InputSource(order: 1) { _ in fires.withLock { $0 += 1 } }
     let first = InputSource(order: 0) { _ in
@@ -51,16 +51,16 @@ struct EarlierHandlerChangesTests {
       loop.add(second, to: .common)
     }
     let (inDefault, total) = try loop.performAndWait { () -> (Int, Int) in
-      loop.addModeToCommonModes(r19Third)
+      loop.addModeToCommonModes(silencedThirdMode)
       loop.add(first, to: .default)
       loop.add(second, to: .default)
-      loop.add(second, to: r19Second)
+      loop.add(second, to: silencedSecondMode)
       first.signal()
       second.signal()
       loop.run(mode: .default, until: .now)
       let inDefault = fires.withLock { $0 }
-      loop.run(mode: r19Third, until: .now)
-      loop.run(mode: r19Second, until: .now)
+      loop.run(mode: silencedThirdMode, until: .now)
+      loop.run(mode: silencedSecondMode, until: .now)
       loop.run(mode: .default, until: .now)
       return (inDefault, fires.withLock { $0 })
     }
@@ -74,7 +74,7 @@ struct EarlierHandlerChangesTests {
   /// S1's handler removes S2 from its only mode (S2 leaves the loop) and adds it to `.common`: it
   /// joins again still signalled and fires exactly once, in a mode that holds it.
   @Test func aSourceReaddedByAnEarlierHandlerAfterLeavingTheLoopFiresOnce() throws {
-    let loop = try RunLoopThread(name: "r19-readd")
+    let loop = try RunLoopThread(name: "readd")
     let fires = Locked(0)
     let second = InputSource(order: 1) { _ in fires.withLock { $0 += 1 } }
     let first = InputSource(order: 0) { _ in
@@ -82,14 +82,14 @@ struct EarlierHandlerChangesTests {
       loop.add(second, to: .common)
     }
     let total = try loop.performAndWait { () -> Int in
-      loop.addModeToCommonModes(r19Third)
+      loop.addModeToCommonModes(silencedThirdMode)
       loop.add(first, to: .default)
       loop.add(second, to: .default)
       first.signal()
       second.signal()
       for _ in 0..<3 {
         loop.run(mode: .default, until: .now)
-        loop.run(mode: r19Third, until: .now)
+        loop.run(mode: silencedThirdMode, until: .now)
       }
       return fires.withLock { $0 }
     }
@@ -101,24 +101,24 @@ struct EarlierHandlerChangesTests {
 
   /// S1's handler removes S2 from A and invalidates it: S2 never fires, its cancel runs once.
   @Test func aSourceInvalidatedByAnEarlierHandlerNeverFires() throws {
-    let loop = try RunLoopThread(name: "r19-inval")
+    let loop = try RunLoopThread(name: "inval")
     let fires = Locked(0)
     let cancels = Locked(0)
     let second = InputSource(order: 1, cancel: { _, _ in cancels.withLock { $0 += 1 } }) { _ in
       fires.withLock { $0 += 1 }
     }
     let first = InputSource(order: 0) { _ in
-      loop.remove(second, from: r19Other)
+      loop.remove(second, from: silencedOtherMode)
       second.invalidate()
     }
     try loop.performAndWait {
-      loop.add(first, to: r19Other)
-      loop.add(second, to: r19Other)
-      loop.add(second, to: r19Second)
+      loop.add(first, to: silencedOtherMode)
+      loop.add(second, to: silencedOtherMode)
+      loop.add(second, to: silencedSecondMode)
       first.signal()
       second.signal()
-      loop.run(mode: r19Other, until: .now)
-      loop.run(mode: r19Second, until: .now)
+      loop.run(mode: silencedOtherMode, until: .now)
+      loop.run(mode: silencedSecondMode, until: .now)
     }
     #expect(fires.withLock { $0 } == 0)
     #expect(cancels.withLock { $0 } == 1)
@@ -133,11 +133,11 @@ struct EarlierHandlerChangesTests {
   /// once each in another common mode they are still in (added by name).
   @Test func aPerformThatInvalidatesAndRemovesTheRestOfItsPass() async throws {
     let report = try await withWatchdogOnThread(timeout: .seconds(20), "perform vs its pass") { () throws -> [String] in
-      let loop = try RunLoopThread(name: "r26-pass")
+      let loop = try RunLoopThread(name: "pass")
       defer { loop.shutdownAndWait() }
       return try loop.performAndWait { () -> [String] in
-        let mode = RunLoopMode("r26-pass-run")
-        let other = RunLoopMode("r26-pass-other")
+        let mode = RunLoopMode("pass-run")
+        let other = RunLoopMode("pass-other")
         loop.addModeToCommonModes(mode)
         loop.addModeToCommonModes(other)
         let performed = Guarded<[Int]>([])

@@ -49,7 +49,7 @@ struct LoopThreadChangesRacingOtherThreadsTests {
   /// as the queue and overflows the loop thread's stack (SIGSEGV, the whole test process dies).
   @Test
   func scheduleRoutinesAddingOnTheLoopThreadDoNotRecursePerWaitingChange() async throws {
-    let loop = try RunLoopThread(name: "r16-s1")
+    let loop = try RunLoopThread(name: "s1")
     defer { loop.shutdownAndWait() }
     let timer = LoopTimer(after: .seconds(3600)) { _ in }
     let scheduled = AtomicCounter()
@@ -60,10 +60,10 @@ struct LoopThreadChangesRacingOtherThreadsTests {
       for _ in 0..<count {
         let source = InputSource(
           schedule: { _, loop, _ in
-            loop.add(timer, to: r16ModeY)
+            loop.add(timer, to: racingModeY)
             scheduled.increment()
           }, cancel: { _, _ in }, perform: { _ in })
-        loop.add(source, to: r16ModeY)
+        loop.add(source, to: racingModeY)
         sources.append(source)
       }
       release.open()
@@ -86,26 +86,26 @@ struct LoopThreadChangesRacingOtherThreadsTests {
   @Test(arguments: [true, false])
   func aNestedCallInTheSecondApplicationDoesNotLetALaterChangeOvertake(loopThreadRemoves: Bool) async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "nested overtaking") { () -> String? in
-      let loop = try RunLoopThread(name: "r16-n1")
+      let loop = try RunLoopThread(name: "n1")
       defer { loop.shutdownAndWait() }
       let timer = LoopTimer(after: .seconds(3600)) { _ in }
       let other = LoopTimer(after: .seconds(3600)) { _ in }
-      loop.add(timer, to: r16ModeM)
-      if loopThreadRemoves { loop.add(timer, to: r16ModeX) }
+      loop.add(timer, to: racingModeM)
+      if loopThreadRemoves { loop.add(timer, to: racingModeX) }
       let s = InputSource(
         schedule: { _, loop, _ in
           joinThread(
             startThread {
-              if loopThreadRemoves { loop.add(timer, to: r16ModeX) } else { loop.remove(timer, from: r16ModeX) }
+              if loopThreadRemoves { loop.add(timer, to: racingModeX) } else { loop.remove(timer, from: racingModeX) }
             })
-          loop.add(other, to: r16ModeY)
+          loop.add(other, to: racingModeY)
         }, cancel: { _, _ in }, perform: { _ in })
       let p = InputSource(
-        schedule: { _, loop, _ in joinThread(startThread { loop.add(s, to: r16ModeY) }) }, cancel: { _, _ in },
+        schedule: { _, loop, _ in joinThread(startThread { loop.add(s, to: racingModeY) }) }, cancel: { _, _ in },
         perform: { _ in })
       let disagreement = try loop.performAndWait { () -> String? in
-        joinThread(startThread { loop.add(p, to: r16ModeY) })
-        if loopThreadRemoves { loop.remove(timer, from: r16ModeX) } else { loop.add(timer, to: r16ModeX) }
+        joinThread(startThread { loop.add(p, to: racingModeY) })
+        if loopThreadRemoves { loop.remove(timer, from: racingModeX) } else { loop.add(timer, to: racingModeX) }
         return bindingDisagreement(loop, timer) ?? "agree"
       }
       for member in [s, p] { member.invalidate() }
@@ -127,7 +127,7 @@ struct LoopThreadChangesRacingOtherThreadsTests {
     let source = DescriptorSource(descriptor: pipe.read, interest: .readable) { _, _ in }
     let outcome = try await withWatchdogOnThread(timeout: .seconds(60), "descriptor race") {
       try raceMembership(
-        source, mode: r16ModeX, loopThreadRemoves: loopThreadRemoves, rounds: 3_000,
+        source, mode: racingModeX, loopThreadRemoves: loopThreadRemoves, rounds: 3_000,
         add: { try? $0.add($1, to: $2) }, remove: { $0.remove($1, from: $2) })
     }
     source.invalidate()
@@ -142,32 +142,32 @@ struct LoopThreadChangesRacingOtherThreadsTests {
   func aCalloutChangingAnotherMemberRacingAThirdThreadLeavesThemAgreeing(calloutRemoves: Bool) async throws {
     let rounds = 2_000
     let outcome = try await withWatchdogOnThread(timeout: .seconds(60), "callout race") { () -> (Int, String)? in
-      let loop = try RunLoopThread(name: "r16-b2")
+      let loop = try RunLoopThread(name: "b2")
       defer { loop.shutdownAndWait() }
       let timer = LoopTimer(after: .seconds(3600)) { _ in }
-      loop.add(timer, to: r16ModeM)
+      loop.add(timer, to: racingModeM)
       let go = AtomicCounter()
       let done = AtomicCounter()
       let other = startThread {
         for round in 1...rounds {
           while go.current < round { sched_yield() }
           for _ in 0..<(round % 32) { _ = done.current }
-          if calloutRemoves { loop.add(timer, to: r16ModeX) } else { loop.remove(timer, from: r16ModeX) }
+          if calloutRemoves { loop.add(timer, to: racingModeX) } else { loop.remove(timer, from: racingModeX) }
           _ = done.increment()
         }
       }
       var mismatches = 0
       var example = ""
       for round in 1...rounds {
-        if calloutRemoves { loop.add(timer, to: r16ModeX) } else { loop.remove(timer, from: r16ModeX) }
+        if calloutRemoves { loop.add(timer, to: racingModeX) } else { loop.remove(timer, from: racingModeX) }
         let scheduled = TestGate()
         let source = InputSource(
           schedule: { _, loop, _ in
-            if calloutRemoves { loop.remove(timer, from: r16ModeX) } else { loop.add(timer, to: r16ModeX) }
+            if calloutRemoves { loop.remove(timer, from: racingModeX) } else { loop.add(timer, to: racingModeX) }
             scheduled.open()
           }, cancel: { _, _ in }, perform: { _ in })
         _ = go.increment()
-        loop.add(source, to: r16ModeY)
+        loop.add(source, to: racingModeY)
         scheduled.wait(timeout: .seconds(10))
         while done.current < round { sched_yield() }
         let disagreement = try loop.performAndWait { bindingDisagreement(loop, timer) }

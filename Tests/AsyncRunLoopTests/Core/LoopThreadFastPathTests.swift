@@ -11,13 +11,13 @@ struct LoopThreadFastPathTests {
   /// a nested run. Promised: the loop-thread call comes after every change sent before it, so the
   /// routines pair up in order and each source ends as the block left it.
   @Test func aLoopThreadChangeAfterACrossThreadOneWithHappensBeforeComesAfterIt() async throws {
-    let loop = try RunLoopThread(name: "r12-fast")
+    let loop = try RunLoopThread(name: "fast")
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "fast path order") {
       () -> (wrong: [String], rounds: Int) in
       defer { loop.shutdownAndWait() }
       let wrong = Locked<[String]>([])
       let keep = LoopTimer(after: .seconds(3600)) { _ in }
-      loop.add(keep, to: r12ModeA)
+      loop.add(keep, to: movedModeA)
       let rounds = repeatRounds(300, budget: .milliseconds(600)) { round in
         let log = EventLog()
         let source = InputSource(
@@ -26,30 +26,30 @@ struct LoopThreadFastPathTests {
         let sent = TestGate()
         let done = TestGate()
         let addsFirst = round % 2 == 0
-        if !addsFirst { loop.add(source, to: r12ModeA) }
+        if !addsFirst { loop.add(source, to: movedModeA) }
         loop.perform {
           _ = sent.wait(timeout: .seconds(10))
           let change: @Sendable () -> Void = {
             if addsFirst {
-              loop.remove(source, from: r12ModeA)  // after the add sent from the other thread
+              loop.remove(source, from: movedModeA)  // after the add sent from the other thread
             } else {
-              loop.add(source, to: r12ModeA)  // after the removal sent from the other thread
+              loop.add(source, to: movedModeA)  // after the removal sent from the other thread
             }
           }
           if round % 3 == 0 {
-            loop.perform(inModes: [r12ModeA]) { change() }
-            _ = loop.run(mode: r12ModeA, until: .now.advanced(by: .milliseconds(1)))
+            loop.perform(inModes: [movedModeA]) { change() }
+            _ = loop.run(mode: movedModeA, until: .now.advanced(by: .milliseconds(1)))
           } else {
             change()
           }
           done.open()
         }
-        if addsFirst { loop.add(source, to: r12ModeA) } else { loop.remove(source, from: r12ModeA) }
+        if addsFirst { loop.add(source, to: movedModeA) } else { loop.remove(source, from: movedModeA) }
         sent.open()
         _ = done.wait(timeout: .seconds(10))
         _ = try? loop.performAndWait {}
         let expected =
-          addsFirst ? ["schedule \(r12ModeA)", "cancel"] : ["schedule \(r12ModeA)", "cancel", "schedule \(r12ModeA)"]
+          addsFirst ? ["schedule \(movedModeA)", "cancel"] : ["schedule \(movedModeA)", "cancel", "schedule \(movedModeA)"]
         let bound = source.isBound(to: loop.shared)
         if log.snapshot != expected || bound != !addsFirst {
           wrong.withLock { $0.append("round \(round): \(log.snapshot), bound \(bound)") }
@@ -78,26 +78,26 @@ struct LoopThreadChangesAfterWaitingChangesTests {
   func aLoopThreadAddSurvivesARemovalMadeByAWaitingChangesCallout() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "add after waiting change") {
       () throws -> (inside: [RunLoopMode], after: [RunLoopMode]?, fires: Int, log: [String]) in
-      let loop = try RunLoopThread(name: "r13-fp1")
+      let loop = try RunLoopThread(name: "fp1")
       defer { loop.shutdownAndWait() }
       let log = EventLog()
       let fires = AtomicCounter()
       let member = InputSource(
         schedule: { _, _, _ in log.add("schedule") }, cancel: { _, _ in log.add("cancel") },
         perform: { _ in fires.increment() })
-      loop.add(member, to: r13ModeA)
-      let other = InputSource(cancel: { _, loop in loop.remove(member, from: r13ModeA) }, perform: { _ in })
+      loop.add(member, to: inboxModeA)
+      let other = InputSource(cancel: { _, loop in loop.remove(member, from: inboxModeA) }, perform: { _ in })
       loop.add(other)
       _ = try loop.performAndWait {}
       let inside =
         withChangeWaiting(on: loop, pending: { loop.remove(other) }) { () -> [RunLoopMode] in
-          loop.add(member, to: r13ModeB)
+          loop.add(member, to: inboxModeB)
           return loop.core.modes(of: member)
         } ?? []
       member.signal()
       let done = TestGate()
       loop.perform {
-        _ = loop.run(mode: r13ModeB, until: .now.advanced(by: .milliseconds(50)))
+        _ = loop.run(mode: inboxModeB, until: .now.advanced(by: .milliseconds(50)))
         done.open()
       }
       _ = done.wait(timeout: .seconds(10))
@@ -107,8 +107,8 @@ struct LoopThreadChangesAfterWaitingChangesTests {
       return (inside, after, fires.current, snapshot)
     }
     guard let outcome else { return }
-    #expect(outcome.inside == [r13ModeB], "the add's own call left the source in \(outcome.inside)")
-    #expect(outcome.after == [r13ModeB], "afterwards the source is in \(String(describing: outcome.after))")
+    #expect(outcome.inside == [inboxModeB], "the add's own call left the source in \(outcome.inside)")
+    #expect(outcome.after == [inboxModeB], "afterwards the source is in \(String(describing: outcome.after))")
     #expect(outcome.fires == 1, "a signal in mode B fired it \(outcome.fires) times")
     #expect(outcome.log == ["schedule", "cancel", "schedule"], "\(outcome.log)")
   }
@@ -123,17 +123,17 @@ struct LoopThreadChangesAfterWaitingChangesTests {
   func aLoopThreadAddUndoneByAWaitingChangesCalloutLeavesNothingBehind() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "add undone by waiting change") {
       () throws -> (records: Int?, log: [String], bound: Bool, modes: [RunLoopMode]?, after: Int?) in
-      let loop = try RunLoopThread(name: "r13-fp2")
+      let loop = try RunLoopThread(name: "fp2")
       defer { loop.shutdownAndWait() }
       let log = EventLog()
       let member = InputSource(
         schedule: { _, loop, _ in log.add("schedule \(loop.name)") },
         cancel: { _, loop in log.add("cancel \(loop.name)") }, perform: { _ in })
-      let other = InputSource(cancel: { _, loop in loop.remove(member, from: r13ModeB) }, perform: { _ in })
+      let other = InputSource(cancel: { _, loop in loop.remove(member, from: inboxModeB) }, perform: { _ in })
       loop.add(other)
       _ = try loop.performAndWait {}
       _ = withChangeWaiting(on: loop, pending: { loop.remove(other) }) {
-        loop.add(member, to: r13ModeB)
+        loop.add(member, to: inboxModeB)
       }
       _ = try loop.performAndWait {}
       let records = recordCount(loop)
@@ -146,9 +146,9 @@ struct LoopThreadChangesAfterWaitingChangesTests {
     guard let outcome else { return }
     #expect(outcome.records == 1, "the loop holds \(String(describing: outcome.records)) records")
     #expect(outcome.bound)
-    #expect(outcome.modes == [r13ModeB])
+    #expect(outcome.modes == [inboxModeB])
     #expect(outcome.after == 0, "after the invalidation the loop holds \(String(describing: outcome.after))")
-    #expect(outcome.log == ["schedule r13-fp2", "cancel r13-fp2"], "\(outcome.log)")
+    #expect(outcome.log == ["schedule fp2", "cancel fp2"], "\(outcome.log)")
   }
 }
 
@@ -162,7 +162,7 @@ extension LoopThreadChangesAfterWaitingChangesTests {
   func aLoopThreadAddOfADescriptorUndoneByAWaitingChangesCalloutDeregistersIt() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "descriptor add undone") {
       () throws -> (registrations: Int?, handled: Int, after: Int?) in
-      let loop = try RunLoopThread(name: "r13-fp3")
+      let loop = try RunLoopThread(name: "fp3")
       defer { loop.shutdownAndWait() }
       let pipe = makePipe()
       defer {
@@ -203,26 +203,26 @@ struct LoopThreadAddsAfterWaitingChangesTests {
   @Test func aLoopThreadTimerAddAfterAWaitingCalloutRemovedIt() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "timer add after callout") {
       () throws -> (inside: BindingAgreement?, after: BindingAgreement?, fires: Int) in
-      let loop = try RunLoopThread(name: "r14c-t1")
+      let loop = try RunLoopThread(name: "t1")
       defer { loop.shutdownAndWait() }
       let fires = AtomicCounter()
       let timer = LoopTimer(after: .zero) { _ in fires.increment() }
       let log = EventLog()
-      loop.add(timer, to: r14cModeA)
-      let other = loggedSource("other", log, cancel: { _, loop in loop.remove(timer, from: r14cModeA) })
+      loop.add(timer, to: loopThreadModeA)
+      let other = loggedSource("other", log, cancel: { _, loop in loop.remove(timer, from: loopThreadModeA) })
       loop.add(other)
       _ = try loop.performAndWait {}
       let inside = withChangeWaiting(on: loop, pending: { loop.remove(other) }) {
-        loop.add(timer, to: r14cModeB)
+        loop.add(timer, to: loopThreadModeB)
         return bindingAgreementHere(timer, on: loop)
       }
-      runOnLoopAndWait(loop, mode: r14cModeB, for: .milliseconds(30))
+      runOnLoopAndWait(loop, mode: loopThreadModeB, for: .milliseconds(30))
       let after = bindingAgreement(timer, on: loop)
       timer.invalidate()
       return (inside, after, fires.current)
     }
     guard let outcome else { return }
-    let expected = BindingAgreement(modes: [r14cModeB], bound: true, records: 1, registrations: 0)
+    let expected = BindingAgreement(modes: [loopThreadModeB], bound: true, records: 1, registrations: 0)
     #expect(outcome.inside == expected)
     #expect(outcome.fires == 1)
     #expect(outcome.after == BindingAgreement(modes: [], bound: false, records: 0, registrations: 0))
@@ -235,22 +235,22 @@ struct LoopThreadAddsAfterWaitingChangesTests {
   @Test func aLoopThreadObserverAddAfterAWaitingCalloutInvalidatedIt() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "observer add after invalidation") {
       () throws -> (inside: BindingAgreement?, told: Int, valid: Bool) in
-      let loop = try RunLoopThread(name: "r14c-t2")
+      let loop = try RunLoopThread(name: "t2")
       defer { loop.shutdownAndWait() }
       let told = AtomicCounter()
       let observer = LoopObserver(activities: .entry) { _, _ in told.increment() }
-      loop.add(observer, to: r14cModeA)
+      loop.add(observer, to: loopThreadModeA)
       let log = EventLog()
       let other = loggedSource("other", log, cancel: { _, _ in observer.invalidate() })
       loop.add(other)
       _ = try loop.performAndWait {}
       let inside = withChangeWaiting(on: loop, pending: { loop.remove(other) }) {
-        loop.add(observer, to: r14cModeB)
+        loop.add(observer, to: loopThreadModeB)
         return bindingAgreementHere(observer, on: loop)
       }
       let keep = LoopTimer(after: .seconds(3600)) { _ in }
-      loop.add(keep, to: r14cModeB)
-      runOnLoopAndWait(loop, mode: r14cModeB, for: .milliseconds(20))
+      loop.add(keep, to: loopThreadModeB)
+      runOnLoopAndWait(loop, mode: loopThreadModeB, for: .milliseconds(20))
       keep.invalidate()
       return (inside, told.current, observer.isValid)
     }
@@ -269,18 +269,18 @@ struct LoopThreadAddsAfterWaitingChangesTests {
   @Test func aLoopThreadAddAfterAClosingDeliveryRemovedIt() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "add after closing delivery") {
       () throws -> (inside: BindingAgreement?, log: [String], delivered: [Int], after: BindingAgreement?) in
-      let loop = try RunLoopThread(name: "r14c-t3")
+      let loop = try RunLoopThread(name: "t3")
       defer { loop.shutdownAndWait() }
       let log = EventLog()
       let member = loggedSource("member", log)
-      loop.add(member, to: r14cModeA)
+      loop.add(member, to: loopThreadModeA)
       let delivered = Guarded<[Int]>([])
       let command = CommandSource<Int>(cancel: { _, _ in log.add("cancel command") }) { value in
         delivered.withLock { $0.append(value) }
         if value == 1 {
           let loop = RunLoopThread.current
-          loop.remove(member, from: r14cModeA)
-          _ = loop.run(mode: r14cModeC, for: .milliseconds(5))
+          loop.remove(member, from: loopThreadModeA)
+          _ = loop.run(mode: loopThreadModeC, for: .milliseconds(5))
         }
       }
       loop.add(command.source)
@@ -292,7 +292,7 @@ struct LoopThreadAddsAfterWaitingChangesTests {
           command.source.invalidate()
         }
       ) {
-        loop.add(member, to: r14cModeB)
+        loop.add(member, to: loopThreadModeB)
         return bindingAgreementHere(member, on: loop)
       }
       let after = bindingAgreement(member, on: loop)
@@ -301,7 +301,7 @@ struct LoopThreadAddsAfterWaitingChangesTests {
       return (inside, log.snapshot, delivered.snapshot, after)
     }
     guard let outcome else { return }
-    let expected = BindingAgreement(modes: [r14cModeB], bound: true, records: 1, registrations: 0)
+    let expected = BindingAgreement(modes: [loopThreadModeB], bound: true, records: 1, registrations: 0)
     #expect(outcome.inside == expected)
     #expect(outcome.after == expected)
     #expect(outcome.delivered == [0, 1, 2])
@@ -318,7 +318,7 @@ struct LoopThreadAddsAfterWaitingChangesTests {
   @Test func aLoopThreadRemovalOfADescriptorAfterWaitingAddAndRemove() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "descriptor removal after waits") {
       () throws -> (inside: BindingAgreement?, after: BindingAgreement?, handled: Int) in
-      let loop = try RunLoopThread(name: "r14c-t4")
+      let loop = try RunLoopThread(name: "t4")
       defer { loop.shutdownAndWait() }
       let pipe = makePipe()
       defer {
@@ -327,24 +327,24 @@ struct LoopThreadAddsAfterWaitingChangesTests {
       }
       let handled = AtomicCounter()
       let member = DescriptorSource(descriptor: pipe.read) { _, _ in handled.increment() }
-      try loop.add(member, to: r14cModeA)
+      try loop.add(member, to: loopThreadModeA)
       let log = EventLog()
-      let other = loggedSource("other", log, cancel: { _, loop in loop.remove(member, from: r14cModeB) })
+      let other = loggedSource("other", log, cancel: { _, loop in loop.remove(member, from: loopThreadModeB) })
       loop.add(other)
       _ = try loop.performAndWait {}
       let inside = withChangeWaiting(
         on: loop,
         pending: {
-          try? loop.add(member, to: r14cModeB)
+          try? loop.add(member, to: loopThreadModeB)
           loop.remove(other)
         }
       ) {
-        loop.remove(member, from: r14cModeA)
+        loop.remove(member, from: loopThreadModeA)
         return bindingAgreementHere(member, on: loop)
       }
       writeByte(pipe.write)
-      runOnLoopAndWait(loop, mode: r14cModeA, for: .milliseconds(20))
-      runOnLoopAndWait(loop, mode: r14cModeB, for: .milliseconds(20))
+      runOnLoopAndWait(loop, mode: loopThreadModeA, for: .milliseconds(20))
+      runOnLoopAndWait(loop, mode: loopThreadModeB, for: .milliseconds(20))
       let after = bindingAgreement(member, on: loop)
       member.invalidate()
       return (inside, after, handled.current)
@@ -363,33 +363,33 @@ struct LoopThreadAddsAfterWaitingChangesTests {
   @Test func aLoopThreadCommonAddAfterWaitingCommonModeChanges() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "common add after waits") {
       () throws -> (inside: BindingAgreement?, later: BindingAgreement?, log: [String]) in
-      let loop = try RunLoopThread(name: "r14c-t5")
+      let loop = try RunLoopThread(name: "t5")
       defer { loop.shutdownAndWait() }
       let log = EventLog()
       let member = loggedSource("member", log)
-      let other = loggedSource("other", log, cancel: { _, loop in loop.addModeToCommonModes(r14cModeB) })
+      let other = loggedSource("other", log, cancel: { _, loop in loop.addModeToCommonModes(loopThreadModeB) })
       loop.add(other)
       _ = try loop.performAndWait {}
       let inside = withChangeWaiting(
         on: loop,
         pending: {
-          loop.addModeToCommonModes(r14cModeC)
+          loop.addModeToCommonModes(loopThreadModeC)
           loop.remove(other)
         }
       ) {
         loop.add(member, to: .common)
         return bindingAgreementHere(member, on: loop)
       }
-      loop.addModeToCommonModes(r14cModeA)
+      loop.addModeToCommonModes(loopThreadModeA)
       let later = bindingAgreement(member, on: loop)
       member.invalidate()
       _ = try loop.performAndWait {}
       return (inside, later, log.snapshot)
     }
     guard let outcome else { return }
-    #expect(outcome.inside?.modes == [.default, r14cModeB, r14cModeC].sorted { $0.rawValue < $1.rawValue })
+    #expect(outcome.inside?.modes == [.default, loopThreadModeB, loopThreadModeC].sorted { $0.rawValue < $1.rawValue })
     #expect(outcome.inside?.records == 1)
-    #expect(outcome.later?.modes == [.default, r14cModeA, r14cModeB, r14cModeC].sorted { $0.rawValue < $1.rawValue })
+    #expect(outcome.later?.modes == [.default, loopThreadModeA, loopThreadModeB, loopThreadModeC].sorted { $0.rawValue < $1.rawValue })
     #expect(outcome.log == ["schedule other", "cancel other", "schedule member", "cancel member"], "\(outcome.log)")
   }
 
@@ -401,7 +401,7 @@ struct LoopThreadAddsAfterWaitingChangesTests {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "descriptor add after invalidation") {
       () throws -> (added: Bool, inside: BindingAgreement?, heardFirst: Int, heardSecond: Int, after: BindingAgreement?)
       in
-      let loop = try RunLoopThread(name: "r14c-t8")
+      let loop = try RunLoopThread(name: "t8")
       defer { loop.shutdownAndWait() }
       let pipe = makePipe()
       defer {
@@ -443,23 +443,23 @@ struct LoopThreadAddsAfterWaitingChangesTests {
   @Test func commonModeRemovalsByNameAndACommonModeJoiningWhileARemovalWaits() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "common removals") {
       () throws -> (afterDefault: BindingAgreement?, inside: BindingAgreement?, log: [String]) in
-      let loop = try RunLoopThread(name: "r14c-t7")
+      let loop = try RunLoopThread(name: "t7")
       defer { loop.shutdownAndWait() }
       let log = EventLog()
       let member = loggedSource("member", log)
-      loop.addModeToCommonModes(r14cModeB)
+      loop.addModeToCommonModes(loopThreadModeB)
       loop.add(member, to: .common)
       _ = try loop.performAndWait { loop.remove(member, from: .default) }
       let afterDefault = bindingAgreement(member, on: loop)
-      let inside = withChangeWaiting(on: loop, pending: { loop.addModeToCommonModes(r14cModeC) }) {
+      let inside = withChangeWaiting(on: loop, pending: { loop.addModeToCommonModes(loopThreadModeC) }) {
         let before = bindingAgreementHere(member, on: loop)
         loop.remove(member, from: .common)
-        return before.modes == [r14cModeB] ? bindingAgreementHere(member, on: loop) : before
+        return before.modes == [loopThreadModeB] ? bindingAgreementHere(member, on: loop) : before
       }
       return (afterDefault, inside, log.snapshot)
     }
     guard let outcome else { return }
-    #expect(outcome.afterDefault?.modes == [r14cModeB])
+    #expect(outcome.afterDefault?.modes == [loopThreadModeB])
     #expect(outcome.afterDefault?.bound == true)
     #expect(outcome.inside == BindingAgreement(modes: [], bound: false, records: 0, registrations: 0))
     #expect(outcome.log == ["schedule member", "cancel member"], "\(outcome.log)")
@@ -474,10 +474,10 @@ struct LoopThreadAddsAfterWaitingChangesTests {
   func aLoopThreadAddReturnsDuringAFloodOfChangesFromAnotherThread() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "add during a flood") {
       () throws -> (returned: Bool, sent: Int, ticksBefore: Int, modes: [RunLoopMode]) in
-      let loop = try RunLoopThread(name: "r14c-t6")
+      let loop = try RunLoopThread(name: "t6")
       defer { loop.shutdownAndWait() }
       let busy = LoopTimer(after: .seconds(3600)) { _ in }
-      loop.add(busy, to: r14cModeC)
+      loop.add(busy, to: loopThreadModeC)
       let ticks = AtomicCounter()
       let ticker = LoopTimer(after: .zero, repeatingEvery: .milliseconds(1)) { _ in ticks.increment() }
       loop.add(ticker)
@@ -502,7 +502,7 @@ struct LoopThreadAddsAfterWaitingChangesTests {
       let returned = TestGate()
       let modes = Guarded<[RunLoopMode]>([])
       loop.perform {
-        loop.add(member, to: r14cModeA)
+        loop.add(member, to: loopThreadModeA)
         modes.withLock { $0 = loop.core.modes(of: member) }
         returned.open()
       }
@@ -520,7 +520,7 @@ struct LoopThreadAddsAfterWaitingChangesTests {
     #expect(
       outcome.returned,
       "the loop-thread add did not return in 10 s (times the watchdog scale) while \(outcome.sent) changes were sent")
-    #expect(outcome.modes == [r14cModeA])
+    #expect(outcome.modes == [loopThreadModeA])
   }
 }
 
@@ -533,10 +533,10 @@ extension LoopThreadAddsAfterWaitingChangesTests {
   @Test func loopThreadAddsAndRemovesFinishUnderASteadyTrickleOfChanges() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "adds under a trickle") {
       () throws -> (finished: Bool, records: Int?, sent: Int) in
-      let loop = try RunLoopThread(name: "r14c-t9")
+      let loop = try RunLoopThread(name: "t9")
       defer { loop.shutdownAndWait() }
       let busy = LoopTimer(after: .seconds(3600)) { _ in }
-      loop.add(busy, to: r14cModeC)
+      loop.add(busy, to: loopThreadModeC)
       _ = try loop.performAndWait {}
       let stop = Guarded(false)
       let sent = AtomicCounter()
@@ -554,8 +554,8 @@ extension LoopThreadAddsAfterWaitingChangesTests {
       loop.perform {
         for _ in 0..<2_000 {
           let source = InputSource(perform: { _ in })
-          loop.add(source, to: r14cModeA)
-          loop.remove(source, from: r14cModeA)
+          loop.add(source, to: loopThreadModeA)
+          loop.remove(source, from: loopThreadModeA)
         }
         finished.open()
       }
@@ -584,7 +584,7 @@ extension LoopThreadAddsAfterWaitingChangesTests {
   @Test func aLoopThreadAddAfterANestedRunThatAppliedOtherThreadsChanges() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "add after nested run") {
       () throws -> (inside: BindingAgreement?, nestedSaw: [RunLoopMode], log: [String]) in
-      let loop = try RunLoopThread(name: "r14c-t10")
+      let loop = try RunLoopThread(name: "t10")
       defer { loop.shutdownAndWait() }
       let log = EventLog()
       let member = loggedSource("member", log)
@@ -592,7 +592,7 @@ extension LoopThreadAddsAfterWaitingChangesTests {
       let sent = TestGate()
       let nestedSaw = Guarded<[RunLoopMode]>([])
       let keep = LoopTimer(after: .seconds(3600)) { _ in }
-      loop.add(keep, to: r14cModeC)
+      loop.add(keep, to: loopThreadModeC)
       let other = loggedSource(
         "other", log,
         cancel: { _, loop in
@@ -603,22 +603,22 @@ extension LoopThreadAddsAfterWaitingChangesTests {
               RunLoopThread.current.stop()
             }
           }
-          loop.add(watcher, to: r14cModeC)
-          _ = loop.run(mode: r14cModeC, for: .seconds(5))
+          loop.add(watcher, to: loopThreadModeC)
+          _ = loop.run(mode: loopThreadModeC, for: .seconds(5))
           watcher.invalidate()
         })
       loop.add(other)
       _ = try loop.performAndWait {}
       startThread(detached: true) {
         _ = inNested.wait(timeout: .seconds(10))
-        loop.add(member, to: r14cModeC)
-        loop.remove(member, from: r14cModeC)
+        loop.add(member, to: loopThreadModeC)
+        loop.remove(member, from: loopThreadModeC)
         loop.wakeUp()
         usleep(5_000)
         sent.open()
       }
       let inside = withChangeWaiting(on: loop, pending: { loop.remove(other) }) {
-        loop.add(member, to: r14cModeB)
+        loop.add(member, to: loopThreadModeB)
         return bindingAgreementHere(member, on: loop)
       }
       member.invalidate()
@@ -627,7 +627,7 @@ extension LoopThreadAddsAfterWaitingChangesTests {
       return (inside, nestedSaw.snapshot, log.snapshot)
     }
     guard let outcome else { return }
-    #expect(outcome.inside == BindingAgreement(modes: [r14cModeB], bound: true, records: 2, registrations: 0))
+    #expect(outcome.inside == BindingAgreement(modes: [loopThreadModeB], bound: true, records: 2, registrations: 0))
     #expect(outcome.nestedSaw == [])
     #expect(
       outcome.log == [
@@ -645,28 +645,28 @@ extension LoopThreadAddsAfterWaitingChangesTests {
   @Test func aModeHeldByNameAndThroughCommonKeepsTheMemberAfterRemovingCommon() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "by name and common") {
       () throws -> (inside: [RunLoopMode]?, afterCommon: BindingAgreement?, fired: Int, final: BindingAgreement?) in
-      let loop = try RunLoopThread(name: "r14c-t11")
+      let loop = try RunLoopThread(name: "t11")
       defer { loop.shutdownAndWait() }
       let fired = AtomicCounter()
       let timer = LoopTimer(after: .zero, repeatingEvery: .milliseconds(2)) { _ in fired.increment() }
-      loop.add(timer, to: r14cModeC)
+      loop.add(timer, to: loopThreadModeC)
       _ = try loop.performAndWait {}
-      let inside = withChangeWaiting(on: loop, pending: { loop.addModeToCommonModes(r14cModeC) }) {
+      let inside = withChangeWaiting(on: loop, pending: { loop.addModeToCommonModes(loopThreadModeC) }) {
         loop.add(timer, to: .common)
         return bindingAgreementHere(timer, on: loop).modes
       }
       _ = try loop.performAndWait { loop.remove(timer, from: .common) }
-      loop.addModeToCommonModes(r14cModeA)
+      loop.addModeToCommonModes(loopThreadModeA)
       let afterCommon = bindingAgreement(timer, on: loop)
-      runOnLoopAndWait(loop, mode: r14cModeC, for: .milliseconds(20))
-      _ = try loop.performAndWait { loop.remove(timer, from: r14cModeC) }
+      runOnLoopAndWait(loop, mode: loopThreadModeC, for: .milliseconds(20))
+      _ = try loop.performAndWait { loop.remove(timer, from: loopThreadModeC) }
       let final = bindingAgreement(timer, on: loop)
       timer.invalidate()
       return (inside, afterCommon, fired.current, final)
     }
     guard let outcome else { return }
-    #expect(outcome.inside == [.default, r14cModeC].sorted { $0.rawValue < $1.rawValue })
-    #expect(outcome.afterCommon == BindingAgreement(modes: [r14cModeC], bound: true, records: 1, registrations: 0))
+    #expect(outcome.inside == [.default, loopThreadModeC].sorted { $0.rawValue < $1.rawValue })
+    #expect(outcome.afterCommon == BindingAgreement(modes: [loopThreadModeC], bound: true, records: 1, registrations: 0))
     #expect(outcome.fired >= 1)
     #expect(outcome.final == BindingAgreement(modes: [], bound: false, records: 0, registrations: 0))
   }

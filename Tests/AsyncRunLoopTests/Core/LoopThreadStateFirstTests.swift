@@ -13,17 +13,17 @@ struct LoopThreadStateFirstTests {
   @Test func aLoopThreadInvalidationAfterAWaitingAddAndAReAddingCallout() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "invalidate after waits") {
       () throws -> (inside: BindingAgreement?, log: [String], after: BindingAgreement?) in
-      let loop = try RunLoopThread(name: "r14c-s1")
+      let loop = try RunLoopThread(name: "s1")
       defer { loop.shutdownAndWait() }
       let log = EventLog()
       let member = loggedSource("member", log)
-      let other = loggedSource("other", log, cancel: { _, loop in loop.add(member, to: r14cModeB) })
+      let other = loggedSource("other", log, cancel: { _, loop in loop.add(member, to: loopThreadModeB) })
       loop.add(other)
       _ = try loop.performAndWait {}
       let inside = withChangeWaiting(
         on: loop,
         pending: {
-          loop.add(member, to: r14cModeA)
+          loop.add(member, to: loopThreadModeA)
           loop.remove(other)
         }
       ) {
@@ -49,7 +49,7 @@ struct LoopThreadStateFirstTests {
   @Test func aLoopThreadInvalidationOfACommandSourceWithWaitingPostsAndAdd() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "command invalidation") {
       () throws -> (delivered: [Int], log: [String], late: Bool, after: BindingAgreement?) in
-      let loop = try RunLoopThread(name: "r14c-s4")
+      let loop = try RunLoopThread(name: "s4")
       defer { loop.shutdownAndWait() }
       let log = EventLog()
       let delivered = Guarded<[Int]>([])
@@ -58,16 +58,16 @@ struct LoopThreadStateFirstTests {
         schedule: { _, _, _ in log.add("schedule") }, cancel: { _, _ in log.add("cancel") }
       ) { value in
         delivered.withLock { $0.append(value) }
-        if value == 0, let source = holder.snapshot { RunLoopThread.current.add(source, to: r14cModeC) }
+        if value == 0, let source = holder.snapshot { RunLoopThread.current.add(source, to: loopThreadModeC) }
       }
       holder.withLock { $0 = command.source }
-      loop.add(command.source, to: r14cModeA)
+      loop.add(command.source, to: loopThreadModeA)
       _ = try loop.performAndWait {}
       _ = withChangeWaiting(
         on: loop,
         pending: {
           for value in 0..<3 { command.post(value) }
-          loop.add(command.source, to: r14cModeB)
+          loop.add(command.source, to: loopThreadModeB)
         }
       ) { command.source.invalidate() }
       let late = command.post(99)
@@ -88,17 +88,17 @@ struct LoopThreadStateFirstTests {
   @Test func aLoopThreadSetFireDateWhileAWaitingCalloutMovesTheTimer() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "setFireDate with waiting move") {
       () throws -> (inside: BindingAgreement?, firesA: Int, firesB: Int, after: BindingAgreement?) in
-      let loop = try RunLoopThread(name: "r14c-s2")
+      let loop = try RunLoopThread(name: "s2")
       defer { loop.shutdownAndWait() }
       let fires = AtomicCounter()
       let timer = LoopTimer(after: .seconds(3600)) { _ in fires.increment() }
-      loop.add(timer, to: r14cModeA)
+      loop.add(timer, to: loopThreadModeA)
       let log = EventLog()
       let other = loggedSource(
         "other", log,
         cancel: { _, loop in
-          loop.remove(timer, from: r14cModeA)
-          loop.add(timer, to: r14cModeB)
+          loop.remove(timer, from: loopThreadModeA)
+          loop.add(timer, to: loopThreadModeB)
         })
       loop.add(other)
       _ = try loop.performAndWait {}
@@ -107,17 +107,17 @@ struct LoopThreadStateFirstTests {
         return bindingAgreementHere(timer, on: loop)
       }
       let keep = LoopTimer(after: .seconds(3600)) { _ in }
-      loop.add(keep, to: r14cModeA)
-      runOnLoopAndWait(loop, mode: r14cModeA, for: .milliseconds(20))
+      loop.add(keep, to: loopThreadModeA)
+      runOnLoopAndWait(loop, mode: loopThreadModeA, for: .milliseconds(20))
       let firesA = fires.current
-      runOnLoopAndWait(loop, mode: r14cModeB, for: .milliseconds(20))
+      runOnLoopAndWait(loop, mode: loopThreadModeB, for: .milliseconds(20))
       let firesB = fires.current - firesA
       keep.invalidate()
       let after = bindingAgreement(timer, on: loop)
       return (inside, firesA, firesB, after)
     }
     guard let outcome else { return }
-    #expect(outcome.inside == BindingAgreement(modes: [r14cModeB], bound: true, records: 1, registrations: 0))
+    #expect(outcome.inside == BindingAgreement(modes: [loopThreadModeB], bound: true, records: 1, registrations: 0))
     #expect(outcome.firesA == 0)
     #expect(outcome.firesB == 1)
     #expect(outcome.after == BindingAgreement(modes: [], bound: false, records: 0, registrations: 0))
@@ -128,20 +128,20 @@ struct LoopThreadStateFirstTests {
   @Test func aLoopThreadSetFireDateWhileAWaitingCalloutMovesTheTimerAway() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "setFireDate with waiting move away") {
       () throws -> (here: BindingAgreement?, there: BindingAgreement?, fires: Int, loops: [String]) in
-      let loop = try RunLoopThread(name: "r14c-s3")
-      let away = try RunLoopThread(name: "r14c-s3b")
+      let loop = try RunLoopThread(name: "s3")
+      let away = try RunLoopThread(name: "s3b")
       defer {
         loop.shutdownAndWait()
         away.shutdownAndWait()
       }
       let loops = Guarded<[String]>([])
       let timer = LoopTimer(after: .seconds(3600)) { _ in loops.withLock { $0.append(RunLoopThread.current.name) } }
-      loop.add(timer, to: r14cModeA)
+      loop.add(timer, to: loopThreadModeA)
       let log = EventLog()
       let other = loggedSource(
         "other", log,
         cancel: { _, loop in
-          loop.remove(timer, from: r14cModeA)
+          loop.remove(timer, from: loopThreadModeA)
           away.add(timer)
         })
       loop.add(other)
@@ -157,6 +157,6 @@ struct LoopThreadStateFirstTests {
     guard let outcome else { return }
     #expect(outcome.here == BindingAgreement(modes: [], bound: false, records: 0, registrations: 0))
     #expect(outcome.there == BindingAgreement(modes: [], bound: false, records: 0, registrations: 0))
-    #expect(outcome.loops == ["r14c-s3b"])
+    #expect(outcome.loops == ["s3b"])
   }
 }

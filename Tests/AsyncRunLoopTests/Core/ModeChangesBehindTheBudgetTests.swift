@@ -37,9 +37,9 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures {
   /// the other mode runs.
   @Test(arguments: [false, true])
   func aTimerRemovedFromOneOfItsModesBehindTheBudgetDoesNotFireThere(throughCommon: Bool) throws {
-    let other: RunLoopMode = "r25-kept-other"
+    let other: RunLoopMode = "kept-other"
     let outcome = try withWatchdogSync(timeout: .seconds(20), "removed from one mode") { () -> [Int] in
-      let loop = try RunLoopThread(name: "r25-kept")
+      let loop = try RunLoopThread(name: "kept")
       defer { loop.shutdownAndWait() }
       let fired = AtomicCounter()
       let timer = LoopTimer(after: .seconds(3_600)) { _ in fired.increment() }
@@ -73,7 +73,7 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures {
   func aTimerRetimedLaterBehindTheBudgetNeverFiresEarly(repeating: Bool) throws {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "re-timed") {
       () -> (early: Int, late: Int, valid: Bool) in
-      let loop = try RunLoopThread(name: "r25-retimed")
+      let loop = try RunLoopThread(name: "retimed")
       defer { loop.shutdownAndWait() }
       let fired = AtomicCounter()
       let timer = LoopTimer(after: .zero, repeatingEvery: repeating ? .seconds(3_600) : nil) { _ in fired.increment() }
@@ -108,8 +108,8 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures {
   /// fires once, on B only; a descriptor source delivers on B only.
   @Test func membersMovedToAnotherLoopBeforeTheirAddWasAppliedFireThereOnly() throws {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "moved between loops") { () -> [String] in
-      let loopA = try RunLoopThread(name: "r25-move-a")
-      let loopB = try RunLoopThread(name: "r25-move-b")
+      let loopA = try RunLoopThread(name: "move-a")
+      let loopB = try RunLoopThread(name: "move-b")
       defer {
         loopA.shutdownAndWait()
         loopB.shutdownAndWait()
@@ -151,7 +151,7 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures {
       try loopB.performAndWait {}
       try loopA.performAndWait {}
       let got = fires.snapshot.sorted()
-      if got != ["descriptor on r25-move-b", "source on r25-move-b", "timer on r25-move-b"] {
+      if got != ["descriptor on move-b", "source on move-b", "timer on move-b"] {
         found.append("fires \(got)")
       }
       let onB = try loopB.performAndWait { (loopB.core.modeCount(of: source), loopB.core.modeCount(of: descriptor)) }
@@ -163,7 +163,7 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures {
       try loopA.performAndWait {}
       try loopB.performAndWait {}
       found += pairs.unpaired
-      if pairs.counts.snapshot["r25-move-b"]?.schedule != 1 { found.append("B: \(pairs.counts.snapshot)") }
+      if pairs.counts.snapshot["move-b"]?.schedule != 1 { found.append("B: \(pairs.counts.snapshot)") }
       return found
     }
     #expect(outcome == [])
@@ -199,7 +199,7 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures {
     arguments: [DefaultModeRoute.commonToName, .nameToCommon], [false, true])
   func aTimerKeptInItsModeByAnotherRouteBehindTheBudgetStillFires(route: DefaultModeRoute, repeating: Bool) throws {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "re-routed") { () -> [Int] in
-      let loop = try RunLoopThread(name: "r27-route")
+      let loop = try RunLoopThread(name: "route")
       defer { loop.shutdownAndWait() }
       let fired = AtomicCounter()
       let timer = LoopTimer(after: .seconds(3_600), repeatingEvery: repeating ? .seconds(3_600) : nil) { _ in
@@ -232,7 +232,7 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures {
   @Test
   func anObserverKeptInItsModeByAnotherRouteBehindTheBudgetMissesNoPass() throws {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "observer re-routed") { () -> [Int] in
-      let loop = try RunLoopThread(name: "r27-obs-route")
+      let loop = try RunLoopThread(name: "obs-route")
       defer { loop.shutdownAndWait() }
       let stable = AtomicCounter()
       let rerouted = AtomicCounter()
@@ -270,9 +270,9 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures {
   /// record; or also in another mode: the same one) fires exactly once in `.default`.
   @Test(arguments: [false, true])
   func aTimerRemovedAndReaddedBehindTheBudgetFiresOnce(alsoInOther: Bool) throws {
-    let other: RunLoopMode = "r27-readd-other"
+    let other: RunLoopMode = "readd-other"
     let outcome = try withWatchdogSync(timeout: .seconds(20), "re-added") { () -> [Int] in
-      let loop = try RunLoopThread(name: "r27-readd")
+      let loop = try RunLoopThread(name: "readd")
       defer { loop.shutdownAndWait() }
       let fired = AtomicCounter()
       let timer = LoopTimer(after: .seconds(3_600)) { _ in fired.increment() }
@@ -303,7 +303,7 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures {
   @Test(arguments: [false, true])
   func aTimerStillNamedAfterAWaitingRemovalFiresOnce(removeCommon: Bool) throws {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "still named") { () -> [Int] in
-      let loop = try RunLoopThread(name: "r27-named")
+      let loop = try RunLoopThread(name: "named")
       defer { loop.shutdownAndWait() }
       let fired = AtomicCounter()
       let timer = LoopTimer(after: .seconds(3_600)) { _ in fired.increment() }
@@ -332,9 +332,9 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures {
   /// it (passes counted by an `.afterWaiting` observer while idle), and a run of its other mode
   /// tells it exactly once.
   @Test func aReadableDescriptorRemovedBehindABurstIsNotToldAndDoesNotSpin() throws {
-    let other: RunLoopMode = "r27-spin-other"
+    let other: RunLoopMode = "spin-other"
     let outcome = try withWatchdogSync(timeout: .seconds(20), "spin") { () -> [Int] in
-      let loop = try RunLoopThread(name: "r27-spin")
+      let loop = try RunLoopThread(name: "spin")
       defer { loop.shutdownAndWait() }
       let pipe = makePipe()
       defer {
@@ -378,9 +378,9 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures {
   /// exactly once, on B (A refuses it: its binding names B).
   @Test func aTimerMovedToAnotherLoopBehindTheBudgetFiresOnceThere() throws {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "moved loop") { () -> [Int] in
-      let loopA = try RunLoopThread(name: "r27-move-a")
+      let loopA = try RunLoopThread(name: "move-a")
       defer { loopA.shutdownAndWait() }
-      let loopB = try RunLoopThread(name: "r27-move-b")
+      let loopB = try RunLoopThread(name: "move-b")
       defer { loopB.shutdownAndWait() }
       let onA = AtomicCounter()
       let onB = AtomicCounter()
@@ -415,7 +415,7 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures {
   @Test(arguments: [false, true])
   func theLastFireDateWinsAfterAFloodFromEveryThread(lastFromLoopThread: Bool) throws {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "flood") { () -> [Int] in
-      let loop = try RunLoopThread(name: "r27-flood")
+      let loop = try RunLoopThread(name: "flood")
       defer { loop.shutdownAndWait() }
       let fired = AtomicCounter()
       let timer = LoopTimer(after: .seconds(3_600)) { _ in fired.increment() }
@@ -460,7 +460,7 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures {
   @Test(arguments: [false, true])
   func aLoopThreadRetimeWhileARescheduleWaitsLeavesNothingPending(fromChangeRoutine: Bool) throws {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "pending reschedule") { () -> [Int] in
-      let loop = try RunLoopThread(name: "r27-pending")
+      let loop = try RunLoopThread(name: "pending")
       defer { loop.shutdownAndWait() }
       let fired = AtomicCounter()
       let timer = LoopTimer(after: .seconds(3_600)) { _ in fired.increment() }
@@ -500,9 +500,9 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures {
   /// passes that held it there), and fires exactly once when `.default` runs.
   @Test
   func aTimerWhoseModeJoinsTheCommonSetBehindTheBudgetStillFires() throws {
-    let mode: RunLoopMode = "r28-joins-common"
+    let mode: RunLoopMode = "joins-common"
     let outcome = try withWatchdogSync(timeout: .seconds(20), "joins common") { () -> [Int] in
-      let loop = try RunLoopThread(name: "r28-joins-common")
+      let loop = try RunLoopThread(name: "joins-common")
       defer { loop.shutdownAndWait() }
       let fired = AtomicCounter()
       let timer = LoopTimer(after: .seconds(3_600)) { _ in fired.increment() }
@@ -553,9 +553,9 @@ struct ModeChangesBehindTheBudgetTests: ChangeBudgetMeasures {
       "bug: a member in .common removed by name from a common mode behind the budget still fires there until the removal is applied"
     ))
   func aTimerInACommonModeRemovedByNameBehindTheBudgetDoesNotFireThere() throws {
-    let mode: RunLoopMode = "r28-common-from-start"
+    let mode: RunLoopMode = "common-from-start"
     let outcome = try withWatchdogSync(timeout: .seconds(20), "named and common") { () -> [Int] in
-      let loop = try RunLoopThread(name: "r28-common-start")
+      let loop = try RunLoopThread(name: "common-start")
       defer { loop.shutdownAndWait() }
       let fired = AtomicCounter()
       let timer = LoopTimer(after: .seconds(3_600)) { _ in fired.increment() }

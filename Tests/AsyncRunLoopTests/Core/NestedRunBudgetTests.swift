@@ -14,7 +14,7 @@ struct NestedRunBudgetTests {
     let budget = LoopChangeQueue.perPass
     let outcome = try withWatchdogSync(timeout: .seconds(20), "nested schedule") {
       () -> (deltas: [Int], atBlock: Int, miscounted: [String]) in
-      let loop = try RunLoopThread(name: "r25-nested-schedule")
+      let loop = try RunLoopThread(name: "nested-schedule")
       defer { loop.shutdownAndWait() }
       let scheduled = AtomicCounter()
       let deltas = Guarded<[Int]>([])
@@ -22,7 +22,7 @@ struct NestedRunBudgetTests {
         RoutineCountingSource(index: index) { index, loop in
           scheduled.increment()
           guard index == 5 else { return }
-          for mode in [RunLoopMode.default, "r25-other"] {
+          for mode in [RunLoopMode.default, "other"] {
             let before = scheduled.current
             _ = loop.run(mode: mode, until: .now)
             let after = scheduled.current
@@ -52,7 +52,7 @@ struct NestedRunBudgetTests {
   @Test func aJobAfterABurstRunsInANestedRunOnlyOnceTheBurstIsApplied() throws {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "nested job") {
       () -> (jobSaw: Int, perRun: [Int], miscounted: [String]) in
-      let loop = try RunLoopThread(name: "r25-nested-job")
+      let loop = try RunLoopThread(name: "nested-job")
       defer { loop.shutdownAndWait() }
       let actor = ModeCountReadingActor(loop: loop)
       let scheduled = AtomicCounter()
@@ -98,7 +98,7 @@ struct NestedRunBudgetTests {
     let budget = LoopChangeQueue.perPass
     let outcome = try withWatchdogSync(timeout: .seconds(20), "nested observer") {
       () -> (deltas: [Int], atBlock: Int, miscounted: [String]) in
-      let loop = try RunLoopThread(name: "r25-nested-observer")
+      let loop = try RunLoopThread(name: "nested-observer")
       defer { loop.shutdownAndWait() }
       let scheduled = AtomicCounter()
       let sources = (0..<1_000).map { index in RoutineCountingSource(index: index) { _, _ in scheduled.increment() } }
@@ -111,7 +111,7 @@ struct NestedRunBudgetTests {
           })
         else { return }
         let before = scheduled.current
-        _ = loop.run(mode: "r25-other", until: .now)
+        _ = loop.run(mode: "other", until: .now)
         let after = scheduled.current
         deltas.withLock { $0.append(after - before) }
       }
@@ -139,7 +139,7 @@ struct NestedRunBudgetTests {
     let budget = LoopChangeQueue.perPass
     let outcome = try withWatchdogSync(timeout: .seconds(20), "nested timer") {
       () -> (deltas: [Int], atBlock: [Int], miscounted: [String]) in
-      let loop = try RunLoopThread(name: "r25-nested-timer")
+      let loop = try RunLoopThread(name: "nested-timer")
       defer { loop.shutdownAndWait() }
       let scheduled = AtomicCounter()
       let sources = (0..<1_000).map { index in RoutineCountingSource(index: index) { _, _ in scheduled.increment() } }
@@ -173,7 +173,7 @@ struct NestedRunBudgetTests {
   @Test func aBlockAfterABurstRunsInANestedRunOnlyOnceTheBurstIsApplied() throws {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "nested block") {
       () -> (perRun: [Int], blockRanAt: [Int], miscounted: [String]) in
-      let loop = try RunLoopThread(name: "r25-nested-block")
+      let loop = try RunLoopThread(name: "nested-block")
       defer { loop.shutdownAndWait() }
       let scheduled = AtomicCounter()
       let sources = (0..<1_000).map { index in RoutineCountingSource(index: index) { _, _ in scheduled.increment() } }
@@ -211,7 +211,7 @@ struct NestedRunBudgetTests {
   @Test func aNestedRunOfAnEmptyModeFinishesOnlyOnceTheBurstIsApplied() throws {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "nested empty mode") {
       () -> (result: [String], atReturn: [Int], miscounted: [String]) in
-      let loop = try RunLoopThread(name: "r25-nested-empty")
+      let loop = try RunLoopThread(name: "nested-empty")
       defer { loop.shutdownAndWait() }
       let scheduled = AtomicCounter()
       let result = Guarded<[String]>([])
@@ -220,7 +220,7 @@ struct NestedRunBudgetTests {
         RoutineCountingSource(index: index) { index, loop in
           scheduled.increment()
           guard index == 5 else { return }
-          let ended = loop.run(mode: "r25-empty")
+          let ended = loop.run(mode: "empty")
           result.withLock { $0.append("\(ended)") }
           atReturn.withLock { $0.append(scheduled.current) }
         }
@@ -242,7 +242,7 @@ struct NestedRunBudgetTests {
   /// once, the source ends invalid, and every add of the burst is applied exactly once.
   @Test func anErrorHandlerRunningTheLoopNestedWhileItsSourceIsChanged() throws {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "error handler nested") { () -> [String] in
-      let loop = try RunLoopThread(name: "r25-error-nested")
+      let loop = try RunLoopThread(name: "error-nested")
       defer { loop.shutdownAndWait() }
       let devNull = open("/dev/null", O_RDONLY | O_CLOEXEC)
       defer { close(devNull) }
@@ -264,8 +264,8 @@ struct NestedRunBudgetTests {
       release.open()
       _ = inHandler.wait(timeout: .seconds(10))
       loop.remove(source)
-      try? loop.add(source, to: "r25-error-other")
-      loop.remove(source, from: "r25-error-other")
+      try? loop.add(source, to: "error-other")
+      loop.remove(source, from: "error-other")
       try? loop.add(source)
       changed.open()
       try loop.performAndWait {}

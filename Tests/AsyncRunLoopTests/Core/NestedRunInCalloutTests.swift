@@ -14,9 +14,9 @@ struct NestedRunInCalloutTests: PassTestModes {
   /// slower machine makes fewer passes, not more.)
   @Test
   func aRunNestedInATimerCalloutInAnotherOfItsModesDoesNotSpinOnTheSkippedTimer() async throws {
-    let loop = try RunLoopThread(name: "ar3-timer-spin")
+    let loop = try RunLoopThread(name: "timer-spin")
     defer { loop.shutdownAndWait() }
-    let other: RunLoopMode = "ar3-other"
+    let other: RunLoopMode = "other"
     let passes = AtomicCounter()
     let nested = Guarded<RunLoopRunResult?>(nil)
     let counter = LoopObserver(activities: .beforeTimers) { _, _ in passes.increment() }
@@ -41,9 +41,9 @@ struct NestedRunInCalloutTests: PassTestModes {
   /// mode's heap while the callout runs; when the callout then removes the timer from the mode it
   /// fired in, the timer still fires in its other mode afterwards (the entry comes back).
   @Test func aTimerSkippedByANestedRunAndRemovedByItsCalloutStillFiresInItsOtherMode() throws {
-    let loop = try RunLoopThread(name: "ar3-timer-parked")
+    let loop = try RunLoopThread(name: "timer-parked")
     defer { loop.shutdownAndWait() }
-    let other: RunLoopMode = "ar3-parked-other"
+    let other: RunLoopMode = "parked-other"
     let fires = AtomicCounter()
     let timer = LoopTimer(after: .zero, repeatingEvery: .milliseconds(20)) { timer in
       fires.increment()
@@ -68,7 +68,7 @@ struct NestedRunInCalloutTests: PassTestModes {
   /// Paused, made readable, resumed from a timer of a nested run in a mode that does not hold it:
   /// not armed there, armed when its own mode runs again, and it fires exactly once.
   @Test func aSourceResumedDuringANestedRunOfAnotherModeFiresWhenItsModeRuns() throws {
-    let loop = try RunLoopThread(name: "r19-pause")
+    let loop = try RunLoopThread(name: "pause")
     let pipe = FireCountingPipe()
     let (whilePaused, inOther, after, listed) = try loop.performAndWait { () throws -> (Int, Int, Int, Int) in
       try loop.add(pipe.source, to: .default)
@@ -77,7 +77,7 @@ struct NestedRunInCalloutTests: PassTestModes {
       loop.run(mode: .default, until: .now.advanced(by: .milliseconds(10)))
       let whilePaused = pipe.count
       let resume = LoopTimer(after: .milliseconds(5)) { _ in loop.core.setPaused(pipe.source, false) }
-      loop.add(resume, to: r19Other)
+      loop.add(resume, to: silencedOtherMode)
       runOtherModeBriefly(loop)
       let inOther = pipe.count
       loop.run(mode: .default, until: .now.advanced(by: .milliseconds(10)))
@@ -94,7 +94,7 @@ struct NestedRunInCalloutTests: PassTestModes {
   /// A handler of the running mode runs a nested mode that silences a sibling source of the outer
   /// mode; the sibling, made readable again, fires in the outer mode's next pass (never lost).
   @Test func aSourceSilencedByANestedRunInAHandlerFiresInTheOuterMode() throws {
-    let loop = try RunLoopThread(name: "r19-nested")
+    let loop = try RunLoopThread(name: "nested")
     let trigger = FireCountingPipe()
     let sibling = FireCountingPipe()
     let nested = DescriptorSource(descriptor: trigger.read) { _, _ in
@@ -133,7 +133,7 @@ struct NestedRunInCalloutTests: PassTestModes {
   /// another thread (the nested run returns `.stopped`, everything is released). Exact counts.
   @Test(arguments: NestedRunCallout.allCases, NestedRunEnding.allCases)
   func aRunNestedInEveryKindOfCalloutEndsCleanly(callout: NestedRunCallout, end: NestedRunEnding) async throws {
-    let loop = try RunLoopThread(name: "r20-nested")
+    let loop = try RunLoopThread(name: "nested")
     let probeDelivered = AtomicCounter()
     let probe = CommandSource<Int> { _ in probeDelivered.increment() }
     loop.add(probe.source, to: .default)
@@ -262,14 +262,14 @@ struct NestedRunInCalloutTests: PassTestModes {
   /// watch, so the nested run ends (`.finished`), long before its limit.
   @Test(arguments: [false, true])
   func aNestedRunWhoseModeEmptiesFinishes(invalidate: Bool) async throws {
-    let loop = try RunLoopThread(name: "r20-empties")
+    let loop = try RunLoopThread(name: "empties")
     let delivered = AtomicCounter()
     let probe = CommandSource<Int> { _ in delivered.increment() }
-    loop.add(probe.source, to: r20Nest)
+    loop.add(probe.source, to: releaseNestMode)
     let result = Guarded<RunLoopRunResult?>(nil)
     let limit = LoopClock.Instant.now.advanced(by: .seconds(3_600))
     let timer = LoopTimer(after: .zero) { _ in
-      result.withLock { $0 = RunLoopThread.current.run(mode: r20Nest, until: limit) }
+      result.withLock { $0 = RunLoopThread.current.run(mode: releaseNestMode, until: limit) }
     }
     loop.add(timer, to: .default)
     #expect(probe.post(1))
@@ -277,7 +277,7 @@ struct NestedRunInCalloutTests: PassTestModes {
     if invalidate {
       probe.source.invalidate()
     } else {
-      loop.remove(probe.source, from: r20Nest)
+      loop.remove(probe.source, from: releaseNestMode)
     }
     #expect(await eventuallyWithin { result.snapshot != nil }, "the nested run of an emptied mode never ended")
     #expect(result.snapshot == .finished)
@@ -289,7 +289,7 @@ struct NestedRunInCalloutTests: PassTestModes {
   /// (commands accepted before are still delivered, later posts are refused) and the nested run is
   /// stopped. Cancel runs once, after every delivery.
   @Test func aCommandHandlersNestedRunDeliversLaterCommandsOnceInOrderThroughInvalidation() async throws {
-    let loop = try RunLoopThread(name: "r20-cmd-nest")
+    let loop = try RunLoopThread(name: "cmd-nest")
     let log = Guarded<[String]>([])
     let nestedResult = Guarded<RunLoopRunResult?>(nil)
     let limit = LoopClock.Instant.now.advanced(by: .seconds(60 * watchdogScale))
@@ -332,7 +332,7 @@ struct NestedRunInCalloutTests: PassTestModes {
   /// handler is released.
   @Test(arguments: [false, true])
   func invalidateAndWaitForACalloutInANestedRunReturnsAfterIt(shutdown: Bool) async throws {
-    let loop = try RunLoopThread(name: "r20-iaw")
+    let loop = try RunLoopThread(name: "iaw")
     let log = Guarded<[String]>([])
     let deaths = AtomicCounter()
     let probe = CommandSource<Int> { _ in log.withLock { $0.append("probe") } }
@@ -389,8 +389,8 @@ struct NestedRunInCalloutTests: PassTestModes {
     let failures = try await withWatchdog(timeout: .seconds(60), "nested \(kind) vs shutdown") { () -> [String] in
       var failures: [String] = []
       for round in 0..<25 {
-        let loop = try RunLoopThread(name: "r26-nest")
-        let nested = RunLoopMode("r26-nested")
+        let loop = try RunLoopThread(name: "nest")
+        let nested = RunLoopMode("nested")
         let keep = LoopTimer(after: .seconds(3_600)) { _ in }
         loop.add(keep, to: nested)
         let entered = TestGate()
@@ -481,8 +481,8 @@ struct NestedRunInCalloutTests: PassTestModes {
   func nestedRunInACancelRoutineDuringShutdown(invalidateFirst: Bool) async throws {
     let failures = try await failuresOverRounds(40, budget: .seconds(4), "nested cancel vs shutdown") {
       round, failures in
-      guard let loop = try? RunLoopThread(name: "r26-cancel") else { return failures.append("no loop") }
-      let nested = RunLoopMode("r26-cn")
+      guard let loop = try? RunLoopThread(name: "cancel") else { return failures.append("no loop") }
+      let nested = RunLoopMode("cn")
       let keep = LoopTimer(after: .seconds(3_600)) { _ in }
       loop.add(keep, to: nested)
       let cancels = AtomicCounter()

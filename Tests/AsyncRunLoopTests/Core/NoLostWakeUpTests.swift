@@ -15,7 +15,7 @@ struct NoLostWakeUpTests {
     let outcome = try await withWatchdog(timeout: .seconds(20), "no flush") { () async throws -> [String] in
       var problems: [String] = []
       for round in 0..<5 {
-        let loop = try RunLoopThread(name: "r18-noflush")
+        let loop = try RunLoopThread(name: "noflush")
         let sequence = loop.sourceSequence(of: Int.self)
         let signals = loop.signalSequence()
         let handled = AtomicCounter()
@@ -68,7 +68,7 @@ struct NoLostWakeUpTests {
   @Test func aSecondReadinessSequenceOnAWatchedDescriptorIsRefusedVisibly() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "second readiness") {
       () async throws -> (refused: Bool, firstStillWorks: Bool) in
-      let loop = try RunLoopThread(name: "r18-ready2")
+      let loop = try RunLoopThread(name: "ready2")
       let pipe = makePipe()
       defer {
         close(pipe.read)
@@ -105,13 +105,13 @@ struct NoLostWakeUpTests {
   @Test func onScheduleRunsOncePerLoopNotPerMode() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "onSchedule once") {
       () async throws -> (Int, Int) in
-      let loop = try RunLoopThread(name: "r18-sched")
+      let loop = try RunLoopThread(name: "sched")
       let schedules = AtomicCounter()
       let cancels = AtomicCounter()
       let sequence = loop.sourceSequence(
-        of: Int.self, modes: [.common, r18ModeA, r18ModeB], onSchedule: { _, _ in schedules.increment() },
+        of: Int.self, modes: [.common, endRaceModeA, endRaceModeB], onSchedule: { _, _ in schedules.increment() },
         onCancel: { _ in cancels.increment() })
-      loop.addModeToCommonModes("r18-c")
+      loop.addModeToCommonModes("c")
       _ = try loop.performAndWait { 0 }
       sequence.invalidate()
       for await _ in sequence {}

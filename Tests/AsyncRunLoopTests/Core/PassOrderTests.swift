@@ -19,7 +19,7 @@ struct PassOrderTests: PassTestModes {
     let problems = try await withWatchdogOnThread(timeout: .seconds(20), "exact firing") { () -> [String] in
       let loop = RunLoopThread.current
       defer { loop.shutdown() }
-      let modes: [RunLoopMode] = [r17ModeA, r17ModeB, r17ModeC, .default]
+      let modes: [RunLoopMode] = [orderModeA, orderModeB, orderModeC, .default]
       let keeps = modes.map { mode in
         let keep = LoopTimer(after: .seconds(3600)) { _ in }
         loop.add(keep, to: mode)
@@ -48,26 +48,26 @@ struct PassOrderTests: PassTestModes {
         guard let job = nested.snapshot else { return }
         checkedPass(job.sources, job.mode, job.label)
       }
-      loop.add(helper, to: r17ModeA)
+      loop.add(helper, to: orderModeA)
       var random = SeededRandom(state: UInt64(seed))
-      for step in 0..<r17Steps {
-        if step == r17Steps / 2 { loop.addModeToCommonModes(r17ModeC) }
+      for step in 0..<deferredSignalSteps {
+        if step == deferredSignalSteps / 2 { loop.addModeToCommonModes(orderModeC) }
         let index = random.next(3)
         let source = sources[index]
         switch random.next(12) {
-        case 0: loop.add(source, to: r17ModeB)
-        case 1: loop.remove(source, from: r17ModeB)
-        case 2: loop.add(source, to: r17ModeC)
-        case 3: loop.remove(source, from: r17ModeC)
+        case 0: loop.add(source, to: orderModeB)
+        case 1: loop.remove(source, from: orderModeB)
+        case 2: loop.add(source, to: orderModeC)
+        case 3: loop.remove(source, from: orderModeC)
         case 4: loop.add(source, to: .common)
         case 5: loop.remove(source, from: .common)
         case 6, 7: source.signal()
         case 8:
           // Nested: a pass of B, C or default inside the helper's handler, during a pass of A.
-          let mode = [r17ModeB, r17ModeC, RunLoopMode.default][random.next(3)]
+          let mode = [orderModeB, orderModeC, RunLoopMode.default][random.next(3)]
           nested.withLock { $0 = (sources, mode, "step \(step) nested") }
           helper.signal()
-          runOnePass(loop, r17ModeA)
+          runOnePass(loop, orderModeA)
           nested.withLock { $0 = nil }
         case 9:
           if random.next(8) == 0 {
@@ -93,12 +93,12 @@ struct PassOrderTests: PassTestModes {
   /// its limit for the sleeper.
   @Test
   func anEmptyModeRunFinishesAtOnceWhileATaskSleeps() async throws {
-    let loop = try RunLoopThread(name: "r17-empty")
+    let loop = try RunLoopThread(name: "empty")
     let before = loop.scheduledJobCount
     let sleeper = Task(executorPreference: loop) { try? await Task.sleep(for: .seconds(30)) }
     let result = try await withWatchdogOnThread(timeout: .seconds(10), "empty run") { () -> RunLoopRunResult? in
       waitUntil(timeout: .seconds(5), "the sleep scheduled") { loop.scheduledJobCount > before }
-      return try loop.performAndWait { loop.run(mode: r17ModeEmpty, until: .now.advanced(by: .milliseconds(300))) }
+      return try loop.performAndWait { loop.run(mode: orderModeEmpty, until: .now.advanced(by: .milliseconds(300))) }
     }
     sleeper.cancel()
     await execShutdown(loop)
@@ -108,10 +108,10 @@ struct PassOrderTests: PassTestModes {
   /// A modal run of an empty mode from a task while another task sleeps long on the loop returns
   /// (finished) instead of waiting for the sleep.
   @Test func aModalRunOfAnEmptyModeDoesNotWaitForALongSleep() async throws {
-    let loop = try RunLoopThread(name: "r19-modal")
+    let loop = try RunLoopThread(name: "modal")
     let sleeper = Task(executorPreference: loop) { try await Task.sleep(for: .seconds(30)) }
     let result = try await withWatchdog(timeout: .seconds(30), "modal run of an empty mode") {
-      try await loop.runModal(mode: r19Empty)
+      try await loop.runModal(mode: silencedEmptyMode)
     }
     #expect(result == .finished)
     sleeper.cancel()
@@ -121,18 +121,18 @@ struct PassOrderTests: PassTestModes {
   /// A normal run of a mode that never held anything, and of one emptied by a removal from
   /// another thread, returns `.finished` (not `.stopped`), nested or modal.
   @Test func aRunOfAnEmptyModeStillFinishes() async throws {
-    let loop = try RunLoopThread(name: "r27-empty")
+    let loop = try RunLoopThread(name: "empty")
     defer { loop.shutdownAndWait() }
-    let emptied: RunLoopMode = "r27-emptied"
+    let emptied: RunLoopMode = "emptied"
     let timer = LoopTimer(after: .seconds(3_600)) { _ in }
     loop.add(timer, to: emptied)
     try loop.performAndWait {}
     loop.remove(timer, from: emptied)
     let deadline = LoopClock.Instant.now.advanced(by: .seconds(5))
     let nested = try loop.performAndWait { () -> [RunLoopRunResult] in
-      [loop.run(mode: "r27-never", until: deadline), loop.run(mode: emptied, until: deadline)]
+      [loop.run(mode: "never", until: deadline), loop.run(mode: emptied, until: deadline)]
     }
-    let modal = try await loop.runModal(mode: "r27-never-modal", until: deadline)
+    let modal = try await loop.runModal(mode: "never-modal", until: deadline)
     let modalEmptied = try await loop.runModal(mode: emptied, until: deadline)
     #expect(nested == [.finished, .finished])
     #expect([modal, modalEmptied] == [.finished, .finished])

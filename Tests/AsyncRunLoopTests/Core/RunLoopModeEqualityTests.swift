@@ -8,7 +8,7 @@ struct RunLoopModeEqualityTests {
   /// Promised: modes made from the same name, in any of the public ways, are equal and hash
   /// alike; the internal every-mode equals none of them; `commonModes` holds `.default`.
   @Test func modesFromTheSameNameAreEqualAndHashAlike() throws {
-    let names = ["kCFRunLoopDefaultMode", "kCFRunLoopCommonModes", "r16-x", "AsyncRunLoop.everyMode", ""]
+    let names = ["kCFRunLoopDefaultMode", "kCFRunLoopCommonModes", "x", "AsyncRunLoop.everyMode", ""]
     for name in names {
       let made = [RunLoopMode(name), RunLoopMode(rawValue: name), RunLoopMode(stringLiteral: name)]
       for left in made {
@@ -31,14 +31,14 @@ struct RunLoopModeEqualityTests {
     table[.everyMode] = 2
     #expect(table.count == 2)
     #expect(table[RunLoopMode(rawValue: RunLoopMode.everyMode.rawValue)] == 1)
-    let loop = try RunLoopThread(name: "r16-m1")
+    let loop = try RunLoopThread(name: "m1")
     defer { loop.shutdownAndWait() }
-    loop.addModeToCommonModes(RunLoopMode(rawValue: "r16-x"))
-    loop.addModeToCommonModes("r16-x")
+    loop.addModeToCommonModes(RunLoopMode(rawValue: "racing-mode-x"))
+    loop.addModeToCommonModes("racing-mode-x")
     let common = try loop.performAndWait { loop.commonModes }
     #expect(common.contains(.default))
-    #expect(common.contains(r16ModeX))
+    #expect(common.contains(racingModeX))
     #expect(!common.contains(.everyMode))
-    #expect(common.filter { $0 == r16ModeX }.count == 1)
+    #expect(common.filter { $0 == racingModeX }.count == 1)
   }
 }

@@ -13,7 +13,7 @@ struct ActorSleepTests {
   /// own timers: `defaultClockInALoopActorSleepsOnItsLoop`.)
   @Test func taskSleepInALoopActorEndsOnTimeBackOnTheLoop() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "actor sleeps") { () async throws -> Int in
-      let loop = try RunLoopThread(name: "r18-actor-nap")
+      let loop = try RunLoopThread(name: "actor-nap")
       let actor = NappingActor(loop: loop)
       var onLoop = 0
       for _ in 0..<3 {
@@ -34,7 +34,7 @@ extension ActorSleepTests {
   @Test func defaultClockUnderThePreferenceSleepsOnThatLoop() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "LoopClock() under preference") {
       () async throws -> UInt64 in
-      let loop = try RunLoopThread(name: "r18-default-pref")
+      let loop = try RunLoopThread(name: "default-pref")
       let before = await execOnNewThread { timerSchedulings(loop) }
       await withTaskExecutorPreference(loop) {
         for _ in 0..<3 { try? await LoopClock().sleep(for: .milliseconds(2)) }
@@ -53,7 +53,7 @@ extension ActorSleepTests {
   func defaultClockInALoopActorSleepsOnItsLoop() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "LoopClock() in an actor") {
       () async throws -> UInt64 in
-      let loop = try RunLoopThread(name: "r18-default-actor")
+      let loop = try RunLoopThread(name: "default-actor")
       let actor = NappingActor(loop: loop)
       let before = await execOnNewThread { timerSchedulings(loop) }
       for _ in 0..<3 { _ = await actor.napOnDefaultClock() }
@@ -71,7 +71,7 @@ struct WhereCodeRunsAfterASleepTests {
   /// clock; so is an actor on the loop.
   @Test func codeAfterASleepUnderThePreferenceRunsOnTheLoop() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "after sleep") { () async throws -> [Int] in
-      let loop = try RunLoopThread(name: "r18-after-sleep")
+      let loop = try RunLoopThread(name: "after-sleep")
       let onLoop = await Task(executorPreference: loop) { () -> [Int] in
         var counts = [0, 0, 0]
         for _ in 0..<5 {

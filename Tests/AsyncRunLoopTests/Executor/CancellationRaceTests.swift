@@ -12,7 +12,7 @@ struct CancellationRaceTests {
   @Test func clockSleepsCancelledAtAnyMomentAllEndAndLeaveNothing() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(40), "cancelled sleeps") {
       () async throws -> (cancelled: Int, total: Int, records: Int?) in
-      let loop = try RunLoopThread(name: "r14s-csl")
+      let loop = try RunLoopThread(name: "csl")
       var tasks: [Task<Bool, Never>] = []
       for index in 0..<400 {
         let task = Task { () -> Bool in
@@ -46,7 +46,7 @@ struct CancellationRaceTests {
   @Test func consumersCancelledAtAnyMomentEndAndDetachTheirSources() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(40), "cancelled consumers") {
       () async throws -> (schedules: Int, cancels: Int, records: Int?) in
-      let loop = try RunLoopThread(name: "r14s-ccons")
+      let loop = try RunLoopThread(name: "ccons")
       let schedules = AtomicCounter()
       let cancels = AtomicCounter()
       for round in 0..<300 {
@@ -85,7 +85,7 @@ extension CancellationRaceTests {
   @Test func aCancelledSenderIsSkippedAndTheOthersKeepTheirOrder() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "cancelled sender") {
       () async throws -> (results: [SourcePostResult], values: [Int]) in
-      let loop = try RunLoopThread(name: "r14s-csend")
+      let loop = try RunLoopThread(name: "csend")
       let sequence = loop.sourceSequence(of: Int.self, buffering: .bounded(1))
       _ = sequence.post(0)
       var senders: [Task<SourcePostResult, Never>] = []
@@ -119,7 +119,7 @@ extension CancellationRaceTests {
   func everySignalIsFollowedByAnElement(consumerOnLoop: Bool) async throws {
     let outcome = try await withWatchdog(timeout: .seconds(40), "signal then element") {
       () async throws -> (received: Int, sent: Int) in
-      let loop = try RunLoopThread(name: "r14s-sigel")
+      let loop = try RunLoopThread(name: "sigel")
       let signals = loop.signalSequence()
       let sent = AtomicCounter()
       let stop = TestGate()

@@ -25,7 +25,7 @@ struct EveryModeSleepTimerTests {
           slept.withLock { $0 = ContinuousClock.now - start }
           ended.withLock { $0 = true }
         }
-        let result = loop.run(mode: r15Private, for: .seconds(10))
+        let result = loop.run(mode: drainPrivateMode, for: .seconds(10))
         box.withLock { $0 = (result, slept.snapshot, loop.core.modeTable.allRecords.count, ended.snapshot) }
       }
       joinThread(thread)
@@ -43,7 +43,7 @@ struct EveryModeSleepTimerTests {
   /// handler queues the resumption behind the running job), and the sleep is not lost: it ends
   /// once the job returns (or before the job began), never early and never inside it.
   @Test func aSleepDueDuringARunNestedInAJobEndsAfterTheJob() async throws {
-    let loop = try RunLoopThread(name: "r15-e2")
+    let loop = try RunLoopThread(name: "e2")
     defer { loop.shutdownAndWait() }
     let actor = NestedRunActor(loop: loop)
     let log = EventLog()
@@ -56,7 +56,7 @@ struct EveryModeSleepTimerTests {
     }
     _ = await execOnNewThread { waitUntil("the sleeper started") { log.count("sleeping") == 1 } }
     let nested = try await withWatchdog(timeout: .seconds(20), "nested run in a job") {
-      await actor.nestedRun(r15Private, for: .milliseconds(200), log: log)
+      await actor.nestedRun(drainPrivateMode, for: .milliseconds(200), log: log)
     }
     let slept = try await withWatchdog(timeout: .seconds(20), "the sleeper") { await sleeper.value }
     #expect(nested != nil)
@@ -77,7 +77,7 @@ struct EveryModeSleepTimerTests {
   /// run goes on, none early, and the modal run is still running when they have (it returns
   /// `.stopped` when cancelled afterwards). No record is left.
   @Test func sleepsEndInARunNestedInATimerCalloutInsideAModalRun() async throws {
-    let loop = try RunLoopThread(name: "r15-e3")
+    let loop = try RunLoopThread(name: "e3")
     defer { loop.shutdownAndWait() }
     let count = 300
     let woke = AtomicCounter()
@@ -88,14 +88,14 @@ struct EveryModeSleepTimerTests {
       inner.open()
       let limit = ContinuousClock.now.advanced(by: .seconds(15))
       while woke.current < count && ContinuousClock.now < limit {
-        _ = RunLoopThread.current.run(mode: r15Inner, for: .milliseconds(20))
+        _ = RunLoopThread.current.run(mode: drainInnerMode, for: .milliseconds(20))
       }
       innerSaw.withLock { $0 = woke.current }
     }
-    loop.add(marker, to: r15Modal)
+    loop.add(marker, to: drainModalMode)
     let keepAlive = LoopTimer(after: .seconds(3600)) { _ in }
-    loop.add(keepAlive, to: r15Modal)
-    let modal = Task { try await loop.runModal(mode: r15Modal, for: .seconds(30)) }
+    loop.add(keepAlive, to: drainModalMode)
+    let modal = Task { try await loop.runModal(mode: drainModalMode, for: .seconds(30)) }
     #expect(await execOnNewThread { inner.wait(timeout: .seconds(20)) })
     await withTaskGroup(of: Void.self) { group in
       for index in 0..<count {
@@ -123,7 +123,7 @@ struct EveryModeSleepTimerTests {
   /// Promised: every sleep ends (the cancelled ones by throwing), none of the others early, and
   /// once every deadline has passed the loop holds no timer record for them (no leak).
   @Test func tenThousandSleepsWithCancellationLeaveNoRecord() async throws {
-    let loop = try RunLoopThread(name: "r15-e4")
+    let loop = try RunLoopThread(name: "e4")
     defer { loop.shutdownAndWait() }
     let count = 10_000
     let early = AtomicCounter()
@@ -170,7 +170,7 @@ struct EveryModeSleepTimerTests {
   /// mode. Promised: each ends (a delay already over fires on the next pass), and the loop keeps
   /// no record of them.
   @Test func sleepsAlreadyDueEnd() async throws {
-    let loop = try RunLoopThread(name: "r15-e5")
+    let loop = try RunLoopThread(name: "e5")
     defer { loop.shutdownAndWait() }
     let ended = try await withWatchdog(timeout: .seconds(20), "sleeps already due") { () -> Int in
       await Task(executorPreference: loop) { () -> Int in
@@ -192,7 +192,7 @@ struct EveryModeSleepTimerTests {
   /// Promised: a `Task.sleep` under the loop's preference is never ended early; it completes at
   /// its deadline, elsewhere: none is lost, none ends early, and `shutdownAndWait()` returns.
   @Test func sleepsPendingAtShutdownEndAtTheirDeadlines() async throws {
-    let loop = try RunLoopThread(name: "r15-e6")
+    let loop = try RunLoopThread(name: "e6")
     let count = 200
     let started = AtomicCounter()
     let outcome = try await withWatchdog(timeout: .seconds(30), "sleeps at shutdown") { () -> (Int, Int, Int) in
@@ -249,8 +249,8 @@ struct EveryModeSleepTimerTests {
     let runResult = Guarded<RunLoopRunResult?>(nil)
     let keepAlive = LoopTimer(after: .seconds(3600)) { _ in }
     thread.send { loop in
-      loop.add(keepAlive, to: r15Private)
-      let result = loop.run(mode: r15Private, for: .seconds(20))
+      loop.add(keepAlive, to: drainPrivateMode)
+      let result = loop.run(mode: drainPrivateMode, for: .seconds(20))
       runResult.withLock { $0 = result }
     }
     #expect(await execOnNewThread { sleeping.wait(timeout: .seconds(20)) })
@@ -272,15 +272,15 @@ extension EveryModeSleepTimerTests {
   /// a modal run of a private mode goes on. Promised: the actor's jobs run in every mode, so the
   /// sleep ends during the modal run (it is still running afterwards), not early.
   @Test func anActorSleepEndsDuringAModalRunInAPrivateMode() async throws {
-    let loop = try RunLoopThread(name: "r15-e7")
+    let loop = try RunLoopThread(name: "e7")
     defer { loop.shutdownAndWait() }
     let actor = NestedRunActor(loop: loop)
     let entered = TestGate()
     let marker = LoopTimer(after: .zero) { _ in entered.open() }
     let keepAlive = LoopTimer(after: .seconds(3600)) { _ in }
-    loop.add(marker, to: r15Modal)
-    loop.add(keepAlive, to: r15Modal)
-    let modal = Task { try await loop.runModal(mode: r15Modal, for: .seconds(20)) }
+    loop.add(marker, to: drainModalMode)
+    loop.add(keepAlive, to: drainModalMode)
+    let modal = Task { try await loop.runModal(mode: drainModalMode, for: .seconds(20)) }
     #expect(await execOnNewThread { entered.wait(timeout: .seconds(20)) })
     let slept = try await withWatchdog(timeout: .seconds(10), "the actor's sleep") {
       await actor.sleep(.milliseconds(30))
@@ -303,7 +303,7 @@ extension EveryModeSleepTimerTests {
   func aClientModeNamedLikeTheInternalModeIsNotRunEverywhere() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "client every-mode") {
       () throws -> (fires: Int, result: RunLoopRunResult?) in
-      let loop = try RunLoopThread(name: "r15-e8")
+      let loop = try RunLoopThread(name: "e8")
       defer { loop.shutdownAndWait() }
       let fires = AtomicCounter()
       let timer = LoopTimer(after: .milliseconds(10), repeatingEvery: .milliseconds(10)) { _ in fires.increment() }

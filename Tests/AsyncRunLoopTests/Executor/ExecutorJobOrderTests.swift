@@ -11,7 +11,7 @@ struct ExecutorJobOrderTests {
   /// the actor's count is exact, and every call ran isolated to the loop.
   @Test func actorCallsRacingShutdownAllCompleteIsolated() async throws {
     for round in 0..<3 {
-      let loop = try RunLoopThread(name: "r13-actor")
+      let loop = try RunLoopThread(name: "actor")
       let counter = CallCountingActor(loop: loop)
       let outcome = try await withWatchdog(timeout: .seconds(30), "actor calls vs shutdown") {
         () async -> (returned: Int, misisolated: Int, final: Int) in

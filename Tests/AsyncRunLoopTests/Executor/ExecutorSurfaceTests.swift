@@ -12,7 +12,7 @@ struct ExecutorSurfaceTests {
   @Test func actorsAndPreferringTasksRunOnTheLoopIsolated() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "isolation") {
       () async throws -> (actor: (Bool?, Bool), off: Bool?, task: [Bool], inline: Bool) in
-      let loop = try RunLoopThread(name: "r14s-iso")
+      let loop = try RunLoopThread(name: "iso")
       let actor = PinnedSurfaceActor(loop: loop)
       let place = await actor.whereAmI()
       let inline = try await actor.performInline()
@@ -41,8 +41,8 @@ struct ExecutorSurfaceTests {
   /// hanging both loops.
   @Test func performAndWaitInACycleThroughAnActorThrowsInsteadOfHanging() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "cycle") { () async throws -> String in
-      let loopA = try RunLoopThread(name: "r14s-cyc-a")
-      let loopB = try RunLoopThread(name: "r14s-cyc-b")
+      let loopA = try RunLoopThread(name: "cyc-a")
+      let loopB = try RunLoopThread(name: "cyc-b")
       let actor = PinnedSurfaceActor(loop: loopA)
       let answer = await actor.waitInACycle(through: loopB)
       await execShutdown(loopA)
@@ -58,7 +58,7 @@ struct ExecutorSurfaceTests {
   @Test func jobsAfterTerminationRunIsolatedOneAtATime() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "fallback") {
       () async throws -> (place: (Bool?, Bool), most: Int, calls: Int, task: Bool?) in
-      let loop = try RunLoopThread(name: "r14s-fb")
+      let loop = try RunLoopThread(name: "fb")
       let actor = PinnedSurfaceActor(loop: loop)
       _ = await actor.whereAmI()
       await execShutdown(loop)
@@ -88,7 +88,7 @@ struct ExecutorSurfaceTests {
   @Test func shutdownWithPendingSleepsResumesEverySleeper() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "sleeps at shutdown") {
       () async throws -> (clock: String, taskSleep: String, elapsed: Duration) in
-      let loop = try RunLoopThread(name: "r14s-sleep")
+      let loop = try RunLoopThread(name: "sleep")
       let clockSleep = Task { () -> String in
         do {
           try await loop.clock.sleep(until: .now.advanced(by: .seconds(60)))
@@ -127,11 +127,11 @@ struct ExecutorSurfaceTests {
   @Test func anActorsOtherCallsRunDuringItsModalRun() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "modal from actor") {
       () async throws -> RunLoopRunResult in
-      let loop = try RunLoopThread(name: "r14s-modal")
+      let loop = try RunLoopThread(name: "modal")
       let entered = TestGate()
-      loop.add(LoopObserver(activities: .entry) { _, _ in entered.open() }, to: r14sModeA)
+      loop.add(LoopObserver(activities: .entry) { _, _ in entered.open() }, to: surfaceModeA)
       let source = InputSource(perform: { _ in })
-      loop.add(source, to: r14sModeA)
+      loop.add(source, to: surfaceModeA)
       let actor = PinnedSurfaceActor(loop: loop)
       async let result = actor.modalUntilSignalled()
       _ = await pollEveryMillisecond { entered.opened }
@@ -152,7 +152,7 @@ struct ExecutorSurfaceTests {
   @Test func aCancelledModalRunEndsOnceTheModalRunNestedInItReturns() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "nested modal cancel") {
       () async throws -> (first: RunLoopRunResult, second: RunLoopRunResult, order: [String]) in
-      let loop = try RunLoopThread(name: "r14s-modal2")
+      let loop = try RunLoopThread(name: "modal2")
       let enteredA = TestGate()
       let enteredB = TestGate()
       // The runs' exits, in the order the loop thread makes them.
@@ -160,21 +160,21 @@ struct ExecutorSurfaceTests {
       loop.add(
         LoopObserver(activities: [.entry, .exit]) { _, activity in
           if activity == .entry { enteredA.open() } else { order.add("first") }
-        }, to: r14sModeA)
+        }, to: surfaceModeA)
       loop.add(
         LoopObserver(activities: [.entry, .exit]) { _, activity in
           if activity == .entry { enteredB.open() } else { order.add("second") }
-        }, to: r14sModeB)
+        }, to: surfaceModeB)
       let keepA = LoopTimer(after: .seconds(3600)) { _ in }
       let keepB = LoopTimer(after: .seconds(3600)) { _ in }
-      loop.add(keepA, to: r14sModeA)
-      loop.add(keepB, to: r14sModeB)
+      loop.add(keepA, to: surfaceModeA)
+      loop.add(keepB, to: surfaceModeB)
       let first = Task { () -> RunLoopRunResult in
-        (try? await loop.runModal(mode: r14sModeA, for: .seconds(20))) ?? .finished
+        (try? await loop.runModal(mode: surfaceModeA, for: .seconds(20))) ?? .finished
       }
       _ = await pollEveryMillisecond { enteredA.opened }
       let second = Task { () -> RunLoopRunResult in
-        (try? await loop.runModal(mode: r14sModeB, for: .seconds(1))) ?? .finished
+        (try? await loop.runModal(mode: surfaceModeB, for: .seconds(1))) ?? .finished
       }
       _ = await pollEveryMillisecond { enteredB.opened }
       first.cancel()
@@ -193,9 +193,9 @@ struct ExecutorSurfaceTests {
 
   /// Promised: `runModal` on a loop that has shut down throws `RunLoopError.shutDown`.
   @Test func runModalAfterShutdownThrows() async throws {
-    let loop = try RunLoopThread(name: "r14s-modal3")
+    let loop = try RunLoopThread(name: "modal3")
     await execShutdown(loop)
-    await #expect(throws: RunLoopError.self) { try await loop.runModal(mode: r14sModeA, for: .seconds(1)) }
+    await #expect(throws: RunLoopError.self) { try await loop.runModal(mode: surfaceModeA, for: .seconds(1)) }
   }
 
   /// Promised: `LoopGroup.next()` hands the loops out round-robin in creation order, and
@@ -203,13 +203,13 @@ struct ExecutorSurfaceTests {
   @Test func loopGroupHandsLoopsOutRoundRobinAndShutsThemAllDown() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "group") {
       () throws -> (names: [String], down: [Bool]) in
-      let group = try LoopGroup(count: 3, name: "r14s-g")
+      let group = try LoopGroup(count: 3, name: "g")
       let names = (0..<7).map { _ in group.next().name }
       group.shutdownAndWait()
       return (names, group.loops.map(\.isShutDown))
     }
     guard let outcome else { return }
-    #expect(outcome.names == ["r14s-g-0", "r14s-g-1", "r14s-g-2", "r14s-g-0", "r14s-g-1", "r14s-g-2", "r14s-g-0"])
+    #expect(outcome.names == ["g-0", "g-1", "g-2", "g-0", "g-1", "g-2", "g-0"])
     #expect(outcome.down == [true, true, true])
   }
 }
@@ -221,12 +221,12 @@ extension ExecutorSurfaceTests {
   /// shutting down).
   @Test func aModalRunQueuedWhenTheLoopShutsDownStillResumesItsCaller() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "modal at shutdown") { () async throws -> String in
-      let loop = try RunLoopThread(name: "r14s-modal4")
-      loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: r14sModeA)
+      let loop = try RunLoopThread(name: "modal4")
+      loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: surfaceModeA)
       let release = await execOnNewThread { blockLoop(loop) }
       let modal = Task { () -> String in
         do {
-          return "\(try await loop.runModal(mode: r14sModeA, for: .seconds(20)))"
+          return "\(try await loop.runModal(mode: surfaceModeA, for: .seconds(20)))"
         } catch {
           return "\(error)"
         }
@@ -251,7 +251,7 @@ extension ExecutorSurfaceTests {
   @Test func aYieldingTaskOnTheLoopDoesNotStarveSourcesTimersOrBlocks() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "busy loop") {
       () async throws -> (block: Bool, timer: Bool, signal: Int, spins: Int) in
-      let loop = try RunLoopThread(name: "r14s-busy")
+      let loop = try RunLoopThread(name: "busy")
       let stop = TestGate()
       let spins = AtomicCounter()
       let spinner = Task(executorPreference: loop) {
@@ -292,23 +292,23 @@ extension ExecutorSurfaceTests {
   @Test func aSourceHandledInANestedModalRunDoesNotEndTheOuterOne() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "nested handled source") {
       () async throws -> (outer: String, inner: String) in
-      let loop = try RunLoopThread(name: "r14s-modal5")
+      let loop = try RunLoopThread(name: "modal5")
       let enteredA = TestGate()
-      loop.add(LoopObserver(activities: .entry) { _, _ in enteredA.open() }, to: r14sModeA)
+      loop.add(LoopObserver(activities: .entry) { _, _ in enteredA.open() }, to: surfaceModeA)
       let keepA = LoopTimer(after: .seconds(3600)) { _ in }
-      loop.add(keepA, to: r14sModeA)
+      loop.add(keepA, to: surfaceModeA)
       let sourceB = InputSource(perform: { _ in })
-      loop.add(sourceB, to: r14sModeB)
+      loop.add(sourceB, to: surfaceModeB)
       let outer = Task { () -> String in
         do {
-          return "\(try await loop.runModal(mode: r14sModeA, for: .milliseconds(600), returnAfterSourceHandled: true))"
+          return "\(try await loop.runModal(mode: surfaceModeA, for: .milliseconds(600), returnAfterSourceHandled: true))"
         } catch { return "\(error)" }
       }
       _ = await pollEveryMillisecond { enteredA.opened }
       sourceB.signal()
       let inner = Task { () -> String in
         do {
-          return "\(try await loop.runModal(mode: r14sModeB, for: .milliseconds(100), returnAfterSourceHandled: true))"
+          return "\(try await loop.runModal(mode: surfaceModeB, for: .milliseconds(100), returnAfterSourceHandled: true))"
         } catch { return "\(error)" }
       }
       let innerResult = await inner.value
@@ -338,14 +338,14 @@ extension ExecutorSurfaceTests {
   func taskSleepsOnTheLoopCompleteDuringAModalRunOfAnotherMode() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "sleep during modal") {
       () async throws -> (task: Duration, actor: Duration, modalEnded: Bool, yielded: Bool) in
-      let loop = try RunLoopThread(name: "r14s-modal6")
+      let loop = try RunLoopThread(name: "modal6")
       let enteredA = TestGate()
-      loop.add(LoopObserver(activities: .entry) { _, _ in enteredA.open() }, to: r14sModeA)
+      loop.add(LoopObserver(activities: .entry) { _, _ in enteredA.open() }, to: surfaceModeA)
       let keepA = LoopTimer(after: .seconds(3600)) { _ in }
-      loop.add(keepA, to: r14sModeA)
+      loop.add(keepA, to: surfaceModeA)
       let modalEnded = TestGate()
       let modal = Task {
-        _ = try? await loop.runModal(mode: r14sModeA, for: .seconds(3))
+        _ = try? await loop.runModal(mode: surfaceModeA, for: .seconds(3))
         modalEnded.open()
       }
       _ = await pollEveryMillisecond { enteredA.opened }
@@ -382,19 +382,19 @@ extension ExecutorSurfaceTests {
   @Test func shutdownEndsNestedModalRunsOfTwoTasks() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "shutdown ends modal runs") {
       () async throws -> [String] in
-      let loop = try RunLoopThread(name: "r14s-modal7")
+      let loop = try RunLoopThread(name: "modal7")
       let enteredA = TestGate()
       let enteredB = TestGate()
-      loop.add(LoopObserver(activities: .entry) { _, _ in enteredA.open() }, to: r14sModeA)
-      loop.add(LoopObserver(activities: .entry) { _, _ in enteredB.open() }, to: r14sModeB)
-      loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: r14sModeA)
-      loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: r14sModeB)
+      loop.add(LoopObserver(activities: .entry) { _, _ in enteredA.open() }, to: surfaceModeA)
+      loop.add(LoopObserver(activities: .entry) { _, _ in enteredB.open() }, to: surfaceModeB)
+      loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: surfaceModeA)
+      loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: surfaceModeB)
       let first = Task { () -> String in
-        do { return "\(try await loop.runModal(mode: r14sModeA, for: .seconds(20)))" } catch { return "\(error)" }
+        do { return "\(try await loop.runModal(mode: surfaceModeA, for: .seconds(20)))" } catch { return "\(error)" }
       }
       _ = await pollEveryMillisecond { enteredA.opened }
       let second = Task { () -> String in
-        do { return "\(try await loop.runModal(mode: r14sModeB, for: .seconds(20)))" } catch { return "\(error)" }
+        do { return "\(try await loop.runModal(mode: surfaceModeB, for: .seconds(20)))" } catch { return "\(error)" }
       }
       _ = await pollEveryMillisecond { enteredB.opened }
       await execShutdown(loop)
@@ -414,7 +414,7 @@ struct ExecutorRaceTests {
   @Test func actorCallsRacingShutdownCompleteOnceInOrder() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "actor calls racing shutdown") {
       () async throws -> (entries: [Int], offLoop: Int) in
-      let loop = try RunLoopThread(name: "r18-actor")
+      let loop = try RunLoopThread(name: "actor")
       let actor = CallLoggingActor(loop: loop)
       let offLoop = AtomicCounter()
       let caller = Task {
@@ -437,7 +437,7 @@ struct ExecutorRaceTests {
   @Test func actorSleepAcrossShutdownCompletes() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "actor sleep across shutdown") {
       () async throws -> [Int] in
-      let loop = try RunLoopThread(name: "r18-actor-sleep")
+      let loop = try RunLoopThread(name: "actor-sleep")
       let actor = CallLoggingActor(loop: loop)
       let sleepers = (0..<4).map { value in Task { try await actor.sleepThenAppend(value) } }
       try await Task.sleep(for: .milliseconds(5))
@@ -453,7 +453,7 @@ struct ExecutorRaceTests {
   @Test func loopClockSleepThrowsAtShutdownAndPreferredSleepCompletes() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "sleeps across shutdown") {
       () async throws -> (Bool, Bool) in
-      let loop = try RunLoopThread(name: "r18-clock")
+      let loop = try RunLoopThread(name: "clock")
       let clockSleep = Task { () -> Bool in
         do {
           try await loop.clock.sleep(for: .seconds(3600))
@@ -480,14 +480,14 @@ struct ExecutorRaceTests {
   @Test func actorAnswersDuringAModalRunOfAnotherMode() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "actor during modal run") {
       () async throws -> (RunLoopRunResult?, Int) in
-      let loop = try RunLoopThread(name: "r18-modal")
+      let loop = try RunLoopThread(name: "modal")
       let hold = LoopTimer(after: .seconds(3600)) { _ in }
-      loop.add(hold, to: r18ModeA)
+      loop.add(hold, to: endRaceModeA)
       let inModal = AtomicCounter()
       let observer = LoopObserver(activities: [.entry], repeats: true) { _, _ in inModal.increment() }
-      loop.add(observer, to: r18ModeA)
+      loop.add(observer, to: endRaceModeA)
       let actor = CallLoggingActor(loop: loop)
-      let modal = Task { try? await loop.runModal(mode: r18ModeA) }
+      let modal = Task { try? await loop.runModal(mode: endRaceModeA) }
       #expect(await pollEveryMillisecond { inModal.current == 1 })
       for value in 0..<50 { _ = await actor.append(value) }
       modal.cancel()
@@ -505,7 +505,7 @@ struct ExecutorRaceTests {
   @Test func jobsEnqueuedDuringANestedRunInAJobRunAfterIt() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "nested run in a job") {
       () async throws -> [String] in
-      let loop = try RunLoopThread(name: "r18-nested")
+      let loop = try RunLoopThread(name: "nested")
       let log = EventLog()
       let actor = NestingLoopActor(loop: loop, log: log)
       await actor.nest()
@@ -520,7 +520,7 @@ struct ExecutorRaceTests {
   @Test func assumeIsolatedHoldsInAHandlerOnTheLoop() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "assumeIsolated in a handler") {
       () async throws -> (Bool?, Int) in
-      let loop = try RunLoopThread(name: "r18-iso")
+      let loop = try RunLoopThread(name: "iso")
       let actor = CallLoggingActor(loop: loop)
       let handled = AtomicCounter()
       let commands = CommandSource<Int> { value in
@@ -545,7 +545,7 @@ struct ExecutorRaceTests {
   /// loops still answer (fallback), exactly once per call.
   @Test func loopGroupRoundRobinAndActorsAfterShutdown() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "loop group") { () async throws -> (Bool, Int) in
-      let group = try LoopGroup(count: 3, name: "r18-group")
+      let group = try LoopGroup(count: 3, name: "group")
       let picked = (0..<6).map { _ in ObjectIdentifier(group.next()) }
       let expected = (group.loops + group.loops).map { ObjectIdentifier($0) }
       let actors = group.loops.map { CallLoggingActor(loop: $0) }

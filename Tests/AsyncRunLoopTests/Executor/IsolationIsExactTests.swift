@@ -10,16 +10,16 @@ struct IsolationIsExactTests: PassTestModes {
   /// `runModal` from a task that prefers the same loop (its job is on the loop, suspended) runs
   /// the loop's jobs meanwhile, and the task resumes on the loop.
   @Test func runModalFromATaskPreferringTheLoopResumesOnIt() async throws {
-    let loop = try RunLoopThread(name: "r3-modal-pref")
+    let loop = try RunLoopThread(name: "modal-pref")
     let overlap = JobOverlapCounter()
     let worker = SerialCheckingWorker(loop: loop, overlap: overlap)
-    loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: "r3-modal")
+    loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: "modal")
     let outcome = try await withWatchdog(timeout: .seconds(20), "modal run under the preference") {
       () async throws -> (RunLoopRunResult, Bool, Int) in
       async let pokes: Void = execConcurrently(tasks: 2, times: 20) { await worker.poke() }
       let (result, onLoop) = try await withTaskExecutorPreference(loop) {
         () async throws -> (RunLoopRunResult, Bool) in
-        let result = try await loop.runModal(mode: "r3-modal", for: .milliseconds(40))
+        let result = try await loop.runModal(mode: "modal", for: .milliseconds(40))
         return (result, loop.isOnLoopThread && RunLoopThread.current === loop)
       }
       await pokes
@@ -35,7 +35,7 @@ struct IsolationIsExactTests: PassTestModes {
   /// Nonisolated code running on the loop thread under the loop's preference is on the loop: an
   /// actor on the loop may `assumeIsolated` there, and `checkIsolated` passes.
   @Test func assumeIsolatedOfALoopActorHoldsUnderTheLoopsPreference() async throws {
-    let loop = try RunLoopThread(name: "r3-assume-pref")
+    let loop = try RunLoopThread(name: "assume-pref")
     let probe = ExecProbe(loop: loop)
     let touched = try await withWatchdog(timeout: .seconds(20), "assumeIsolated under the preference") {
       await withTaskExecutorPreference(loop) { () -> Bool in
@@ -52,8 +52,8 @@ struct IsolationIsExactTests: PassTestModes {
   /// On the fallback queue a dead loop's job is isolated to that loop only: another dead loop's
   /// isolation check answers no (a definite false from the loop itself).
   @Test func theFallbackIsIsolatedToTheDeadLoopWhoseJobItRunsOnly() async throws {
-    let first = try RunLoopThread(name: "r3-dead-a")
-    let second = try RunLoopThread(name: "r3-dead-b")
+    let first = try RunLoopThread(name: "dead-a")
+    let second = try RunLoopThread(name: "dead-b")
     await execShutdown(first)
     await execShutdown(second)
     let answers = try await withWatchdog(timeout: .seconds(20), "jobs on the fallback") {
@@ -69,7 +69,7 @@ struct IsolationIsExactTests: PassTestModes {
   /// A task preferring a dead loop still sleeps the whole time (`Task.sleep` never returns early)
   /// and stays isolated to the loop (on the fallback).
   @Test func aTaskPreferringADeadLoopSleepsTheWholeTimeAndStaysIsolated() async throws {
-    let loop = try RunLoopThread(name: "r3-dead-sleep")
+    let loop = try RunLoopThread(name: "dead-sleep")
     await execShutdown(loop)
     let outcome = try await withWatchdog(timeout: .seconds(20), "sleep on a dead loop") {
       () async throws -> (Duration, Bool) in

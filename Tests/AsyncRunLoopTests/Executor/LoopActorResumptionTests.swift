@@ -13,11 +13,11 @@ import Testing
 /// Every wait happens on raw threads (the test's own task resumes only once the pool is free).
 @Suite("Loop actor resumption", .serialized, .timeLimit(.minutes(10)))
 struct LoopActorResumptionTests {
-  @Test(.enabled(if: r21CooperativePool, "needs the fixed-width cooperative pool"))
+  @Test(.enabled(if: runsOnTheFixedWidthCooperativePool, "needs the fixed-width cooperative pool"))
   func aTaskPreferringTheLoopResumesInsideItsActorWhileThePoolIsBlocked() async throws {
-    let loop = try RunLoopThread(name: "r21-actor")
+    let loop = try RunLoopThread(name: "actor")
     let waiter = ResumptionCheckingActor(loop: loop)
-    let otherLoop = try RunLoopThread(name: "r21-actor2")
+    let otherLoop = try RunLoopThread(name: "actor2")
     let otherWaiter = ResumptionCheckingActor(loop: otherLoop)
     let result = try await withWatchdogOnThread(timeout: .seconds(30), "blocked-pool probe") {
       () -> (preferredOnLoop: Bool, unpreferredWhileBlocked: Bool, unpreferredAfter: Bool?) in
@@ -97,6 +97,6 @@ struct LoopActorResumptionTests {
     guard let result else { return }
     #expect(result.preferredOnLoop == true, "a preferred task did not resume inside its actor")
     #expect(result.unpreferredAfter == true, "the unpreferred task never came back to its actor")
-    print("r21 probe: unpreferred task resumed while the pool was blocked: \(result.unpreferredWhileBlocked)")
+    print("cooperative-pool probe: unpreferred task resumed while the pool was blocked: \(result.unpreferredWhileBlocked)")
   }
 }

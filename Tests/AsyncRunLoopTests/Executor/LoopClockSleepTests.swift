@@ -13,7 +13,7 @@ struct LoopClockSleepTests {
   /// cancelled while sleeping". `LoopClock()` picks the caller's loop only while it is "always
   /// running"; a loop that is shutting down is not: the sleep must not be cut short by it.
   @Test func theImplicitClockIsNotCutShortByTheCallersLoopShuttingDown() async throws {
-    let loop = try RunLoopThread(name: "r3-implicit-clock")
+    let loop = try RunLoopThread(name: "implicit-clock")
     let outcome = try await withWatchdog(timeout: .seconds(20), "implicit clock sleep") {
       // Under the loop's preference `LoopClock.sleep` (nonisolated async) runs on the loop's
       // thread, so the implicit clock picks that loop.
@@ -41,7 +41,7 @@ struct LoopClockSleepTests {
   /// The same when the caller's loop shuts down during the sleep; cancelling the task still ends
   /// the sleep with `CancellationError`.
   @Test func theImplicitClockOutlivesTheCallersLoopShuttingDownMidSleepButNotCancellation() async throws {
-    let loop = try RunLoopThread(name: "r3-implicit-mid")
+    let loop = try RunLoopThread(name: "implicit-mid")
     let outcome = try await withWatchdog(timeout: .seconds(20), "implicit clock sleeps") {
       () async -> (Result<Void, any Error>, Duration, Result<Void, any Error>) in
       let cancelled = Task(executorPreference: loop) { () async -> Result<Void, any Error> in
@@ -85,7 +85,7 @@ struct LoopClockSleepTests {
   /// Cancelling a long `Task.sleep` under the loop's preference ends it promptly with
   /// `CancellationError` (the job waiting on the loop's timer does not keep the task).
   @Test func cancellingALongTaskSleepUnderTheLoopsPreferenceEndsIt() async throws {
-    let loop = try RunLoopThread(name: "r3-sleep-cancel")
+    let loop = try RunLoopThread(name: "sleep-cancel")
     let before = loop.scheduledJobCount
     let outcome = try await withWatchdog(timeout: .seconds(20), "cancelled Task.sleep") { () async -> Bool in
       let sleeper = Task(executorPreference: loop) { () async -> Bool in
@@ -107,7 +107,7 @@ struct LoopClockSleepTests {
   /// Cancelling an actor's `loop.clock` sleep throws `CancellationError`, and the actor resumes on
   /// its loop.
   @Test func cancellingALoopClockSleepInAnActorThrowsOnTheLoop() async throws {
-    let loop = try RunLoopThread(name: "r3-clock-cancel")
+    let loop = try RunLoopThread(name: "clock-cancel")
     let worker = SerialCheckingWorker(loop: loop, overlap: JobOverlapCounter())
     let outcome = try await withWatchdog(timeout: .seconds(20), "cancelled clock sleep") {
       let sleeper = Task { await worker.sleepOnTheLoopClock(for: .seconds(3600)) }
@@ -149,7 +149,7 @@ struct LoopClockSleepTests {
       keep.invalidate()
       let nested = Locked<RunLoopRunResult?>(nil)
       loop.perform {
-        nested.withLock { $0 = loop.run(mode: r17ModeEmpty, until: .now.advanced(by: .seconds(10))) }
+        nested.withLock { $0 = loop.run(mode: orderModeEmpty, until: .now.advanced(by: .seconds(10))) }
       }
       // Runs until the wake-up (due a second after the sleep began) fires, then finishes.
       let result = loop.run(until: .now.advanced(by: .seconds(10)))
@@ -230,7 +230,7 @@ struct LoopClockSleepTests {
     func pollerReleased(sleeping: Bool) async throws -> Bool {
       weak var weakPoller: EpollPoller?
       do {
-        let loop = try RunLoopThread(name: "r17-fds")
+        let loop = try RunLoopThread(name: "fds")
         weakPoller = loop.shared.poller
         if sleeping {
           let before = loop.scheduledJobCount
@@ -259,15 +259,15 @@ struct LoopClockSleepTests {
   /// A loop-preferring task's sleep ends during a modal run of another mode (the every-mode timer
   /// fires there): its `stop()` ends the modal run, long before the modal run's limit.
   @Test func aSleepEndsDuringAModalRunAndStopsIt() async throws {
-    let loop = try RunLoopThread(name: "r17-modal")
+    let loop = try RunLoopThread(name: "modal")
     let keep = LoopTimer(after: .seconds(3600)) { _ in }
-    loop.add(keep, to: r17ModeModal)
+    loop.add(keep, to: orderModeModal)
     let result = try await withWatchdog(timeout: .seconds(20), "modal run") { () -> RunLoopRunResult in
       let sleeper = Task(executorPreference: loop) {
         try? await Task.sleep(for: .milliseconds(20))
         loop.stop()
       }
-      let result = try await loop.runModal(mode: r17ModeModal, for: .seconds(10))
+      let result = try await loop.runModal(mode: orderModeModal, for: .seconds(10))
       await sleeper.value
       return result
     }
@@ -279,7 +279,7 @@ struct LoopClockSleepTests {
   /// Sleeps pending on a loop that shuts down: none hangs and none ends early (they wait for their
   /// deadline elsewhere); a `LoopClock` sleep on the loop ends with a visible `CancellationError`.
   @Test func sleepsPendingAtShutdownEndNeitherHungNorEarly() async throws {
-    let loop = try RunLoopThread(name: "r17-sleeps")
+    let loop = try RunLoopThread(name: "sleeps")
     let early = AtomicCounter()
     let finished = AtomicCounter()
     let clockErrors = AtomicCounter()
@@ -327,7 +327,7 @@ struct LoopClockSleepTests {
         woke.withLock { $0 = .now }
         onLoop.withLock { $0 = loop.isOnLoopThread }
       }
-      let result = loop.run(mode: r19Empty, until: .now.advanced(by: .seconds(5)))
+      let result = loop.run(mode: silencedEmptyMode, until: .now.advanced(by: .seconds(5)))
       _ = task
       let early = woke.withLock { $0 }.map { start.duration(to: $0) < .milliseconds(50) } ?? true
       loop.shutdown()
@@ -342,7 +342,7 @@ struct LoopClockSleepTests {
   /// than its deadline and the task finishes.
   @Test func aSleepOnALoopShutDownAndDroppedEndsOnTimeAndTheTaskFinishes() async throws {
     let start = LoopClock.Instant.now
-    var loop: RunLoopThread? = try RunLoopThread(name: "r19-late")
+    var loop: RunLoopThread? = try RunLoopThread(name: "late")
     let task = Task(executorPreference: loop) { () -> LoopClock.Instant in
       try? await Task.sleep(for: .milliseconds(150))
       return .now
@@ -357,7 +357,7 @@ struct LoopClockSleepTests {
   /// An actor on a loop sleeping with `LoopClock()` while the loop shuts down: the sleep goes on
   /// elsewhere, never ends early, does not throw, and the method finishes.
   @Test func loopClockInAnActorWhoseLoopShutsDownMidSleepEndsOnTime() async throws {
-    let loop = try RunLoopThread(name: "r19-clock")
+    let loop = try RunLoopThread(name: "clock")
     let sleeper = LoopClockSleepingActor(loop: loop)
     let start = LoopClock.Instant.now
     let slept = Task { try await sleeper.sleep(.milliseconds(120)) }
@@ -372,7 +372,7 @@ struct LoopClockSleepTests {
   /// `LoopClock().sleep(for:)` in an actor on a loop sleeps on that loop's timers and ends on the
   /// loop's thread.
   @Test func loopClockInAnActorSleepsOnTheActorsLoop() async throws {
-    let loop = try RunLoopThread(name: "r19-clock2")
+    let loop = try RunLoopThread(name: "clock2")
     let sleeper = LoopClockSleepingActor(loop: loop)
     let (timersDuring, onLoop) =
       try await withWatchdog(timeout: .seconds(30), "actor sleep") {
@@ -391,7 +391,7 @@ struct LoopClockSleepTests {
   /// itself, since the process's descriptor count also moves with the tests running alongside.)
   @Test func aDroppedLoopWithAnUncancelledSleeperIsReleasedOnceTheSleeperWoke() async throws {
     let start = LoopClock.Instant.now
-    var loop: RunLoopThread? = try RunLoopThread(name: "r19-fds")
+    var loop: RunLoopThread? = try RunLoopThread(name: "fds")
     weak let weakLoop = loop
     weak let weakPoller = loop?.shared.poller
     let before = loop?.scheduledJobCount ?? 0

@@ -10,13 +10,13 @@ struct ModalRunEndsTests {
   /// Shutting the loop down during a modal run ends it (`.stopped`, every run stops during
   /// shutdown); it does not hang and does not throw (the run was not refused).
   @Test func shutdownDuringAModalRunEndsIt() async throws {
-    let loop = try RunLoopThread(name: "r3-modal-shutdown")
-    loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: "r3-modal")
+    let loop = try RunLoopThread(name: "modal-shutdown")
+    loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: "modal")
     let outcome = try await withWatchdog(timeout: .seconds(20), "modal run at shutdown") {
       () async -> Result<RunLoopRunResult, RunLoopError> in
       let modal = Task { () async -> Result<RunLoopRunResult, RunLoopError> in
         do throws(RunLoopError) {
-          return .success(try await loop.runModal(mode: "r3-modal"))
+          return .success(try await loop.runModal(mode: "modal"))
         } catch {
           return .failure(error)
         }
@@ -31,8 +31,8 @@ struct ModalRunEndsTests {
   /// A modal run accepted before shutdown whose block only gets to run in the drain returns (no
   /// hang, no throw).
   @Test func aModalRunAcceptedBeforeShutdownReturnsFromTheDrain() async throws {
-    let loop = try RunLoopThread(name: "r3-modal-drain")
-    loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: "r3-modal")
+    let loop = try RunLoopThread(name: "modal-drain")
+    loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: "modal")
     let release = TestGate()
     let busy = TestGate()
     loop.perform {
@@ -44,7 +44,7 @@ struct ModalRunEndsTests {
       () async -> Result<RunLoopRunResult, RunLoopError> in
       let modal = Task { () async -> Result<RunLoopRunResult, RunLoopError> in
         do throws(RunLoopError) {
-          return .success(try await loop.runModal(mode: "r3-modal"))
+          return .success(try await loop.runModal(mode: "modal"))
         } catch {
           return .failure(error)
         }
@@ -64,12 +64,12 @@ struct ModalRunEndsTests {
 
   /// A task already cancelled when it calls `runModal` (no deadline) gets `.stopped` at once.
   @Test func runModalFromACancelledTaskEndsAtOnce() async throws {
-    let loop = try RunLoopThread(name: "r3-modal-precancelled")
-    loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: "r3-modal")
+    let loop = try RunLoopThread(name: "modal-precancelled")
+    loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: "modal")
     let outcome = try await withWatchdog(timeout: .seconds(20), "pre-cancelled modal run") {
       let task = Task { () async throws -> RunLoopRunResult in
         withUnsafeCurrentTask { $0?.cancel() }
-        return try await loop.runModal(mode: "r3-modal")
+        return try await loop.runModal(mode: "modal")
       }
       return try await task.value
     }
@@ -85,8 +85,8 @@ struct ModalRunEndsTests {
     let outcomes = try await withWatchdog(timeout: .seconds(60), "runModal vs shutdown") { () -> [String: Int] in
       var outcomes: [String: Int] = [:]
       for round in 0..<100 {
-        let loop = try RunLoopThread(name: "r26-modal")
-        let mode = RunLoopMode("r26-modal-mode")
+        let loop = try RunLoopThread(name: "modal")
+        let mode = RunLoopMode("modal-mode")
         let keep = LoopTimer(after: .seconds(3_600)) { _ in }
         loop.add(keep, to: mode)
         let actor = ClosureNestingActor(loop: loop) {}

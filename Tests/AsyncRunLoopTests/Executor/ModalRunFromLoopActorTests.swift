@@ -14,7 +14,7 @@ extension ModalRunsAndWaitsFromLoopActorsTests {
   /// served during the modal run: no second job may start while one is on the stack.)
   @Test
   func aModalRunThatStartsInsideARunNestedInAJobRunsNoJobsUntilTheJobReturns() async throws {
-    let loop = try RunLoopThread(name: "r14c-m2")
+    let loop = try RunLoopThread(name: "m2")
     defer { loop.shutdownAndWait() }
     let holder = CallCountingActor(loop: loop)
     let callee = CallCountingActor(loop: loop)
@@ -31,9 +31,9 @@ extension ModalRunsAndWaitsFromLoopActorsTests {
           modalTicks.increment()
           if callsDone.opened { RunLoopThread.current.stop() }
         }
-        loop.add(watcher, to: r14cModeB)
+        loop.add(watcher, to: loopThreadModeB)
         defer { watcher.invalidate() }
-        return try await loop.runModal(mode: r14cModeB, for: .seconds(2))
+        return try await loop.runModal(mode: loopThreadModeB, for: .seconds(2))
       }
       _ = await execOnNewThread { usleep(50_000) }  // the modal run starts (inside the nested run)
       let calls = Task.detached { () async -> Void in
@@ -63,13 +63,13 @@ extension ModalRunsAndWaitsFromLoopActorsTests {
   /// and nothing hangs.
   @Test func aModalRunFromAnActorEndsAtShutdownAndEveryCallReturns() async throws {
     for round in 0..<3 {
-      let loop = try RunLoopThread(name: "r14c-m3")
+      let loop = try RunLoopThread(name: "m3")
       let actor = CallCountingActor(loop: loop)
       let never = TestGate()
       let outcome = try await withWatchdog(timeout: .seconds(30), "modal run vs shutdown, round \(round)") {
         () async -> (modal: String, returned: Int, misisolated: Int) in
         let modal = Task { () async -> String in
-          do { return "\(try await actor.modal(mode: r14cModeA, until: never).result)" } catch { return "\(error)" }
+          do { return "\(try await actor.modal(mode: loopThreadModeA, until: never).result)" } catch { return "\(error)" }
         }
         _ = await actor.call()
         startThread(detached: true) {
@@ -110,13 +110,13 @@ struct ModalRunsAndWaitsFromLoopActorsTests {
   /// are served during the modal run (which ends when they are done), each once, isolated; a
   /// `performAndWait` from the actor on its own loop runs inline.
   @Test func aModalRunFromAnActorOnTheLoopServesTheActorsOtherCalls() async throws {
-    let loop = try RunLoopThread(name: "r14c-m1")
+    let loop = try RunLoopThread(name: "m1")
     defer { loop.shutdownAndWait() }
     let actor = CallCountingActor(loop: loop)
     let callsDone = TestGate()
     let outcome = try await withWatchdog(timeout: .seconds(30), "modal run with calls") {
       () async throws -> (served: Int, result: RunLoopRunResult, returned: Int, nested: Int, misisolated: Int) in
-      async let modal = actor.modal(mode: r14cModeA, until: callsDone)
+      async let modal = actor.modal(mode: loopThreadModeA, until: callsDone)
       // Let the modal run start (its first calls are served inside it either way).
       _ = await actor.call()
       let returned = await withTaskGroup(of: Int.self) { group in
@@ -153,12 +153,12 @@ struct ModalRunsAskedForByLoopActorsTests {
   @Test func anActorsOwnModalRunLetsItsOtherCallsRun() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "actor's own modal run") {
       () async throws -> (RunLoopRunResult?, Int, Int) in
-      let loop = try RunLoopThread(name: "r18-own-modal")
+      let loop = try RunLoopThread(name: "own-modal")
       let hold = LoopTimer(after: .seconds(3600)) { _ in }
-      loop.add(hold, to: r18ModeA)
+      loop.add(hold, to: endRaceModeA)
       let entries = AtomicCounter()
       let observer = LoopObserver(activities: [.entry], repeats: true) { _, _ in entries.increment() }
-      loop.add(observer, to: r18ModeA)
+      loop.add(observer, to: endRaceModeA)
       let actor = OwnLoopModalActor(loop: loop)
       let modal = Task { await actor.modal() }
       #expect(await pollEveryMillisecond { entries.current == 1 })
@@ -179,11 +179,11 @@ struct ModalRunsAskedForByLoopActorsTests {
   @Test func modalRunReturnsAfterASourceSequenceFiresButNotAfterATimer() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "modal handled source") {
       () async throws -> (RunLoopRunResult?, Int, [Int]) in
-      let loop = try RunLoopThread(name: "r18-modal-src")
+      let loop = try RunLoopThread(name: "modal-src")
       let fired = AtomicCounter()
       let timer = LoopTimer(after: .milliseconds(1), repeatingEvery: .milliseconds(1)) { _ in fired.increment() }
-      loop.add(timer, to: r18ModeA)
-      let sequence = loop.sourceSequence(of: Int.self, modes: [r18ModeA])
+      loop.add(timer, to: endRaceModeA)
+      let sequence = loop.sourceSequence(of: Int.self, modes: [endRaceModeA])
       let actor = OwnLoopModalActor(loop: loop)
       let modal = Task { await actor.modal(returnAfterSourceHandled: true) }
       #expect(await pollEveryMillisecond { fired.current >= 3 })

@@ -11,15 +11,15 @@ struct NestedRunInJobRunsNoJobsTests {
   /// `runModal` from an actor on the loop: the loop keeps running its jobs during the modal run
   /// (the actor's other calls included), but never two at once.
   @Test func aModalRunFromAnActorRunsOtherJobsButNeverTwoAtOnce() async throws {
-    let loop = try RunLoopThread(name: "r3-modal-serial")
+    let loop = try RunLoopThread(name: "modal-serial")
     let overlap = JobOverlapCounter()
     let worker = SerialCheckingWorker(loop: loop, overlap: overlap)
     let other = SerialCheckingWorker(loop: loop, overlap: overlap)
     let keepAlive = LoopTimer(after: .seconds(3600)) { _ in }
-    loop.add(keepAlive, to: "r3-modal")
+    loop.add(keepAlive, to: "modal")
     let outcome = try await withWatchdog(timeout: .seconds(20), "modal run with callers") {
       () async throws -> (RunLoopRunResult, Int) in
-      async let modal = worker.modal("r3-modal", for: .milliseconds(100))
+      async let modal = worker.modal("modal", for: .milliseconds(100))
       await withTaskGroup(of: Void.self) { group in
         for index in 0..<8 {
           group.addTask {
@@ -40,11 +40,11 @@ struct NestedRunInJobRunsNoJobsTests {
   /// A run nested in a job of a task that prefers the loop (not only an actor's) runs no other
   /// job: the `run(mode:…)` doc names both.
   @Test func aRunNestedInATaskPreferringTheLoopRunsNoOtherJob() async throws {
-    let loop = try RunLoopThread(name: "r3-pref-nested")
+    let loop = try RunLoopThread(name: "pref-nested")
     let overlap = JobOverlapCounter()
     let worker = SerialCheckingWorker(loop: loop, overlap: overlap)
     let keepAlive = LoopTimer(after: .seconds(3600)) { _ in }
-    loop.add(keepAlive, to: "r3-nested")
+    loop.add(keepAlive, to: "nested")
     let pokesDuringRun = try await withWatchdog(timeout: .seconds(20), "nested run in a preferring task") {
       () async -> Int in
       let started = TestGate()
@@ -52,7 +52,7 @@ struct NestedRunInJobRunsNoJobsTests {
         overlap.enter()
         defer { overlap.leave() }
         started.open()
-        loop.run(mode: "r3-nested", for: .milliseconds(60))
+        loop.run(mode: "nested", for: .milliseconds(60))
         return overlap.total
       }
       _ = await execOnNewThread { started.wait(timeout: .seconds(10)) }
@@ -82,18 +82,18 @@ struct NestedRunInJobRunsNoJobsTests {
   /// A run nested in an actor's job runs performed blocks, and a `runModal` whose block lands in
   /// it still ends (at its deadline) without starting another job inside the outer one.
   @Test func aModalRunLandingInARunNestedInAJobStartsNoJob() async throws {
-    let loop = try RunLoopThread(name: "r3-modal-in-job")
+    let loop = try RunLoopThread(name: "modal-in-job")
     let overlap = JobOverlapCounter()
     let blocker = SerialCheckingWorker(loop: loop, overlap: overlap)
     let keepAlive = LoopTimer(after: .seconds(3600)) { _ in }
-    loop.add(keepAlive, to: "r3-outer")
-    loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: "r3-inner")
+    loop.add(keepAlive, to: "outer")
+    loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: "inner")
     let outcome = try await withWatchdog(timeout: .seconds(20), "modal inside a nested job run") {
       () async throws -> (RunLoopRunResult, RunLoopRunResult) in
-      async let outer = blocker.nestedRun("r3-outer", for: .milliseconds(150))
+      async let outer = blocker.nestedRun("outer", for: .milliseconds(150))
       try await Task.sleep(for: .milliseconds(20))
       // The modal block runs on `loop` inside the blocker's nested run.
-      let modal = try await loop.runModal(mode: "r3-inner", for: .milliseconds(30))
+      let modal = try await loop.runModal(mode: "inner", for: .milliseconds(30))
       await blocker.poke()
       return (await outer, modal)
     }
@@ -108,11 +108,11 @@ struct NestedRunInJobRunsNoJobsTests {
   /// inside it: both end at their deadlines, the inner one first, and no two jobs overlap. A
   /// shutdown then ends nested modal runs at every level (`.stopped`), without a hang.
   @Test func nestedModalRunsFromOneActorEndInOrderAndAllStopAtShutdown() async throws {
-    let loop = try RunLoopThread(name: "r3-modal-nested")
+    let loop = try RunLoopThread(name: "modal-nested")
     let overlap = JobOverlapCounter()
     let worker = SerialCheckingWorker(loop: loop, overlap: overlap)
-    loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: "r3-outer")
-    loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: "r3-inner")
+    loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: "outer")
+    loop.add(LoopTimer(after: .seconds(3600)) { _ in }, to: "inner")
     let order = Locked<[String]>([])
     // The order is taken from the runs' exits on the loop thread: the callers' tasks resume on
     // the shared pool, whose threads other tests may hold for longer than the outer run lasts.
@@ -120,22 +120,22 @@ struct NestedRunInJobRunsNoJobsTests {
     loop.add(
       LoopObserver(activities: [.entry, .exit]) { _, activity in
         if activity == .entry { innerEntries.withLock { $0 += 1 } } else { order.withLock { $0.append("inner") } }
-      }, to: "r3-inner")
+      }, to: "inner")
     let outerEntries = Locked(0)
     loop.add(
       LoopObserver(activities: [.entry, .exit]) { _, activity in
         if activity == .entry { outerEntries.withLock { $0 += 1 } } else { order.withLock { $0.append("outer") } }
-      }, to: "r3-outer")
+      }, to: "outer")
     let timed = try await withWatchdog(timeout: .seconds(20), "nested modal runs") {
       () async throws -> (RunLoopRunResult, RunLoopRunResult) in
       // The outer run lasts long enough for the inner one to start inside it even on a loaded
       // machine (scaled like the watchdogs), and the inner one starts once the outer one began.
       // (1 s was too short twice: in a fresh-clone CI run and with helpers compiling.)
       async let outer: RunLoopRunResult = {
-        try await worker.modal("r3-outer", for: .milliseconds(4000 * watchdogScale))
+        try await worker.modal("outer", for: .milliseconds(4000 * watchdogScale))
       }()
       while outerEntries.withLock({ $0 }) < 1 { try await Task.sleep(for: .milliseconds(2)) }
-      let inner = try await worker.modal("r3-inner", for: .milliseconds(20))
+      let inner = try await worker.modal("inner", for: .milliseconds(20))
       await worker.poke()
       return (try await outer, inner)
     }
@@ -144,9 +144,9 @@ struct NestedRunInJobRunsNoJobsTests {
     #expect(order.withLock { $0 } == ["inner", "outer"])
     let stopped = try await withWatchdog(timeout: .seconds(20), "nested modal runs at shutdown") {
       () async throws -> (RunLoopRunResult, RunLoopRunResult) in
-      async let outer = worker.modal("r3-outer", for: .seconds(3600))
+      async let outer = worker.modal("outer", for: .seconds(3600))
       try await Task.sleep(for: .milliseconds(10))
-      async let inner = worker.modal("r3-inner", for: .seconds(3600))
+      async let inner = worker.modal("inner", for: .seconds(3600))
       // Shut down only once the inner run has begun (a fixed sleep loses that race under load,
       // and a modal run asked for after shutdown throws instead).
       while innerEntries.withLock({ $0 }) < 2 { try await Task.sleep(for: .milliseconds(2)) }
@@ -187,9 +187,9 @@ struct NestedRunInJobRunsNoJobsTests {
   /// none of them runs inside the nested run (the serial contract), and once the job returns they
   /// all run, the burst in the order started.
   @Test func jobsAndSleepsDueDuringARunNestedInAJobWaitForIt() async throws {
-    let loop = try RunLoopThread(name: "r17-nested-job")
+    let loop = try RunLoopThread(name: "nested-job")
     let keep = LoopTimer(after: .seconds(3600)) { _ in }
-    loop.add(keep, to: r17ModeModal)
+    loop.add(keep, to: orderModeModal)
     let inNested = Guarded(false)
     let ranInside = AtomicCounter()
     let order = Guarded<[Int]>([])
@@ -198,7 +198,7 @@ struct NestedRunInJobRunsNoJobsTests {
     let outer = Task(executorPreference: loop) {
       inNested.withLock { $0 = true }
       entered.open()
-      _ = loop.run(mode: r17ModeModal, until: .now.advanced(by: .milliseconds(150)))
+      _ = loop.run(mode: orderModeModal, until: .now.advanced(by: .milliseconds(150)))
       inNested.withLock { $0 = false }
     }
     let sleeper = Task(executorPreference: loop) {
@@ -236,16 +236,16 @@ struct NestedRunsAndTheExecutorTests {
   @Test func aRunNestedInABlockRunsJobsAndSleeps() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "jobs in a block's nested run") {
       () async throws -> (RunLoopRunResult?, Bool, Bool) in
-      let loop = try RunLoopThread(name: "r18-block-nest")
+      let loop = try RunLoopThread(name: "block-nest")
       let hold = LoopTimer(after: .seconds(3600)) { _ in }
-      loop.add(hold, to: r18ModeA)
+      loop.add(hold, to: endRaceModeA)
       let inNested = AtomicCounter()
       let observer = LoopObserver(activities: [.entry], repeats: true) { _, _ in inNested.increment() }
-      loop.add(observer, to: r18ModeA)
+      loop.add(observer, to: endRaceModeA)
       let result = Guarded<RunLoopRunResult?>(nil)
       let nestedDone = AtomicCounter()
       loop.perform {
-        let ending = loop.run(mode: r18ModeA, for: .seconds(3600))
+        let ending = loop.run(mode: endRaceModeA, for: .seconds(3600))
         result.withLock { $0 = ending }
         nestedDone.increment()
       }
@@ -271,7 +271,7 @@ struct NestedRunsAndTheExecutorTests {
   @Test func aSleepThatComesDueDuringAJobsNestedRunResumesAfterTheJob() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "sleep during a job's nested run") {
       () async throws -> [String] in
-      let loop = try RunLoopThread(name: "r18-sleep-nest")
+      let loop = try RunLoopThread(name: "sleep-nest")
       let log = EventLog()
       let actor = NestingLoopActor(loop: loop, log: log)
       let sleeper = Task { await actor.sleepThenLog() }
@@ -293,12 +293,12 @@ struct NestedRunsAndTheExecutorTests {
     let outcome = try await withWatchdog(timeout: .seconds(30), "runModal at shutdown") { () async throws -> Int in
       var completed = 0
       for _ in 0..<20 {
-        let loop = try RunLoopThread(name: "r18-modal-end")
+        let loop = try RunLoopThread(name: "modal-end")
         let hold = LoopTimer(after: .seconds(3600)) { _ in }
-        loop.add(hold, to: r18ModeA)
+        loop.add(hold, to: endRaceModeA)
         let modal = Task { () -> Bool in
           do {
-            _ = try await loop.runModal(mode: r18ModeA)
+            _ = try await loop.runModal(mode: endRaceModeA)
             return true
           } catch {
             return true
@@ -317,7 +317,7 @@ struct NestedRunsAndTheExecutorTests {
   @Test func preferenceForATerminatedLoopStillRuns() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "preference after shutdown") {
       () async throws -> (Int, Bool) in
-      let loop = try RunLoopThread(name: "r18-dead-pref")
+      let loop = try RunLoopThread(name: "dead-pref")
       await execShutdown(loop)
       let value = await Task(executorPreference: loop) { 42 }.value
       let slept = await withTaskExecutorPreference(loop) { () async -> Bool in

@@ -11,7 +11,7 @@ import Testing
 struct PerformAndWaitReturnsTests {
   /// `performAndWait` from a job on the loop (an actor, a task preferring it) runs inline.
   @Test func performAndWaitFromAJobOnTheLoopRunsInline() async throws {
-    let loop = try RunLoopThread(name: "r3-paw-inline")
+    let loop = try RunLoopThread(name: "paw-inline")
     let outcome = try await withWatchdog(timeout: .seconds(20), "performAndWait inline") {
       try await withTaskExecutorPreference(loop) { () throws -> Bool in
         let inline = Locked(false)
@@ -31,7 +31,7 @@ struct PerformAndWaitReturnsTests {
     let refused = try await withWatchdogOnThread(timeout: .seconds(30), "stale edge, performAndWait") { () -> Int in
       var refused = 0
       for _ in 0..<30 {
-        guard let first = try? RunLoopThread(name: "r19-pa"), let second = try? RunLoopThread(name: "r19-pb")
+        guard let first = try? RunLoopThread(name: "pa"), let second = try? RunLoopThread(name: "pb")
         else { continue }
         let outcome = Locked<Bool?>(nil)
         let done = TestGate()
@@ -58,8 +58,8 @@ struct PerformAndWaitReturnsTests {
   /// `performAndWait` on A is refused (`wouldDeadlock`) without performing its block — which is
   /// then released, not kept — and A's wait completes.
   @Test func aPerformAndWaitRefusedForACycleReleasesItsBlock() async throws {
-    let first = try RunLoopThread(name: "r20-cycle-a")
-    let second = try RunLoopThread(name: "r20-cycle-b")
+    let first = try RunLoopThread(name: "cycle-a")
+    let second = try RunLoopThread(name: "cycle-b")
     let deaths = AtomicCounter()
     let ran = AtomicCounter()
     let canary = Guarded<ReleaseCanary?>(ReleaseCanary(deaths))
@@ -148,7 +148,7 @@ struct PerformAndWaitReturnsTests {
   /// A job of loop B's actor calls `performAndWait` on loop A, and A's block calls an
   /// unrelated loop C synchronously: no cycle, so everything completes.
   @Test func performAndWaitChainsAcrossLoopsComplete() async throws {
-    let loops = try (0..<3).map { try RunLoopThread(name: "r7-chain-\($0)") }
+    let loops = try (0..<3).map { try RunLoopThread(name: "chain-\($0)") }
     let actor = OverlapRecordingActor(loop: loops[1])
     let value = try await withWatchdog(timeout: .seconds(20), "a chain of performAndWait") {
       try await actor.chain(through: loops[0], then: loops[2])
@@ -160,11 +160,11 @@ struct PerformAndWaitReturnsTests {
   /// `next()` hands out the loops round-robin; `shutdownAndWait()` shuts each down, after which
   /// `perform` refuses and a job still runs (on the fallback).
   @Test func loopGroupRoundRobinAndShutdown() async throws {
-    let group = try LoopGroup(count: 3, name: "r7-group")
+    let group = try LoopGroup(count: 3, name: "group")
     let handed = (0..<7).map { _ in group.next() }
     #expect(
       handed.map(\.name) == [
-        "r7-group-0", "r7-group-1", "r7-group-2", "r7-group-0", "r7-group-1", "r7-group-2", "r7-group-0",
+        "group-0", "group-1", "group-2", "group-0", "group-1", "group-2", "group-0",
       ])
     let actor = OverlapRecordingActor(loop: group.loops[2])
     #expect(await actor.call())

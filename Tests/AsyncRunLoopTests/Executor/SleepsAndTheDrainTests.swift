@@ -12,7 +12,7 @@ struct SleepsAndTheDrainTests {
   @Test func cancelledSleepsEndPromptlyAndLeaveNoTimerBehind() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "cancel sleeps") {
       () async throws -> (clock: Bool, task: Bool, records: Int?) in
-      let loop = try RunLoopThread(name: "r14s-csleep")
+      let loop = try RunLoopThread(name: "csleep")
       let clockSleep = Task { () -> Bool in
         do {
           try await loop.clock.sleep(until: .now.advanced(by: .seconds(60)))
@@ -51,7 +51,7 @@ struct SleepsAndTheDrainTests {
   @Test func aDefaultClockSleepOnALoopOutlivesTheLoopsShutdown() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "default clock") {
       () async throws -> (result: String, early: Bool) in
-      let loop = try RunLoopThread(name: "r14s-dclock")
+      let loop = try RunLoopThread(name: "dclock")
       let deadline = LoopClock.Instant.now.advanced(by: .milliseconds(300))
       let sleeper = Task(executorPreference: loop) { () -> String in
         do {
@@ -77,7 +77,7 @@ struct SleepsAndTheDrainTests {
   @Test func jobsStartedByCancelRoutinesDuringTheDrainComplete() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "drain jobs") {
       () async throws -> (calls: Int, late: String) in
-      let loop = try RunLoopThread(name: "r14s-drain")
+      let loop = try RunLoopThread(name: "drain")
       let actor = PinnedSurfaceActor(loop: loop)
       let done = Locked<Task<String, Never>?>(nil)
       let source = InputSource(
@@ -115,7 +115,7 @@ extension SleepsAndTheDrainTests {
   @Test func assumeIsolatedHoldsInCalloutsAndOnTheFallback() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "assumeIsolated") {
       () async throws -> [Int] in
-      let loop = try RunLoopThread(name: "r14s-assume")
+      let loop = try RunLoopThread(name: "assume")
       let actor = PinnedSurfaceActor(loop: loop)
       await actor.slowCall()
       let seen = Locked<[Int]>([])
@@ -147,7 +147,7 @@ extension SleepsAndTheDrainTests {
   @Test func taskSleepUnderATerminatedLoopsPreferenceCompletesAtItsDeadline() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "sleep on dead loop") {
       () async throws -> (slept: Duration, isolated: Bool?) in
-      let loop = try RunLoopThread(name: "r14s-deadsleep")
+      let loop = try RunLoopThread(name: "deadsleep")
       await execShutdown(loop)
       return await Task(executorPreference: loop) { () -> (Duration, Bool?) in
         let start = ContinuousClock.now
@@ -217,7 +217,7 @@ extension SleepsAndTheDrainTests {
   @Test func loopClockSleepsAreNeverEarlyAndEndOnShutdownOrCancellation() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "clock sleeps") {
       () async throws -> (early: Int, dead: Bool, precancelled: Bool) in
-      let loop = try RunLoopThread(name: "r14s-clock")
+      let loop = try RunLoopThread(name: "clock")
       var early = 0
       for index in 0..<20 {
         let deadline = LoopClock.Instant.now.advanced(by: .microseconds(500 + 100 * index))

@@ -13,7 +13,7 @@ struct RunOnMainOffTheMainThreadTests {
   @Test func waitingForTheMainThreadFromALoopThreadThrowsWhenTheMainLoopIsNotRunning() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "main from loop") {
       () throws -> (running: Bool, answers: [String], ran: Bool) in
-      let loop = try RunLoopThread(name: "r14s-main")
+      let loop = try RunLoopThread(name: "main")
       defer { loop.shutdownAndWait() }
       let ran = Locked(false)
       let answers = try loop.performAndWait { () -> [String] in

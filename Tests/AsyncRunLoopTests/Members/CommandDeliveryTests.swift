@@ -13,9 +13,9 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
   /// delivers them." An add refused by a terminated loop invalidates the source (documented in
   /// `RunLoopThread+Members`); the loop it was last *on* is still alive and must deliver.
   @Test func commandsPostedWhileUnboundSurviveARefusedAddToATerminatedLoop() throws {
-    let alive = try RunLoopThread(name: "ar3-alive")
+    let alive = try RunLoopThread(name: "alive")
     defer { alive.shutdownAndWait() }
-    let dead = try RunLoopThread(name: "ar3-dead")
+    let dead = try RunLoopThread(name: "dead")
     dead.shutdownAndWait()
     let log = Log()
     let command = CommandSource<Int>(cancel: { _, loop in log.add("cancel@\(loop.name)") }) { value in
@@ -25,14 +25,14 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
     try Self.settle(alive)
     alive.remove(command.source)
     try Self.settle(alive)
-    #expect(log.snapshot == ["cancel@ar3-alive"])
+    #expect(log.snapshot == ["cancel@alive"])
     #expect(command.post(1), "the source is valid and on no loop: the post is accepted")
     dead.add(command.source)  // refused: the loop terminated; the source is invalidated
     #expect(!command.source.isValid)
     #expect(!command.post(2))
     _ = waitUntil(timeout: .seconds(5), "the accepted command delivered") { log.count("cmd1") == 1 }
     try Self.settle(alive)
-    #expect(log.snapshot == ["cancel@ar3-alive", "cmd1"], "pending: \(command.pendingCount)")
+    #expect(log.snapshot == ["cancel@alive", "cmd1"], "pending: \(command.pendingCount)")
   }
 
   /// A source moved to another loop while its old loop is still delivering a batch: the old
@@ -40,8 +40,8 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
   /// per command, in posting order; the buffer's delivery queue is loop-thread state that two
   /// threads must never share).
   @Test func aMovedCommandSourceIsNotDeliveredOnTwoThreadsAtOnce() async throws {
-    let loopA = try RunLoopThread(name: "ar3-move-a")
-    let loopB = try RunLoopThread(name: "ar3-move-b")
+    let loopA = try RunLoopThread(name: "move-a")
+    let loopB = try RunLoopThread(name: "move-b")
     defer {
       loopA.shutdownAndWait()
       loopB.shutdownAndWait()
@@ -75,7 +75,7 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
       return duringFirst
     }
     guard let observed else { return }
-    #expect(observed == ["start1@ar3-move-a"], "nothing else may start while command 1's handler runs")
+    #expect(observed == ["start1@move-a"], "nothing else may start while command 1's handler runs")
     let ends = log.snapshot.filter { $0.hasPrefix("end") }
     #expect(ends == ["end1", "end2", "end3"], "log: \(log.snapshot)")
     command.source.invalidate()
@@ -86,7 +86,7 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
   /// is delivered exactly once, in posting order, and the handler never runs on two threads at
   /// once; each loop calls cancel once per schedule.
   @Test func aCommandSourceMovedBackAndForthWhilePostedToDeliversEachCommandOnce() async throws {
-    let loops = [try RunLoopThread(name: "ar3-pp-a"), try RunLoopThread(name: "ar3-pp-b")]
+    let loops = [try RunLoopThread(name: "pp-a"), try RunLoopThread(name: "pp-b")]
     defer { for loop in loops { loop.shutdownAndWait() } }
     let delivered = Guarded<[Int]>([])
     let inHandler = AtomicCounter()
@@ -131,7 +131,7 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
   /// CommandSource: "every command that post accepted is delivered exactly once", also when the
   /// invalidation races the posts, and all of them before `cancel`.
   @Test func postsRacingInvalidateAreDeliveredExactlyOnceBeforeCancel() async throws {
-    let loop = try RunLoopThread(name: "ar3-post-inv")
+    let loop = try RunLoopThread(name: "post-inv")
     defer { loop.shutdownAndWait() }
     let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "posts vs invalidate") {
       () -> [(accepted: Int, delivered: Int, afterCancel: Int, cancels: Int)] in
@@ -302,7 +302,7 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
   /// command accepted is delivered once, in posting order, and nothing is left pending.
   @Test(arguments: [1, 2, 3, 4])
   func aMovingSourceDeliversEveryPostedCommandOnceInOrder(seed: Int) async throws {
-    let other = try RunLoopThread(name: "r17-other")
+    let other = try RunLoopThread(name: "other")
     defer { other.shutdown() }
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "moving source") {
       () -> (delivered: [Int], posted: Int, pending: Int, refused: Bool) in
@@ -310,7 +310,7 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
       defer { loop.shutdown() }
       let delivered = Guarded<[Int]>([])
       let commands = CommandSource<Int> { value in delivered.withLock { $0.append(value) } }
-      let keeps = [r17ModeA, r17ModeB, r17ModeC].map { mode in
+      let keeps = [orderModeA, orderModeB, orderModeC].map { mode in
         let keep = LoopTimer(after: .seconds(3600)) { _ in }
         loop.add(keep, to: mode)
         return keep
@@ -329,16 +329,16 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
       }
       var random = SeededRandom(state: UInt64(seed))
       var place = MovingSourcePlacement()
-      loop.add(commands.source, to: r17ModeB)
+      loop.add(commands.source, to: orderModeB)
       place.inB = true
       for round in 0..<1_500 {
-        if round == 750 { loop.addModeToCommonModes(r17ModeA) }
+        if round == 750 { loop.addModeToCommonModes(orderModeA) }
         switch random.next(9) {
         case 0 where !place.onOther:
-          if place.inB { loop.remove(commands.source, from: r17ModeB) } else { loop.add(commands.source, to: r17ModeB) }
+          if place.inB { loop.remove(commands.source, from: orderModeB) } else { loop.add(commands.source, to: orderModeB) }
           place.inB.toggle()
         case 1 where !place.onOther:
-          if place.inC { loop.remove(commands.source, from: r17ModeC) } else { loop.add(commands.source, to: r17ModeC) }
+          if place.inC { loop.remove(commands.source, from: orderModeC) } else { loop.add(commands.source, to: orderModeC) }
           place.inC.toggle()
         case 2 where !place.onOther:
           if place.inCommon {
@@ -351,32 +351,32 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
           if place.onOther {
             other.remove(commands.source, from: .default)
             place.onOther = false
-            loop.add(commands.source, to: r17ModeC)
+            loop.add(commands.source, to: orderModeC)
             place.inC = true
           } else {
-            if place.inB { loop.remove(commands.source, from: r17ModeB) }
-            if place.inC { loop.remove(commands.source, from: r17ModeC) }
+            if place.inB { loop.remove(commands.source, from: orderModeB) }
+            if place.inC { loop.remove(commands.source, from: orderModeC) }
             if place.inCommon { loop.remove(commands.source, from: .common) }
             place = MovingSourcePlacement()
             other.add(commands.source, to: .default)
             place.onOther = true
           }
-        case 4: runOnePass(loop, r17ModeB)
-        case 5: runOnePass(loop, r17ModeC)
-        default: runOnePass(loop, r17ModeA)
+        case 4: runOnePass(loop, orderModeB)
+        case 5: runOnePass(loop, orderModeC)
+        default: runOnePass(loop, orderModeA)
         }
       }
       stop.withLock { $0 = true }
       joinThread(producer)
       // Home, in B, and B runs: what waits is delivered.
       if place.onOther { other.remove(commands.source, from: .default) }
-      if !place.inB { loop.add(commands.source, to: r17ModeB) }
+      if !place.inB { loop.add(commands.source, to: orderModeB) }
       waitUntil(timeout: .seconds(5), "the other loop done with the source") {
         _ = other.performAndWaitIfRunning { () }
         return true
       }
       for _ in 0..<5 where commands.pendingCount > 0 || delivered.snapshot.count < posted.current {
-        runOnePass(loop, r17ModeB)
+        runOnePass(loop, orderModeB)
       }
       let pending = commands.pendingCount
       let result = delivered.snapshot
@@ -398,7 +398,7 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
   /// returns), and every later post is refused.
   @Test(arguments: [0, 2])
   func postsRacingACappedShutdownAreDeliveredOnceOrRefused(variant: Int) async throws {
-    let loop = try RunLoopThread(name: "r17-posts")
+    let loop = try RunLoopThread(name: "posts")
     let delivered = Guarded<[Int]>([])
     let commands = CommandSource<Int> { value in delivered.withLock { $0.append(value) } }
     loop.add(commands.source)
@@ -423,8 +423,8 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
           }
           value += 2
           if variant == 2 {
-            loop.add(timer, to: r17ModeB)
-            loop.remove(timer, from: r17ModeB)
+            loop.add(timer, to: orderModeB)
+            loop.remove(timer, from: orderModeB)
           }
         }
         timer.invalidate()
@@ -461,7 +461,7 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(60), "the races") { () -> [String] in
       var problems: [String] = []
       for round in 0..<rounds {
-        let loop = try RunLoopThread(name: "r20-race")
+        let loop = try RunLoopThread(name: "race")
         let delivered = Guarded<[Int: Int]>([:])
         let cancels = AtomicCounter()
         let commands = CommandSource<Int>(
@@ -506,7 +506,7 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
   @Test func postsRacingInvalidateAndShutdownAreDeliveredExactlyOnce() async throws {
     let failures = try await failuresOverRounds(150, budget: .seconds(3), "posts vs invalidate vs shutdown") {
       round, failures in
-      guard let loop = try? RunLoopThread(name: "r26-post") else { return failures.append("no loop") }
+      guard let loop = try? RunLoopThread(name: "post") else { return failures.append("no loop") }
       let ledger = CommandDeliveryLedger()
       let schedules = AtomicCounter()
       let cancels = AtomicCounter()
@@ -514,7 +514,7 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
         schedule: { _, _, _ in schedules.increment() }, cancel: { _, _ in cancels.increment() }
       ) { ledger.deliver($0) }
       loop.add(commands.source, to: .common)
-      loop.add(commands.source, to: RunLoopMode("r26-extra"))
+      loop.add(commands.source, to: RunLoopMode("extra"))
       var bodies: [@Sendable () -> Void] = (0..<3).map { producer in
         { postAll(commands, ledger, producer: producer, count: 40) }
       }
@@ -541,7 +541,7 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
       round, failures in
       let ledger = CommandDeliveryLedger()
       let cancels = AtomicCounter()
-      guard var loop = try? RunLoopThread(name: "r26-drop") else { return failures.append("no loop") }
+      guard var loop = try? RunLoopThread(name: "drop") else { return failures.append("no loop") }
       let keeper = Guarded<CommandSource<Int>?>(nil)
       let release: TestGate = {
         let source = CommandSource<Int>(cancel: { _, _ in cancels.increment() }) { ledger.deliver($0) }
@@ -551,7 +551,7 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
         if !dropSource { keeper.withLock { $0 = source } }
         return release
       }()
-      if !dropSource { loop = (try? RunLoopThread(name: "r26-other")) ?? loop }  // drops the last reference
+      if !dropSource { loop = (try? RunLoopThread(name: "other")) ?? loop }  // drops the last reference
       release.open()
       waitUntil(timeout: .seconds(10), "cancel after the drop") { cancels.current >= 1 }
       loop.shutdownAndWait()
@@ -568,7 +568,7 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
   /// counts it): accepted = delivered + pendingCount + droppedCount, pendingCount 0.
   @Test func postsBeforeAnAddThatRacesTheShutdownAreAccountedFor() async throws {
     let failures = try await failuresOverRounds(200, budget: .seconds(3), "add vs shutdown") { round, failures in
-      guard let loop = try? RunLoopThread(name: "r26-addshut") else { return failures.append("no loop") }
+      guard let loop = try? RunLoopThread(name: "addshut") else { return failures.append("no loop") }
       let ledger = CommandDeliveryLedger()
       let schedules = AtomicCounter()
       let cancels = AtomicCounter()
@@ -600,7 +600,7 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
   @Test func removeThenInvalidateRacingShutdownAccountsForEveryCommand() async throws {
     let failures = try await failuresOverRounds(200, budget: .seconds(3), "remove+invalidate vs shutdown") {
       round, failures in
-      guard let loop = try? RunLoopThread(name: "r26-rem") else { return failures.append("no loop") }
+      guard let loop = try? RunLoopThread(name: "rem") else { return failures.append("no loop") }
       let ledger = CommandDeliveryLedger()
       let schedules = AtomicCounter()
       let cancels = AtomicCounter()
@@ -650,7 +650,7 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
       }
       holder.withLock { $0 = commands.source }
       loop.add(commands.source, to: .common)
-      loop.add(commands.source, to: RunLoopMode("r26-self"))
+      loop.add(commands.source, to: RunLoopMode("self"))
       let producers: [@Sendable () -> Void] = (0..<3).map { producer in
         { postAll(commands, ledger, producer: producer, count: 30) }
       }
@@ -687,7 +687,7 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
       ) { ledger.deliver($0) }
       let timer = LoopTimer(after: .zero) { _ in fires.withLock { $0.append(RunLoopThread.current.name) } }
       loopA.add(commands.source, to: .common)
-      loopA.add(commands.source, to: RunLoopMode("r26-mv"))
+      loopA.add(commands.source, to: RunLoopMode("mv"))
       _ = try? loopA.performAndWait {}
       let releaseA = blockLoop(loopA)
       loopA.add(timer, to: .common)
@@ -696,7 +696,7 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
       race([
         {
           loopA.remove(commands.source, from: .common)
-          loopA.remove(commands.source, from: RunLoopMode("r26-mv"))
+          loopA.remove(commands.source, from: RunLoopMode("mv"))
           loopA.remove(timer, from: .common)
           if variant == 2 { commands.source.invalidate() }
           loopB.add(commands.source, to: .common)
@@ -740,7 +740,7 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
       }
       holder.withLock { $0 = commands }
       loop.add(commands.source, to: .common)
-      loop.add(commands.source, to: RunLoopMode("r26-chain"))
+      loop.add(commands.source, to: RunLoopMode("chain"))
       race([
         {
           if commands.post(0) { ledger.accept(0) }
@@ -773,13 +773,13 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
       let accepted = AtomicCounter()
       let delivered = AtomicCounter()
       repeatRounds(60, budget: .milliseconds(600)) { round in
-        guard let keep = try? RunLoopThread(name: "r4-cmd-keep") else { return }
+        guard let keep = try? RunLoopThread(name: "cmd-keep") else { return }
         let commands = CommandSource<Int>(
           schedule: { _, loop, _ in pairs.schedule(loop) }, cancel: { _, loop in pairs.cancel(loop) },
           handler: { _ in delivered.increment() })
         do {
           // The only reference to this loop: gone at the end of this block, changes still queued.
-          guard let droppedLoop = try? RunLoopThread(name: "r4-cmd-drop") else { return }
+          guard let droppedLoop = try? RunLoopThread(name: "cmd-drop") else { return }
           let release = blockLoop(droppedLoop)
           droppedLoop.add(commands.source, to: .default)
           race([
@@ -821,8 +821,8 @@ struct CommandSourceDeliveryOrderTests {
   func aCommandSourceMovedAwayMidBatchThenInvalidatedDeliversInOrderBeforeCancel() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "moved mid-batch, invalidated") {
       () throws -> (delivered: [Int], cancelsBeforeLast: Int, accepted: Int) in
-      let loopA = try RunLoopThread(name: "r11-cmd-a")
-      let loopB = try RunLoopThread(name: "r11-cmd-b")
+      let loopA = try RunLoopThread(name: "cmd-a")
+      let loopB = try RunLoopThread(name: "cmd-b")
       defer {
         loopA.shutdownAndWait()
         loopB.shutdownAndWait()
@@ -873,8 +873,8 @@ struct CommandSourceDeliveryOrderTests {
   @Test func aHandlerWaitingForTheLoopThatWaitsForItsBatchIsRefusedNotHung() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "closing drain cycle") {
       () throws -> (delivered: [Int], afterLastCancel: Int, refused: Bool) in
-      let loopA = try RunLoopThread(name: "r11-cyc-a")
-      let loopB = try RunLoopThread(name: "r11-cyc-b")
+      let loopA = try RunLoopThread(name: "cyc-a")
+      let loopB = try RunLoopThread(name: "cyc-b")
       defer {
         loopA.shutdownAndWait()
         loopB.shutdownAndWait()
@@ -929,8 +929,8 @@ struct CommandSourceDeliveryOrderTests {
   @Test func aCommandSourceMovedAwayMidBatchDeliversEveryCommandOnceInOrder() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "moved mid-batch") {
       () throws -> (delivered: [Int], cancels: Int, captureGone: Bool) in
-      let loopA = try RunLoopThread(name: "r11-cmd2-a")
-      let loopB = try RunLoopThread(name: "r11-cmd2-b")
+      let loopA = try RunLoopThread(name: "cmd2-a")
+      let loopB = try RunLoopThread(name: "cmd2-b")
       defer {
         loopA.shutdownAndWait()
         loopB.shutdownAndWait()
@@ -986,7 +986,7 @@ struct CommandSourceDeliveryOrderTests {
       () throws -> [String] in
       var wrong: [String] = []
       for round in 0..<6 {
-        let loop = try RunLoopThread(name: "r11-cmd3")
+        let loop = try RunLoopThread(name: "cmd3")
         let delivered = Locked<[[Int]]>([[], [], []])
         let afterCancel = AtomicCounter()
         let cancels = AtomicCounter()
@@ -995,14 +995,14 @@ struct CommandSourceDeliveryOrderTests {
           delivered.withLock { $0[producer].append(value) }
           if value % 500 == 499 {
             let keep = LoopTimer(after: .seconds(3600)) { _ in }
-            RunLoopThread.current.add(keep, to: r11ModeA)
+            RunLoopThread.current.add(keep, to: barrierModeA)
             _ = RunLoopThread.current.run(
-              mode: round % 2 == 0 ? .default : r11ModeA, until: .now.advanced(by: .microseconds(200)))
+              mode: round % 2 == 0 ? .default : barrierModeA, until: .now.advanced(by: .microseconds(200)))
             keep.invalidate()
           }
         }
         loop.add(command.source)
-        loop.add(command.source, to: r11ModeA)
+        loop.add(command.source, to: barrierModeA)
         let accepted = Locked<[[Int]]>([[], [], []])
         let producers: [@Sendable () -> Void] = (0..<3).map { producer in
           {
@@ -1048,7 +1048,7 @@ struct CommandSourceRaceTests {
       () throws -> [String] in
       var wrong: [String] = []
       repeatRounds(4, budget: .milliseconds(2500)) { round in
-        guard let loopA = try? RunLoopThread(name: "r13-pp-a"), let loopB = try? RunLoopThread(name: "r13-pp-b")
+        guard let loopA = try? RunLoopThread(name: "pp-a"), let loopB = try? RunLoopThread(name: "pp-b")
         else { return }
         defer {
           loopA.shutdownAndWait()
@@ -1169,7 +1169,7 @@ struct CommandSourceUnderRacesTests {
       var problems: [String] = []
       repeatRounds(20) { round in
         let loop: RunLoopThread
-        do { loop = try RunLoopThread(name: "r9-cmd") } catch { return problems.append("\(error)") }
+        do { loop = try RunLoopThread(name: "cmd") } catch { return problems.append("\(error)") }
         let delivery = Delivery()
         let holder = Guarded<CommandSource<Int>?>(makeSource(delivery))
         let source = holder.snapshot!.source
@@ -1213,8 +1213,8 @@ struct CommandSourceUnderRacesTests {
   @Test func postsRacingMovesBetweenLoopsAreDeliveredExactlyOnceInOrder() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "posts racing moves") {
       () throws -> [String] in
-      let first = try RunLoopThread(name: "r9-mv-a")
-      let second = try RunLoopThread(name: "r9-mv-b")
+      let first = try RunLoopThread(name: "mv-a")
+      let second = try RunLoopThread(name: "mv-b")
       defer {
         first.shutdownAndWait()
         second.shutdownAndWait()
@@ -1269,7 +1269,7 @@ struct CommandSourceUnderRacesTests {
   func reentrantHandlersDeliverEveryCommandOnceInOrder(nested: Bool) async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "re-entrant handler") {
       () throws -> [String] in
-      let loop = try RunLoopThread(name: "r9-reent")
+      let loop = try RunLoopThread(name: "reent")
       defer { loop.shutdownAndWait() }
       let delivery = Delivery()
       let box = Guarded<CommandSource<Int>?>(nil)
@@ -1330,7 +1330,7 @@ struct CommandSourceUnderRacesTests {
   @Test func aHandlerThatInvalidatesItsSourceGetsTheRestOfTheBatchBeforeCancel() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "self-invalidating handler") {
       () throws -> (log: [String], refused: Bool) in
-      let loop = try RunLoopThread(name: "r9-selfinv")
+      let loop = try RunLoopThread(name: "selfinv")
       defer { loop.shutdownAndWait() }
       let log = Guarded<[String]>([])
       let box = Guarded<InputSource?>(nil)

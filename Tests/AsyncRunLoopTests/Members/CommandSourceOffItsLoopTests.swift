@@ -12,7 +12,7 @@ struct CommandSourceOffItsLoopTests {
   @Test func commandsPostedOffLoopAreDeliveredByTheNextOrTheLastLoop() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "off-loop commands") {
       () async throws -> (seen: [Int], threads: [String]) in
-      let loops = [try RunLoopThread(name: "r18-off-a"), try RunLoopThread(name: "r18-off-b")]
+      let loops = [try RunLoopThread(name: "off-a"), try RunLoopThread(name: "off-b")]
       let seen = Guarded<[Int]>([])
       let threads = Guarded<[String]>([])
       let commands = CommandSource<Int> { value in
@@ -39,14 +39,14 @@ struct CommandSourceOffItsLoopTests {
     // Which loop delivers the last five depends on timing: B, or A when A's thread applies its
     // removal after B's (seen once under CI's 3x load). Both are what `CommandSource` promises; the
     // loop that lets go last delivers (`CommandSourceTests` holds A's thread to check that case).
-    #expect(outcome.map { ["r18-off-a", "r18-off-b"].contains($0.threads.last) } == true)
+    #expect(outcome.map { ["off-a", "off-b"].contains($0.threads.last) } == true)
   }
 
   /// Promised: dropping a sequence (and its iterator) invalidates its source: `onCancel` runs
   /// once, for a sequence never iterated and for one whose iterator was dropped.
   @Test func droppingASequenceRunsOnCancelOnce() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "dropped sequences") { () async throws -> [Int] in
-      let loop = try RunLoopThread(name: "r18-dropped")
+      let loop = try RunLoopThread(name: "dropped")
       let cancels = [AtomicCounter(), AtomicCounter(), AtomicCounter()]
       do {
         let never = loop.sourceSequence(of: Int.self, onCancel: { _ in cancels[0].increment() })

@@ -14,10 +14,10 @@ struct DeferredSignalledSourceTests {
   ) {
     loop.perform {
       let keep = LoopTimer(after: .seconds(3600)) { _ in }
-      loop.add(keep, to: r15ModeM)
+      loop.add(keep, to: drainModeM)
       let observer = LoopObserver(activities: .beforeWaiting) { _, _ in entered.open() }
-      loop.add(observer, to: r15ModeM)
-      let value = loop.run(mode: r15ModeM, for: .seconds(5), returnAfterSourceHandled: true)
+      loop.add(observer, to: drainModeM)
+      let value = loop.run(mode: drainModeM, for: .seconds(5), returnAfterSourceHandled: true)
       observer.invalidate()
       keep.invalidate()
       result.withLock { $0 = value }
@@ -30,7 +30,7 @@ struct DeferredSignalledSourceTests {
   @Test func aDeferredSourceFiresWhenTheRunningModeJoinsTheCommonSet() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "mode joins common") {
       () throws -> (result: RunLoopRunResult?, performs: Int) in
-      let loop = try RunLoopThread(name: "r15-s1")
+      let loop = try RunLoopThread(name: "s1")
       defer { loop.shutdownAndWait() }
       let performs = AtomicCounter()
       let source = InputSource(perform: { _ in performs.increment() })
@@ -41,7 +41,7 @@ struct DeferredSignalledSourceTests {
       _ = entered.wait(timeout: .seconds(10))
       source.signal()
       usleep(20_000)  // a pass in M defers it and sleeps again
-      loop.addModeToCommonModes(r15ModeM)
+      loop.addModeToCommonModes(drainModeM)
       _ = waitUntil(timeout: .seconds(10), "the run ended") { result.snapshot != nil }
       source.invalidate()
       return (result.snapshot, performs.current)
@@ -57,22 +57,22 @@ struct DeferredSignalledSourceTests {
   @Test func aDeferredSourceReaddedToTheRunningModeFiresOnce() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "re-added deferred source") {
       () throws -> (result: RunLoopRunResult?, performs: Int, log: [String]) in
-      let loop = try RunLoopThread(name: "r15-s2")
+      let loop = try RunLoopThread(name: "s2")
       defer { loop.shutdownAndWait() }
       let performs = AtomicCounter()
       let log = EventLog()
       let source = InputSource(
         schedule: { _, _, mode in log.add("schedule \(mode)") }, cancel: { _, _ in log.add("cancel") },
         perform: { _ in performs.increment() })
-      loop.add(source, to: r15ModeX)
+      loop.add(source, to: drainModeX)
       let entered = TestGate()
       let result = Guarded<RunLoopRunResult?>(nil)
       Self.runM(loop, entered: entered, result: result)
       _ = entered.wait(timeout: .seconds(10))
       source.signal()
       usleep(20_000)
-      loop.remove(source, from: r15ModeX)
-      loop.add(source, to: r15ModeM)
+      loop.remove(source, from: drainModeX)
+      loop.add(source, to: drainModeM)
       _ = waitUntil(timeout: .seconds(10), "the run ended") { result.snapshot != nil }
       usleep(20_000)
       source.invalidate()
@@ -88,22 +88,22 @@ struct DeferredSignalledSourceTests {
   @Test func aDeferredSourceMovedToAnotherLoopFiresOnceThere() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "moved deferred source") {
       () throws -> (fires: [String], result: RunLoopRunResult?) in
-      let loopA = try RunLoopThread(name: "r15-s3a")
-      let loopB = try RunLoopThread(name: "r15-s3b")
+      let loopA = try RunLoopThread(name: "s3a")
+      let loopB = try RunLoopThread(name: "s3b")
       defer {
         loopA.shutdownAndWait()
         loopB.shutdownAndWait()
       }
       let fires = Guarded<[String]>([])
       let source = InputSource(perform: { _ in fires.withLock { $0.append(RunLoopThread.current.name) } })
-      loopA.add(source, to: r15ModeX)
+      loopA.add(source, to: drainModeX)
       let entered = TestGate()
       let result = Guarded<RunLoopRunResult?>(nil)
       Self.runM(loopA, entered: entered, result: result)
       _ = entered.wait(timeout: .seconds(10))
       source.signal()
       usleep(20_000)
-      loopA.remove(source, from: r15ModeX)
+      loopA.remove(source, from: drainModeX)
       loopB.add(source)
       _ = waitUntil(timeout: .seconds(10), "fired") { !fires.snapshot.isEmpty }
       loopA.stop()
@@ -113,7 +113,7 @@ struct DeferredSignalledSourceTests {
       return (fires.snapshot, result.snapshot)
     }
     guard let outcome else { return }
-    #expect(outcome.fires == ["r15-s3b"])
+    #expect(outcome.fires == ["s3b"])
     #expect(outcome.result == .stopped)
   }
 
@@ -124,21 +124,21 @@ struct DeferredSignalledSourceTests {
   @Test func aDeferredSourceFiresOnceInANestedRunOfItsMode() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "nested run of the deferred mode") {
       () throws -> [String] in
-      let loop = try RunLoopThread(name: "r15-s4")
+      let loop = try RunLoopThread(name: "s4")
       defer { loop.shutdownAndWait() }
       let log = EventLog()
       let nestedDepth = Guarded(0)
       let source = InputSource(perform: { _ in log.add(nestedDepth.snapshot > 0 ? "fired nested" : "fired outer") })
-      loop.add(source, to: r15ModeX)
+      loop.add(source, to: drainModeX)
       let entered = TestGate()
       let result = Guarded<RunLoopRunResult?>(nil)
       let nester = LoopTimer(after: .seconds(3600), repeatingEvery: .seconds(3600)) { _ in
         nestedDepth.withLock { $0 += 1 }
-        _ = RunLoopThread.current.run(mode: r15ModeX, for: .milliseconds(20))
+        _ = RunLoopThread.current.run(mode: drainModeX, for: .milliseconds(20))
         nestedDepth.withLock { $0 -= 1 }
         log.add("nested done")
       }
-      loop.add(nester, to: r15ModeM)
+      loop.add(nester, to: drainModeM)
       Self.runM(loop, entered: entered, result: result)
       _ = entered.wait(timeout: .seconds(10))
       for _ in 0..<2 {

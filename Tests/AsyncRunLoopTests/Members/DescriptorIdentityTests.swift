@@ -12,17 +12,17 @@ struct DescriptorIdentityTests: PassTestModes {
   /// A silenced source removed from its mode and added to another while silenced fires in the new
   /// mode (once), not in the old one.
   @Test func aSilencedSourceMovedToAnotherModeFiresThere() throws {
-    let loop = try RunLoopThread(name: "r19-move")
+    let loop = try RunLoopThread(name: "move")
     let pipe = FireCountingPipe()
     let (inDefault, inSecond) = try loop.performAndWait { () throws -> (Int, Int) in
       try loop.add(pipe.source, to: .default)
       writeByte(pipe.write)
       runOtherModeBriefly(loop)
       loop.remove(pipe.source, from: .default)
-      try loop.add(pipe.source, to: r19Second)
+      try loop.add(pipe.source, to: silencedSecondMode)
       loop.run(mode: .default, until: .now)
       let inDefault = pipe.count
-      loop.run(mode: r19Second, until: .now.advanced(by: .milliseconds(20)))
+      loop.run(mode: silencedSecondMode, until: .now.advanced(by: .milliseconds(20)))
       return (inDefault, pipe.count)
     }
     #expect(inDefault == 0)
@@ -34,7 +34,7 @@ struct DescriptorIdentityTests: PassTestModes {
   /// A silenced source whose number was closed and then reused (dup2) by another pipe: the new
   /// source on the number fires for its pipe; the old one never does, and leaves the list.
   @Test func aSilencedSourceWhoseNumberIsReusedNeverFiresForTheNewFile() throws {
-    let loop = try RunLoopThread(name: "r19-reuse")
+    let loop = try RunLoopThread(name: "reuse")
     let old = FireCountingPipe()
     let fresh = makePipe()
     let number = old.read
@@ -75,13 +75,13 @@ struct DescriptorIdentityTests: PassTestModes {
   /// every pass instead, which its handler at least sees.)
   @Test
   func aClosedButDuplicatedDescriptorDoesNotSpinAModeThatIgnoresIt() throws {
-    let loop = try RunLoopThread(name: "r19-spin")
+    let loop = try RunLoopThread(name: "spin")
     let pipe = FireCountingPipe()
     let wakeUps = Locked(0)
     let observer = LoopObserver(activities: .afterWaiting) { _, _ in wakeUps.withLock { $0 += 1 } }
     let (kept, wakes) = try loop.performAndWait { () throws -> (Int32, Int) in
       try loop.add(pipe.source, to: .default)
-      loop.add(observer, to: r19Other)
+      loop.add(observer, to: silencedOtherMode)
       let kept = dup(pipe.read)
       writeByte(pipe.write)
       Glibc.close(pipe.read)
@@ -99,7 +99,7 @@ struct DescriptorIdentityTests: PassTestModes {
 
   /// A loop shut down with silenced sources: they are detached (cancelled) and the list is empty.
   @Test func shuttingDownWithSilencedSourcesLeavesNothingListed() throws {
-    let loop = try RunLoopThread(name: "r19-down")
+    let loop = try RunLoopThread(name: "down")
     let pipes = (0..<8).map { _ in FireCountingPipe() }
     let cancelled = Locked(0)
     let sources = pipes.map { pipe in
@@ -125,7 +125,7 @@ struct DescriptorIdentityTests: PassTestModes {
   /// invalidated; the first keeps its registration and still reports readability. Removing the
   /// first frees the number for a third source.
   @Test func aSecondSourceForAWatchedDescriptorAddedFromAnotherThreadIsToldAndDropped() async throws {
-    let loop = try RunLoopThread(name: "r21-eexist")
+    let loop = try RunLoopThread(name: "eexist")
     let pipe = makePipe()
     defer {
       close(pipe.read)
@@ -173,7 +173,7 @@ struct DescriptorIdentityTests: PassTestModes {
   /// only to the one that stays.
   @Test func twoSourcesForOneDescriptorAcrossABurstLeaveExactlyOneWatching() throws {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "duplicate descriptor") { () -> [String] in
-      let loop = try RunLoopThread(name: "r25-duplicate")
+      let loop = try RunLoopThread(name: "duplicate")
       defer { loop.shutdownAndWait() }
       let pipe = makePipe()
       defer {
@@ -423,13 +423,13 @@ struct DescriptorIdentityTests: PassTestModes {
 
 @Suite("Descriptor sources sharing a number", .timeLimit(.minutes(10)))
 struct DescriptorsSharingANumberTests {
-  let modeM = RunLoopMode("r8-m")
+  let modeM = RunLoopMode("m")
 
   /// One descriptor on two loops: each loop has its own epoll set, so both are accepted and both
   /// report the readiness.
   @Test func theSameDescriptorOnTwoLoopsFiresOnBoth() async throws {
-    let loopA = try RunLoopThread(name: "r8-fd-a")
-    let loopB = try RunLoopThread(name: "r8-fd-b")
+    let loopA = try RunLoopThread(name: "fd-a")
+    let loopB = try RunLoopThread(name: "fd-b")
     let pipe = makePipe()
     let fired = Guarded<[String: Int]>([:])
     func source(_ name: String) -> DescriptorSource {
@@ -627,7 +627,7 @@ struct DupedDescriptorIdentityTests {
   func aClosedAndReusedNumberNeverDeliversTheOldFilesEventsToTheOldSource() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "dup'd descriptor") {
       () throws -> (oldFires: Int, newFiresAfterAdd: Int) in
-      let loop = try RunLoopThread(name: "r9-dup")
+      let loop = try RunLoopThread(name: "dup")
       defer { loop.shutdownAndWait() }
       let old = makePipe()
       let other = makePipe()
@@ -666,7 +666,7 @@ struct DupedDescriptorIdentityTests {
   @Test func aRemovedSourceWhoseNumberWasClosedDoesNotMakeTheLoopSpin() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "spin check") {
       () throws -> (wakesWhileQuiet: Int, fires: Int) in
-      let loop = try RunLoopThread(name: "r9-spin")
+      let loop = try RunLoopThread(name: "spin")
       defer { loop.shutdownAndWait() }
       let counter = WakeAndPassCountingObserver()
       let keepAlive = LoopTimer(after: .seconds(3600)) { _ in }
@@ -707,7 +707,7 @@ struct DupedDescriptorIdentityTests {
   @Test func aNumberReusedByANewSourceSilencesTheOldRegistrationForGood() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "dup'd number reused by a new source") {
       () throws -> (oldFires: Int, newFires: Int, wakes: Int) in
-      let loop = try RunLoopThread(name: "r9-dup-new")
+      let loop = try RunLoopThread(name: "dup-new")
       defer { loop.shutdownAndWait() }
       let counter = WakeAndPassCountingObserver()
       let keepAlive = LoopTimer(after: .seconds(3600)) { _ in }
@@ -756,7 +756,7 @@ struct DupedDescriptorIdentityTests {
   @Test func aClosedDescriptorWithoutADupLeavesNoTrace() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "closed descriptor") {
       () throws -> (wakes: Int, fires: Int, newFires: Int) in
-      let loop = try RunLoopThread(name: "r9-closed")
+      let loop = try RunLoopThread(name: "closed")
       defer { loop.shutdownAndWait() }
       let counter = WakeAndPassCountingObserver()
       let keepAlive = LoopTimer(after: .seconds(3600)) { _ in }

@@ -28,8 +28,8 @@ struct DescriptorRegistrationTests {
       }
       let counter = PassCountingObserver()
       let keep = LoopTimer(after: .seconds(3600)) { _ in }
-      loop.add(keep, to: r10ModeC)
-      loop.add(counter.observer, to: r10ModeC)
+      loop.add(keep, to: payloadModeC)
+      loop.add(counter.observer, to: payloadModeC)
       let events = Locked<[DescriptorEvents]>([])
       weak var weakCapture: WeaklyObservedObject?
       weak var weakSource: DescriptorSource?
@@ -43,31 +43,31 @@ struct DescriptorRegistrationTests {
           RunLoopThread.current.stop()
         }
         weakSource = source
-        try loop.add(source, to: r10ModeA)
-        try loop.add(source, to: r10ModeB)
+        try loop.add(source, to: payloadModeA)
+        try loop.add(source, to: payloadModeB)
         writeByte(pipe.write)
         var before = counter.passes.current
-        _ = loop.run(mode: r10ModeC, until: .now.advanced(by: .milliseconds(100)))
+        _ = loop.run(mode: payloadModeC, until: .now.advanced(by: .milliseconds(100)))
         if counter.passes.current - before > 200 { problems.append("C spun: \(counter.passes.current - before)") }
         if !events.withLock({ $0.isEmpty }) { problems.append("delivered in C") }
-        for mode in [r10ModeA, r10ModeB] {
-          if mode == r10ModeB { writeByte(pipe.write) }
+        for mode in [payloadModeA, payloadModeB] {
+          if mode == payloadModeB { writeByte(pipe.write) }
           let result = loop.run(mode: mode, until: .now.advanced(by: .seconds(5)))
           if result != .stopped { problems.append("\(mode): \(result)") }
-          _ = loop.run(mode: r10ModeC, until: .now.advanced(by: .milliseconds(10)))  // silence again
+          _ = loop.run(mode: payloadModeC, until: .now.advanced(by: .milliseconds(10)))  // silence again
         }
         if events.withLock({ $0 }) != [.readable, .readable] { problems.append("events \(events.withLock { $0 })") }
         // Silenced in C (readable again), then removed from both modes by another thread.
         writeByte(pipe.write)
         let remover = startThread {
           usleep(20_000)
-          loop.remove(source, from: r10ModeA)
-          loop.remove(source, from: r10ModeB)
+          loop.remove(source, from: payloadModeA)
+          loop.remove(source, from: payloadModeB)
         }
         before = counter.passes.current
-        _ = loop.run(mode: r10ModeC, until: .now.advanced(by: .milliseconds(100)))
+        _ = loop.run(mode: payloadModeC, until: .now.advanced(by: .milliseconds(100)))
         joinThread(remover)
-        _ = loop.run(mode: r10ModeC, until: .now.advanced(by: .milliseconds(10)))  // applied by now
+        _ = loop.run(mode: payloadModeC, until: .now.advanced(by: .milliseconds(10)))  // applied by now
         if counter.passes.current - before > 200 { problems.append("C spun: \(counter.passes.current - before)") }
         let left = Self.registrations(loop)
         if left.byToken != 0 || !left.numbers.isEmpty { problems.append("registration left: \(left)") }
@@ -81,11 +81,11 @@ struct DescriptorRegistrationTests {
         RunLoopThread.current.stop()
       }
       do {
-        try loop.add(other, to: r10ModeA)
+        try loop.add(other, to: payloadModeA)
       } catch {
         problems.append("second source refused: \(error)")
       }
-      if loop.run(mode: r10ModeA, until: .now.advanced(by: .seconds(5))) != .stopped {
+      if loop.run(mode: payloadModeA, until: .now.advanced(by: .seconds(5))) != .stopped {
         problems.append("second: no fire")
       }
       if second.withLock({ $0 }) != 1 { problems.append("second fired \(second.withLock { $0 })") }
@@ -116,35 +116,35 @@ struct DescriptorRegistrationTests {
       let counter = PassCountingObserver()
       let keep = LoopTimer(after: .seconds(3600)) { _ in }
       loop.add(keep, to: .common)
-      loop.addModeToCommonModes(r10ModeA)
-      loop.addModeToCommonModes(r10ModeC)
+      loop.addModeToCommonModes(payloadModeA)
+      loop.addModeToCommonModes(payloadModeC)
       loop.add(counter.observer, to: .common)
       let fires = AtomicCounter()
       let source = DescriptorSource(descriptor: pipe.read) { _, _ in
         fires.increment()
         RunLoopThread.current.stop()
       }
-      try loop.add(source, to: r10ModeA)
+      try loop.add(source, to: payloadModeA)
       try loop.add(source, to: .default)
       loop.core.setPaused(source, true)
       writeByte(pipe.write)  // readable from now on (nobody drains it)
-      for mode in [r10ModeA, r10ModeC, .default, r10ModeA] {
+      for mode in [payloadModeA, payloadModeC, .default, payloadModeA] {
         let before = counter.passes.current
         _ = loop.run(mode: mode, until: .now.advanced(by: .milliseconds(40)))
         if counter.passes.current - before > 200 { problems.append("\(mode) spun: \(counter.passes.current - before)") }
       }
       if fires.current != 0 { problems.append("a paused source fired \(fires.current) times") }
       loop.core.setPaused(source, false)
-      if loop.run(mode: r10ModeA, until: .now.advanced(by: .seconds(5))) != .stopped {
+      if loop.run(mode: payloadModeA, until: .now.advanced(by: .seconds(5))) != .stopped {
         problems.append("no fire on resume")
       }
       if fires.current != 1 { problems.append("fired \(fires.current) times after resume") }
       // Silenced in C (a mode switch), then paused there, then resumed in C: still silent in C.
-      _ = loop.run(mode: r10ModeC, until: .now.advanced(by: .milliseconds(20)))
+      _ = loop.run(mode: payloadModeC, until: .now.advanced(by: .milliseconds(20)))
       loop.core.setPaused(source, true)
       loop.core.setPaused(source, false)  // re-armed although C does not hold it
       let before = counter.passes.current
-      _ = loop.run(mode: r10ModeC, until: .now.advanced(by: .milliseconds(40)))
+      _ = loop.run(mode: payloadModeC, until: .now.advanced(by: .milliseconds(40)))
       if counter.passes.current - before > 200 {
         problems.append("C spun after resume: \(counter.passes.current - before)")
       }
@@ -152,7 +152,7 @@ struct DescriptorRegistrationTests {
       loop.core.setPaused(source, true)
       let invalidator = startThread { source.invalidate() }
       joinThread(invalidator)
-      _ = loop.run(mode: r10ModeA, until: .now.advanced(by: .milliseconds(20)))
+      _ = loop.run(mode: payloadModeA, until: .now.advanced(by: .milliseconds(20)))
       let left = Self.registrations(loop)
       if left.byToken != 0 || !left.numbers.isEmpty { problems.append("registration left: \(left)") }
       let other = DescriptorSource(descriptor: pipe.read) { _, _ in
@@ -160,11 +160,11 @@ struct DescriptorRegistrationTests {
         RunLoopThread.current.stop()
       }
       do {
-        try loop.add(other, to: r10ModeA)
+        try loop.add(other, to: payloadModeA)
       } catch {
         problems.append("second source refused: \(error)")
       }
-      if loop.run(mode: r10ModeA, until: .now.advanced(by: .seconds(5))) != .stopped {
+      if loop.run(mode: payloadModeA, until: .now.advanced(by: .seconds(5))) != .stopped {
         problems.append("second: no fire")
       }
       if fires.current != 1 { problems.append("the invalidated source fired") }
@@ -190,14 +190,14 @@ struct DescriptorRegistrationTests {
         close(pipe.write)
       }
       let keep = LoopTimer(after: .seconds(3600)) { _ in }
-      loop.add(keep, to: r10ModeC)
+      loop.add(keep, to: payloadModeC)
       let first = DescriptorSource(descriptor: pipe.read) { _, _ in }
-      try loop.add(first, to: r10ModeA)
+      try loop.add(first, to: payloadModeA)
       func secondIsRefused() -> Bool {
         let second = DescriptorSource(descriptor: pipe.read) { _, _ in }
         defer { second.invalidate() }
         do {
-          try loop.add(second, to: r10ModeB)
+          try loop.add(second, to: payloadModeB)
           return false
         } catch {
           return error.errno == EEXIST
@@ -205,11 +205,11 @@ struct DescriptorRegistrationTests {
       }
       if !secondIsRefused() { problems.append("accepted while the first is armed") }
       writeByte(pipe.write)
-      _ = loop.run(mode: r10ModeC, until: .now.advanced(by: .milliseconds(20)))  // silences the first
+      _ = loop.run(mode: payloadModeC, until: .now.advanced(by: .milliseconds(20)))  // silences the first
       if !secondIsRefused() { problems.append("accepted while the first is silenced") }
       loop.core.setPaused(first, true)
       if !secondIsRefused() { problems.append("accepted while the first is paused") }
-      loop.remove(first, from: r10ModeA)
+      loop.remove(first, from: payloadModeA)
       if secondIsRefused() { problems.append("refused after the first was removed") }
       let left = Self.registrations(loop)
       if left.byToken != 0 || !left.numbers.isEmpty { problems.append("registration left: \(left)") }
@@ -232,16 +232,16 @@ struct DescriptorRegistrationTests {
       let counter = PassCountingObserver()
       let keep = LoopTimer(after: .seconds(3600)) { _ in }
       loop.add(keep, to: .common)
-      loop.addModeToCommonModes(r10ModeA)
-      loop.addModeToCommonModes(r10ModeC)
+      loop.addModeToCommonModes(payloadModeA)
+      loop.addModeToCommonModes(payloadModeC)
       loop.add(counter.observer, to: .common)
       let old = makePipe()
       let number = old.read
       let oldFires = AtomicCounter()
       let oldSource = DescriptorSource(descriptor: number) { _, _ in oldFires.increment() }
-      try loop.add(oldSource, to: r10ModeA)
+      try loop.add(oldSource, to: payloadModeA)
       writeByte(old.write)
-      _ = loop.run(mode: r10ModeC, until: .now.advanced(by: .milliseconds(20)))  // silenced
+      _ = loop.run(mode: payloadModeC, until: .now.advanced(by: .milliseconds(20)))  // silenced
       // Closed and reused in one step (dup2 onto the number): between a `close` and a new pipe,
       // a test running alongside could take the number, and then close it under this one.
       let fresh = makePipe()
@@ -255,16 +255,16 @@ struct DescriptorRegistrationTests {
         RunLoopThread.current.stop()
       }
       do {
-        try loop.add(newSource, to: r10ModeA)
+        try loop.add(newSource, to: payloadModeA)
       } catch {
         problems.append("the new source was refused: \(error)")
       }
       writeByte(fresh.write)
-      if loop.run(mode: r10ModeA, until: .now.advanced(by: .seconds(5))) != .stopped { problems.append("new: no fire") }
+      if loop.run(mode: payloadModeA, until: .now.advanced(by: .seconds(5))) != .stopped { problems.append("new: no fire") }
       writeByte(fresh.write)
       let before = counter.passes.current
-      _ = loop.run(mode: r10ModeC, until: .now.advanced(by: .milliseconds(30)))
-      if loop.run(mode: r10ModeA, until: .now.advanced(by: .seconds(5))) != .stopped {
+      _ = loop.run(mode: payloadModeC, until: .now.advanced(by: .milliseconds(30)))
+      if loop.run(mode: payloadModeA, until: .now.advanced(by: .seconds(5))) != .stopped {
         problems.append("new: no 2nd fire")
       }
       if counter.passes.current - before > 200 { problems.append("spun: \(counter.passes.current - before)") }
@@ -272,7 +272,7 @@ struct DescriptorRegistrationTests {
       if newFires.current != 2 { problems.append("the new source fired \(newFires.current) times") }
       oldSource.invalidate()
       newSource.invalidate()
-      _ = loop.run(mode: r10ModeA, until: .now.advanced(by: .milliseconds(10)))
+      _ = loop.run(mode: payloadModeA, until: .now.advanced(by: .milliseconds(10)))
       let left = Self.registrations(loop)
       if left.byToken != 0 || !left.numbers.isEmpty { problems.append("registration left: \(left)") }
       keep.invalidate()

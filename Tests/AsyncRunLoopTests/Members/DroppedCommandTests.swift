@@ -16,8 +16,8 @@ struct DroppedCommandTests {
   /// was last on) has terminated, but L1 still holds it: nothing may be dropped, and L1 delivers
   /// once it applies the removal.
   @Test func aBusyLoopThatHasNotAppliedItsRemovalDeliversAfterTheLastLoopTerminated() async throws {
-    let busy = try RunLoopThread(name: "r21-busy")
-    let last = try RunLoopThread(name: "r21-last")
+    let busy = try RunLoopThread(name: "busy")
+    let last = try RunLoopThread(name: "last")
     let books = CommandBooks()
     let commands = books.makeSource()
     busy.add(commands.source)
@@ -51,8 +51,8 @@ struct DroppedCommandTests {
   /// L2 is shut down (not yet drained) and the source invalidated: L2's drain applies the add
   /// (schedule), delivers the commands and cancels. Nothing is dropped: L2 had an add on its way.
   @Test func anAddWaitingOnALoopThatShutsDownStillDeliversWhatWasPostedOffLoop() async throws {
-    let first = try RunLoopThread(name: "r21-first")
-    let second = try RunLoopThread(name: "r21-second")
+    let first = try RunLoopThread(name: "first")
+    let second = try RunLoopThread(name: "second")
     let books = CommandBooks()
     let commands = books.makeSource()
     first.add(commands.source)
@@ -83,8 +83,8 @@ struct DroppedCommandTests {
   /// that has terminated: the add is refused and invalidates the source, and the invalidation
   /// goes to L1 ("the loop it was really on last"), which delivers. Nothing dropped.
   @Test func anAddRefusedByATerminatedLoopHasTheEarlierLoopDeliver() async throws {
-    let earlier = try RunLoopThread(name: "r21-earlier")
-    let dead = try RunLoopThread(name: "r21-dead")
+    let earlier = try RunLoopThread(name: "earlier")
+    let dead = try RunLoopThread(name: "dead")
     let books = CommandBooks()
     let commands = books.makeSource()
     earlier.add(commands.source)
@@ -112,7 +112,7 @@ struct DroppedCommandTests {
   /// A never-added source drops at once on `invalidate()`: pendingCount 0 and droppedCount n when
   /// it returns, later posts refused, and a later add is ignored (no schedule, no delivery).
   @Test func aNeverAddedSourceDropsOnTheInvalidatingThread() async throws {
-    let loop = try RunLoopThread(name: "r21-never")
+    let loop = try RunLoopThread(name: "never")
     let books = CommandBooks()
     let commands = books.makeSource()
     for command in 0..<3 { books.post(commands, command) }
@@ -130,8 +130,8 @@ struct DroppedCommandTests {
   /// An invalidation from another loop's callout while the source's loop is busy: that loop
   /// delivers everything accepted before (and nothing is dropped), then cancels.
   @Test func anInvalidationFromAnotherLoopsCalloutDeliversOnTheSourcesLoop() async throws {
-    let home = try RunLoopThread(name: "r21-home")
-    let other = try RunLoopThread(name: "r21-other")
+    let home = try RunLoopThread(name: "home")
+    let other = try RunLoopThread(name: "other")
     let books = CommandBooks()
     let commands = books.makeSource()
     home.add(commands.source)
@@ -168,8 +168,8 @@ struct DroppedCommandTests {
   /// delivered exactly once, cancel once per schedule.
   @Test(arguments: ["performAndWait", "shutdownAndWait", "invalidateAndWait"])
   func aHandlerWaitingForTheClosingLoopInOtherWaysDoesNotHang(wait: String) async throws {
-    let from = try RunLoopThread(name: "r21-waitfrom")
-    let to = try RunLoopThread(name: "r21-waitto")
+    let from = try RunLoopThread(name: "waitfrom")
+    let to = try RunLoopThread(name: "waitto")
     let books = CommandBooks()
     let box = Guarded<InputSource?>(nil)
     let armed = Guarded(false)
@@ -236,8 +236,8 @@ struct DroppedCommandTests {
   /// second, delivers what it holds and cancels, which releases the handler; every command is
   /// delivered exactly once.
   @Test func aHandlerBlockedOnTheNewLoopsCancelIsReleasedAfterTheWaitLimit() async throws {
-    let from = try RunLoopThread(name: "r21-sem")
-    let to = try RunLoopThread(name: "r21-semcloser")
+    let from = try RunLoopThread(name: "sem")
+    let to = try RunLoopThread(name: "semcloser")
     let books = CommandBooks()
     let box = Guarded<InputSource?>(nil)
     let cancelledOnNewLoop = TestGate()
@@ -283,8 +283,8 @@ struct DroppedCommandTests {
   /// source keeps its signal for the loop it joins next". The new loop fires it once; the old one
   /// (whose inbox still lists it) never does.
   @Test func aSignalPendingOnABusyLoopFiresOnceOnTheLoopTheSourceMovesTo() async throws {
-    let old = try RunLoopThread(name: "r21-sigold")
-    let new = try RunLoopThread(name: "r21-signew")
+    let old = try RunLoopThread(name: "sigold")
+    let new = try RunLoopThread(name: "signew")
     let performs = Guarded<[String]>([])
     let source = InputSource { _ in
       let name = RunLoopThread.currentIfExists?.name ?? "?"
@@ -308,13 +308,13 @@ struct DroppedCommandTests {
       new.shutdownAndWait()
       return performs.snapshot
     }
-    #expect(result == ["r21-signew"], "\(result ?? [])")
+    #expect(result == ["signew"], "\(result ?? [])")
   }
 
   /// Signals before the source's first add are kept and fire once, after `schedule`; a signal on
   /// an invalidated source is a no-op.
   @Test func signalsBeforeTheFirstAddFireOnceAfterSchedule() async throws {
-    let loop = try RunLoopThread(name: "r21-early")
+    let loop = try RunLoopThread(name: "early")
     let log = EventLog()
     let source = InputSource(
       schedule: { _, _, _ in log.add("schedule") }, cancel: { _, _ in log.add("cancel") },
@@ -346,7 +346,7 @@ struct DroppedCommandTests {
   /// still takes invalidations (`LoopInbox.control`).
   @Test
   func aLoopStillDrainingPastItsChangeCapIsNotTreatedAsTerminated() async throws {
-    let loop = try RunLoopThread(name: "r21-cap")
+    let loop = try RunLoopThread(name: "cap")
     let books = CommandBooks()
     let commands = books.makeSource()
     loop.add(commands.source)
@@ -360,7 +360,7 @@ struct DroppedCommandTests {
       // waiting block, whatever its modes) runs it.
       let inDrain = TestGate()
       let endDrain = TestGate()
-      loop.perform(inModes: ["r21-never-run"]) {
+      loop.perform(inModes: ["never-run"]) {
         inDrain.open()
         _ = endDrain.wait(timeout: .seconds(10))
       }
@@ -388,7 +388,7 @@ struct DroppedCommandTests {
   /// posts more from another thread as long as it is accepted: the rest of the batch and
   /// everything accepted after it is delivered once, in order, then cancel; nothing is dropped.
   @Test func aHandlerReleasingItsOwnCommandSourceMidBatchDropsNothing() async throws {
-    let loop = try RunLoopThread(name: "r21-selfrelease")
+    let loop = try RunLoopThread(name: "selfrelease")
     let books = CommandBooks()
     let owner = Guarded<CommandSource<Int>?>(nil)
     owner.withLock {
@@ -428,7 +428,7 @@ struct DroppedCommandTests {
     let failures = try await failuresOverRounds(
       300 * stressFactor, budget: .milliseconds(1500), timeout: .seconds(30), "add/invalidate/shutdown races"
     ) { round, failures in
-      guard let loop = try? RunLoopThread(name: "r21-race") else { return }
+      guard let loop = try? RunLoopThread(name: "race") else { return }
       let books = CommandBooks()
       let commands = books.makeSource()
       race([
@@ -455,7 +455,7 @@ struct DroppedCommandTests {
     let failures = try await failuresOverRounds(
       200 * stressFactor, budget: .milliseconds(1500), timeout: .seconds(30), "move races"
     ) { round, failures in
-      guard let from = try? RunLoopThread(name: "r21-from"), let to = try? RunLoopThread(name: "r21-to") else {
+      guard let from = try? RunLoopThread(name: "from"), let to = try? RunLoopThread(name: "to") else {
         return
       }
       let books = CommandBooks()
@@ -487,7 +487,7 @@ struct DroppedCommandTests {
     let failures = try await failuresOverRounds(
       300 * stressFactor, budget: .milliseconds(1500), timeout: .seconds(30), "deinit races"
     ) { round, failures in
-      guard let loop = try? RunLoopThread(name: "r21-deinit") else { return }
+      guard let loop = try? RunLoopThread(name: "deinit") else { return }
       let books = CommandBooks()
       let owner = Guarded<CommandSource<Int>?>(books.makeSource())
       guard let buffer = owner.snapshot?.buffer, let source = owner.snapshot?.source else { return }
@@ -518,7 +518,7 @@ struct DroppedCommandTests {
     let failures = try await failuresOverRounds(
       40 * stressFactor, budget: .milliseconds(1500), timeout: .seconds(30), "self-invalidating handler"
     ) { round, failures in
-      guard let loop = try? RunLoopThread(name: "r21-self") else { return }
+      guard let loop = try? RunLoopThread(name: "self") else { return }
       let books = CommandBooks()
       let box = Guarded<InputSource?>(nil)
       let commands = books.makeSource { command in
@@ -552,7 +552,7 @@ struct DroppedCommandTests {
   /// no longer undoes the earlier add's binding (`RunLoopThread.bind`).
   @Test
   func anAcceptedAddWaitingInADrainIsNotForgottenByARefusedSecondAdd() async throws {
-    let loop = try RunLoopThread(name: "r21-cap2")
+    let loop = try RunLoopThread(name: "cap2")
     let books = CommandBooks()
     let commands = books.makeSource()
     for command in 0..<3 { books.post(commands, command) }
@@ -562,7 +562,7 @@ struct DroppedCommandTests {
       // waiting block, whatever its modes) runs it.
       let inDrain = TestGate()
       let endDrain = TestGate()
-      loop.perform(inModes: ["r21-never-run"]) {
+      loop.perform(inModes: ["never-run"]) {
         inDrain.open()
         _ = endDrain.wait(timeout: .seconds(10))
       }
@@ -571,7 +571,7 @@ struct DroppedCommandTests {
       loop.add(commands.source, to: .default)  // accepted: the drain still takes changes
       let cap = loop.shared.inboxLock.withLock { loop.shared.inbox.refusesChangesFrom }
       waitUntil(timeout: .seconds(5), "the drain's cap") { LoopClock.monotonicNanoseconds() > cap }
-      loop.add(commands.source, to: "r21-second")  // refused
+      loop.add(commands.source, to: "second")  // refused
       endDrain.open()
       loop.shutdownAndWait()
       return CommandTally(books, commands)
@@ -589,7 +589,7 @@ struct DroppedCommandTests {
     let failures = try await failuresOverRounds(
       100 * stressFactor, budget: .milliseconds(2000), timeout: .seconds(40), "ping-pong races"
     ) { round, failures in
-      guard let ping = try? RunLoopThread(name: "r21-ping"), let pong = try? RunLoopThread(name: "r21-pong") else {
+      guard let ping = try? RunLoopThread(name: "ping"), let pong = try? RunLoopThread(name: "pong") else {
         return
       }
       let books = CommandBooks()
@@ -634,7 +634,7 @@ struct DroppedCommandTests {
     let failures = try await failuresOverRounds(
       80 * stressFactor, budget: .milliseconds(2000), timeout: .seconds(40), "three-loop chaos"
     ) { round, failures in
-      let loops = (0..<3).compactMap { try? RunLoopThread(name: "r21-chaos\($0)") }
+      let loops = (0..<3).compactMap { try? RunLoopThread(name: "chaos\($0)") }
       guard loops.count == 3 else { return }
       let books = CommandBooks()
       let commands = books.makeSource()
@@ -684,7 +684,7 @@ struct DroppedCommandTests {
     let failures = try await failuresOverRounds(
       300 * stressFactor, budget: .milliseconds(1500), timeout: .seconds(30), "remove races"
     ) { round, failures in
-      guard let loop = try? RunLoopThread(name: "r21-remove") else { return }
+      guard let loop = try? RunLoopThread(name: "remove") else { return }
       let books = CommandBooks()
       let commands = books.makeSource()
       loop.add(commands.source)

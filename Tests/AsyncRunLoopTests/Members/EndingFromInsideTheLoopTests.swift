@@ -11,7 +11,7 @@ struct EndingFromInsideTheLoopTests {
   @Test func consumerOnTheLoopInvalidatingMidStreamStillGetsEverything() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "self-invalidate") {
       () async throws -> (seen: [Int], late: SourcePostResult?) in
-      let loop = try RunLoopThread(name: "r18-self-end")
+      let loop = try RunLoopThread(name: "self-end")
       let sequence = loop.sourceSequence(of: Int.self)
       let release = blockLoop(loop)
       for value in 0..<50 { _ = sequence.post(value) }
@@ -29,7 +29,7 @@ struct EndingFromInsideTheLoopTests {
   @Test func commandHandlerInvalidatingItsSourceMidBatchLosesNothing() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "handler invalidates") {
       () async throws -> (seen: [Int], latePosts: [Bool], cancels: Int) in
-      let loop = try RunLoopThread(name: "r18-cmd-self")
+      let loop = try RunLoopThread(name: "cmd-self")
       let seen = Guarded<[Int]>([])
       let late = Guarded<[Bool]>([])
       let cancels = AtomicCounter()
@@ -61,7 +61,7 @@ struct EndingFromInsideTheLoopTests {
   /// element is delivered.
   @Test func onSchedulePostingToItsOwnSequenceIsDelivered() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "post from onSchedule") { () async throws -> [Int] in
-      let loop = try RunLoopThread(name: "r18-sched-post")
+      let loop = try RunLoopThread(name: "sched-post")
       let box = Guarded<SourceSequence<Int>?>(nil)
       let release = blockLoop(loop)
       let sequence = loop.sourceSequence(of: Int.self, onSchedule: { _, _ in _ = box.snapshot?.post(1) })
@@ -87,7 +87,7 @@ struct EndingFromInsideTheLoopTests {
     let perProducer = 1500
     let outcome = try await withWatchdog(timeout: .seconds(20), "moving command source") {
       () async throws -> (seen: [Int: [Int]], accepted: [Int: [Int]], offLoop: Int) in
-      let loops = [try RunLoopThread(name: "r18-move-a"), try RunLoopThread(name: "r18-move-b")]
+      let loops = [try RunLoopThread(name: "move-a"), try RunLoopThread(name: "move-b")]
       let seen = Guarded<[Int: [Int]]>([:])
       let offLoop = AtomicCounter()
       let commands = CommandSource<ProducedItem> { item in

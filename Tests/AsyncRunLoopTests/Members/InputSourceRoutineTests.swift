@@ -6,15 +6,15 @@ import Testing
 
 @Suite("Custom input source routines", .timeLimit(.minutes(10)))
 struct InputSourceRoutineTests {
-  let modeM = RunLoopMode("r8-src-m")
+  let modeM = RunLoopMode("src-m")
 
   /// Moves a source A → B → A from the test's thread (each add right after the removal it
   /// follows, as the docs allow), optionally invalidating it right after the last add, and
   /// returns each loop's routine calls ("s <mode>" / "c"), each checked to run on that loop's
   /// thread with that loop as argument.
   private func moveAround(invalidateAtOnce: Bool, rounds: Int) async throws -> [String] {
-    let loopA = try RunLoopThread(name: "r8-sc-a")
-    let loopB = try RunLoopThread(name: "r8-sc-b")
+    let loopA = try RunLoopThread(name: "sc-a")
+    let loopB = try RunLoopThread(name: "sc-b")
     let mode = modeM
     var wrong: [String] = []
     for round in 0..<rounds {
@@ -44,7 +44,7 @@ struct InputSourceRoutineTests {
       _ = await runOnLoopThread(loopA) { 0 }
       let seen = log.snapshot
       let expected: [String: [String]] = [
-        "r8-sc-a": ["s r8-src-m", "c", "s r8-src-m", "c"], "r8-sc-b": ["s kCFRunLoopDefaultMode", "c"],
+        "sc-a": ["s src-m", "c", "s src-m", "c"], "sc-b": ["s kCFRunLoopDefaultMode", "c"],
       ]
       if seen != expected { wrong.append("round \(round): \(seen)") }
     }

@@ -46,7 +46,7 @@ struct InvalidateAndWaitTests: SharedTestLoops {
     let failures = try await failuresOverRounds(
       60 * stressFactor, budget: .milliseconds(1500), timeout: .seconds(30), "ping-pong timer"
     ) { round, failures in
-      guard let ping = try? RunLoopThread(name: "r21-tping"), let pong = try? RunLoopThread(name: "r21-tpong") else {
+      guard let ping = try? RunLoopThread(name: "tping"), let pong = try? RunLoopThread(name: "tpong") else {
         return
       }
       let inCallout = AtomicCounter()
@@ -96,7 +96,7 @@ struct InvalidateAndWaitTests: SharedTestLoops {
         fires.increment()
         if done.snapshot { late.increment() }
       }
-      let mode = RunLoopMode("r26-tm")
+      let mode = RunLoopMode("tm")
       loop.add(timer, to: .common)
       loop.add(timer, to: mode)
       waitUntil(timeout: .seconds(10), "the first fire") { fires.current > 0 }
@@ -128,7 +128,7 @@ struct InvalidateAndWaitTests: SharedTestLoops {
       let fires = AtomicCounter()
       let timer = LoopTimer(after: .zero, repeatingEvery: .zero) { _ in fires.increment() }
       defer { timer.invalidate() }
-      let idle = RunLoopMode("r26-idle")  // never run: keeps the timer on the loop
+      let idle = RunLoopMode("idle")  // never run: keeps the timer on the loop
       loop.add(timer, to: .common)
       loop.add(timer, to: idle)
       waitUntil(timeout: .seconds(10), "the first fire") { fires.current > 0 }
@@ -158,8 +158,8 @@ struct InvalidateAndWaitTests: SharedTestLoops {
   @Test func timersAndObserversMovedBetweenLoopsEndSilent() async throws {
     let result = try await withWatchdogOnThread(timeout: .seconds(40), "timers and observers between loops") {
       () throws -> Int in
-      let loopA = try RunLoopThread(name: "r26-tA")
-      let loopB = try RunLoopThread(name: "r26-tB")
+      let loopA = try RunLoopThread(name: "tA")
+      let loopB = try RunLoopThread(name: "tB")
       defer {
         loopA.shutdownAndWait()
         loopB.shutdownAndWait()
@@ -229,7 +229,7 @@ struct InvalidateAndWaitTests: SharedTestLoops {
       let timers = [make(0), make(1)]
       pair.withLock { $0 = timers }
       loopA.add(timers[0], to: .common)
-      loopA.add(timers[0], to: RunLoopMode("r26-iw"))
+      loopA.add(timers[0], to: RunLoopMode("iw"))
       loopB.add(timers[1], to: .common)
       waitUntil(timeout: .seconds(10), "both callouts to return") {
         finished.current == 2 || (finished.current == 1 && arrived.current == 1)
@@ -247,7 +247,7 @@ struct InvalidateAndWaitTests: SharedTestLoops {
   /// `invalidateAndWait()` from another thread while a zero-interval timer fires on every pass:
   /// once it returns, no callout runs any more.
   @Test func invalidateAndWaitRacingZeroIntervalTimerEndsItsCallouts() async throws {
-    let loop = try RunLoopThread(name: "r5-race-invalidate")
+    let loop = try RunLoopThread(name: "race-invalidate")
     defer { loop.shutdownAndWait() }
     let bad = try await withWatchdogOnThread { () -> Int in
       var bad = 0
@@ -273,7 +273,7 @@ struct InvalidateAndWaitTests: SharedTestLoops {
   /// `invalidate()` from another thread while the handler runs returns at once, and the handler
   /// is never called again although the descriptor stays readable.
   @Test func invalidatingFromAnotherThreadDuringTheHandlerEndsDeliveries() async throws {
-    let loop = try RunLoopThread(name: "r7-fd-inval")
+    let loop = try RunLoopThread(name: "fd-inval")
     let pipe = makePipe()
     defer {
       close(pipe.read)
@@ -312,8 +312,8 @@ struct InvalidateAndWaitTests: SharedTestLoops {
   /// loop thread whose callout the timer's callout is itself waiting for, directly or through
   /// other loops"), not a hang. (If it hangs, both loop threads stay blocked for good.)
   @Test func invalidateAndWaitAgainstACalloutWaitingWithPerformAndWaitIsRefused() async throws {
-    let loopA = try RunLoopThread(name: "r7-cycle-a")
-    let loopB = try RunLoopThread(name: "r7-cycle-b")
+    let loopA = try RunLoopThread(name: "cycle-a")
+    let loopB = try RunLoopThread(name: "cycle-b")
     let outcome = Guarded<String?>(nil)
     let timerBox = Guarded<LoopTimer?>(nil)
     let timer = LoopTimer(after: .zero) { _ in

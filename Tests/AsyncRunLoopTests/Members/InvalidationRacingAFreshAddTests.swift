@@ -12,7 +12,7 @@ struct InvalidationRacingAFreshAddTests {
   @Test func invalidateRacingPostsRightAfterAddLosesNothing() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "fresh add race") { () async throws -> [String] in
       var problems: [String] = []
-      let loop = try RunLoopThread(name: "r18-fresh")
+      let loop = try RunLoopThread(name: "fresh")
       for round in 0..<60 {
         let seen = Guarded<[Int: [Int]]>([:])
         let pairs = PairLog()

@@ -24,7 +24,7 @@ struct MemberReleaseTests {
         close(pipe.write)
       }
     }
-    var loop: RunLoopThread? = try RunLoopThread(name: "r20-release")
+    var loop: RunLoopThread? = try RunLoopThread(name: "release")
     weak let weakPoller = loop?.shared.poller
     var member: AnyMemberHandle? = AnyMemberHandle.make(
       kind, canary: ReleaseCanary(deaths), fired: fired, cancels: cancels, schedules: schedules,
@@ -97,7 +97,7 @@ struct MemberReleaseTests {
     let deaths = AtomicCounter()
     let delivered = AtomicCounter()
     let cancels = AtomicCounter()
-    var loop: RunLoopThread? = try RunLoopThread(name: "r20-pending")
+    var loop: RunLoopThread? = try RunLoopThread(name: "pending")
     weak let weakPoller = loop?.shared.poller
     var commands: CommandSource<ReleaseCanary>? = {
       let canary = ReleaseCanary(deaths)
@@ -134,7 +134,7 @@ struct MemberReleaseTests {
   @Test func shutdownBreaksTheCycleOfAHandlerCapturingItsOwnLoop() async throws {
     let deaths = AtomicCounter()
     let fired = AtomicCounter()
-    var loop: RunLoopThread? = try RunLoopThread(name: "r20-cycle")
+    var loop: RunLoopThread? = try RunLoopThread(name: "cycle")
     weak let weakPoller = loop?.shared.poller
     do {
       let strongLoop = loop!
@@ -164,7 +164,7 @@ struct MemberReleaseTests {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(60), "the churn") { () -> [String] in
       var problems: [String] = []
       for round in 0..<6 {
-        let loop = try RunLoopThread(name: "r20-churn")
+        let loop = try RunLoopThread(name: "churn")
         let deaths = AtomicCounter()
         let log = PairLog()
         let count = 100
@@ -232,7 +232,7 @@ struct MemberReleaseTests {
         close(pipe.write)
       }
     }
-    var loop: RunLoopThread? = try RunLoopThread(name: "r20-outlive")
+    var loop: RunLoopThread? = try RunLoopThread(name: "outlive")
     weak let weakPoller = loop?.shared.poller
     var member: AnyMemberHandle? = AnyMemberHandle.make(
       kind, canary: ReleaseCanary(deaths), fired: fired, cancels: counter, schedules: counter, selfInvalidating: false,
@@ -282,7 +282,7 @@ struct MemberReleaseTests {
       delivered.increment()
     }
     if wasOnALoop {
-      let loop = try RunLoopThread(name: "r20-removed-cmd")
+      let loop = try RunLoopThread(name: "removed-cmd")
       loop.add(commands!.source, to: .default)
       #expect(commands?.post(ReleaseCanary(deaths)) == true)
       #expect(await eventuallyWithin { delivered.current == 1 })
@@ -325,10 +325,10 @@ struct MembersReleasedOnceTheyLeaveTests {
         close(pipe.write)
       }
       let names: [[RunLoopMode]] = [
-        [r10ModeA, r10ModeB, .common], [.common, r10ModeA, r10ModeB], [r10ModeB, .common, r10ModeA],
-        [.common, .default, r10ModeA, r10ModeB],
+        [payloadModeA, payloadModeB, .common], [.common, payloadModeA, payloadModeB], [payloadModeB, .common, payloadModeA],
+        [.common, .default, payloadModeA, payloadModeB],
       ]
-      loop.addModeToCommonModes(r10ModeC)
+      loop.addModeToCommonModes(payloadModeC)
       for (round, order) in names.enumerated() {
         weak var weakTimer: LoopTimer?
         weak var weakObserver: LoopObserver?
@@ -352,7 +352,7 @@ struct MembersReleasedOnceTheyLeaveTests {
           timer.setFireDate(.now)
           writeByte(pipe.write)
           input.signal()
-          for mode in [r10ModeA, r10ModeB, r10ModeC, RunLoopMode.default] {
+          for mode in [payloadModeA, payloadModeB, payloadModeC, RunLoopMode.default] {
             _ = loop.run(mode: mode, until: .now.advanced(by: .milliseconds(5)))
           }
           _ = drainDescriptor(pipe.read)
@@ -387,21 +387,21 @@ struct MembersReleasedOnceTheyLeaveTests {
       let fires = AtomicCounter()
       weak var weakTimer: LoopTimer?
       do {
-        let loop = try RunLoopThread(name: "r10-shutdown-callout")
+        let loop = try RunLoopThread(name: "shutdown-callout")
         let calloutDone = TestGate()
         let timer = makeParkedTimer { _ in
           fires.increment()
           let current = RunLoopThread.current
-          _ = current.run(mode: r10ModeC, until: .now.advanced(by: .milliseconds(10)))
+          _ = current.run(mode: payloadModeC, until: .now.advanced(by: .milliseconds(10)))
           current.shutdown()
-          _ = current.run(mode: r10ModeB, until: .now.advanced(by: .milliseconds(10)))
+          _ = current.run(mode: payloadModeB, until: .now.advanced(by: .milliseconds(10)))
           calloutDone.open()
         }
         weakTimer = timer
-        for mode in [r10ModeA, r10ModeB, r10ModeC, RunLoopMode.default] { loop.add(timer, to: mode) }
-        loop.remove(timer, from: r10ModeA)
+        for mode in [payloadModeA, payloadModeB, payloadModeC, RunLoopMode.default] { loop.add(timer, to: mode) }
+        loop.remove(timer, from: payloadModeA)
         let keep = LoopTimer(after: .seconds(3600)) { _ in }
-        loop.add(keep, to: r10ModeC)
+        loop.add(keep, to: payloadModeC)
         timer.setFireDate(.now)
         _ = calloutDone.wait(timeout: .seconds(10))
         loop.shutdownAndWait()

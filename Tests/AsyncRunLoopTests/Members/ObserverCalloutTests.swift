@@ -11,7 +11,7 @@ struct ObserverCalloutTests: MemberPromiseSettling, SharedTestLoops {
   /// that runs the loop nested (any callout may) must not be told again by that nested run: a
   /// one-shot observer is told once. (CF does not tell an observer inside its own callout.)
   @Test func aOneShotObserverWhoseCalloutRunsTheLoopNestedIsToldOnce() async throws {
-    let loop = try RunLoopThread(name: "ar3-oneshot-obs")
+    let loop = try RunLoopThread(name: "oneshot-obs")
     defer { loop.shutdownAndWait() }
     let keeper = LoopTimer(after: .seconds(3600)) { _ in }  // the nested run has something to watch
     let calls = AtomicCounter()
@@ -36,9 +36,9 @@ struct ObserverCalloutTests: MemberPromiseSettling, SharedTestLoops {
   /// A repeating observer is never told inside its own callout either: a run nested in it tells
   /// the other observers, not this one; and after the callout it is told again as usual.
   @Test func aRepeatingObserverIsNotToldInsideItsOwnCalloutButOtherObserversAre() throws {
-    let loop = try RunLoopThread(name: "ar3-repeat-obs")
+    let loop = try RunLoopThread(name: "repeat-obs")
     defer { loop.shutdownAndWait() }
-    let other: RunLoopMode = "ar3-repeat-obs-other"
+    let other: RunLoopMode = "repeat-obs-other"
     let depth = Guarded(0)
     let reentered = AtomicCounter()
     let calls = AtomicCounter()
@@ -75,7 +75,7 @@ struct ObserverCalloutTests: MemberPromiseSettling, SharedTestLoops {
       let loop = Self.sharedLoop
       let told = AtomicCounter()
       let observer = LoopObserver(activities: .all, repeats: false) { _, _ in told.increment() }
-      let modes = (0..<6).map { RunLoopMode("r26-o\(round % 7)-\($0)") }
+      let modes = (0..<6).map { RunLoopMode("o\(round % 7)-\($0)") }
       loop.add(observer, to: .common)
       for mode in modes.prefix(3) { loop.add(observer, to: mode) }
       race([
@@ -105,9 +105,9 @@ struct ObserverCalloutTests: MemberPromiseSettling, SharedTestLoops {
   /// Observers order in a mode joined through `.common` and by name: told in their `order`.
   @Test
   func observersInCommonAndNamedModeKeepOrder() async throws {
-    let loop = try RunLoopThread(name: "r4-common-obs")
+    let loop = try RunLoopThread(name: "common-obs")
     defer { loop.shutdownAndWait() }
-    let modeX = RunLoopMode("r4-common-obs-x")
+    let modeX = RunLoopMode("common-obs-x")
     let result = try await withWatchdogOnThread {
       try loop.performAndWait { () -> [String] in
         let log = EventLog()
@@ -144,8 +144,8 @@ struct ObserverMovedByItsCalloutTests {
   func aOneShotObserverMovedToABusyLoopInItsCalloutIsToldOnce() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "one-shot observer moved") {
       () throws -> (rounds: Int, doubled: Int, secondOn: [String]) in
-      let loopA = try RunLoopThread(name: "r13-obs-a")
-      let loopB = try RunLoopThread(name: "r13-obs-b")
+      let loopA = try RunLoopThread(name: "obs-a")
+      let loopB = try RunLoopThread(name: "obs-b")
       defer {
         loopA.shutdownAndWait()
         loopB.shutdownAndWait()
@@ -211,7 +211,7 @@ struct ObserverOrderTests {
   func observersAreToldAsTheModelSaysWhileCalloutsChurnThem(seed: UInt64) {
     let problems = EngineTestThread.run { () -> [String] in
       let loop = RunLoopThread.current
-      let mode = RunLoopMode("r22-model")
+      let mode = RunLoopMode("model")
       let keepAlive = LoopTimer(after: .seconds(3_600)) { _ in }
       loop.add(keepAlive, to: mode)
       defer { keepAlive.invalidate() }
@@ -332,7 +332,7 @@ struct ObserverOrderTests {
   @Test func compactionInOneModeLeavesTheOtherModesSlotsRight() {
     let result = EngineTestThread.run { () -> [[Int]] in
       let loop = RunLoopThread.current
-      let (modeA, modeB) = (RunLoopMode("r22-a"), RunLoopMode("r22-b"))
+      let (modeA, modeB) = (RunLoopMode("a"), RunLoopMode("b"))
       let keepAlive = LoopTimer(after: .seconds(3_600)) { _ in }
       loop.add(keepAlive, to: modeA)
       loop.add(keepAlive, to: modeB)
@@ -384,7 +384,7 @@ struct ObserverOrderTests {
   @Test func aBucketEmptiedAndRefilledMidNotificationWaitsForTheNext() {
     let runs = EngineTestThread.run { () -> [[String]] in
       let loop = RunLoopThread.current
-      let mode = RunLoopMode("r22-refill")
+      let mode = RunLoopMode("refill")
       let keepAlive = LoopTimer(after: .seconds(3_600)) { _ in }
       loop.add(keepAlive, to: mode)
       let told = Guarded<[String]>([])
@@ -444,7 +444,7 @@ struct ObserverOrderTests {
   func anObserverRemovedAndAddedAgainByAnEarlierCalloutIsNotToldInThatNotification() {
     let runs = EngineTestThread.run { () -> [[String]] in
       let loop = RunLoopThread.current
-      let (mode, other) = (RunLoopMode("r22-readd"), RunLoopMode("r22-readd-other"))
+      let (mode, other) = (RunLoopMode("readd"), RunLoopMode("readd-other"))
       let keepAlive = LoopTimer(after: .seconds(3_600)) { _ in }
       loop.add(keepAlive, to: mode)
       let told = Guarded<[String]>([])
@@ -485,7 +485,7 @@ struct ObserverOrderTests {
   @Test func commonObserversJoiningAModeMidNotificationAreToldFromTheNext() {
     let runs = EngineTestThread.run { () -> [[String]] in
       let loop = RunLoopThread.current
-      let mode = RunLoopMode("r22-joins-common")
+      let mode = RunLoopMode("joins-common")
       let keepAlive = LoopTimer(after: .seconds(3_600)) { _ in }
       loop.add(keepAlive, to: mode)
       let told = Guarded<[String]>([])
@@ -526,7 +526,7 @@ struct ObserverOrderTests {
   @Test func oneShotObserversCompactingTheirBucketMidNotificationAreEachToldOnce() {
     let runs = EngineTestThread.run { () -> [[Int]] in
       let loop = RunLoopThread.current
-      let mode = RunLoopMode("r22-oneshots")
+      let mode = RunLoopMode("oneshots")
       let keepAlive = LoopTimer(after: .seconds(3_600)) { _ in }
       loop.add(keepAlive, to: mode)
       let told = Guarded<[Int]>([])
@@ -558,7 +558,7 @@ struct ObserverOrderTests {
   @Test func aRunNestedInACalloutTellsTheOthersAndItsRemovalsHoldOutside() {
     let runs = EngineTestThread.run { () -> [[String]] in
       let loop = RunLoopThread.current
-      let mode = RunLoopMode("r22-nested")
+      let mode = RunLoopMode("nested")
       let keepAlive = LoopTimer(after: .seconds(3_600)) { _ in }
       loop.add(keepAlive, to: mode)
       let told = Guarded<[String]>([])
@@ -600,12 +600,12 @@ struct ObserverOrderTests {
   /// A callout moves a later observer to another loop: it is not told here in this notification
   /// (nor later), and is told on the other loop's thread.
   @Test func anObserverMovedToAnotherLoopByAnEarlierCalloutIsToldThereOnly() async throws {
-    let other = try RunLoopThread(name: "r22-obs-move")
+    let other = try RunLoopThread(name: "obs-move")
     let result = try await withWatchdogOnThread(timeout: .seconds(20), "observer moved") { () -> (Int, Bool) in
       defer { other.shutdownAndWait() }
       return EngineTestThread.run { () -> (Int, Bool) in
         let loop = RunLoopThread.current
-        let mode = RunLoopMode("r22-move")
+        let mode = RunLoopMode("move")
         let keepAlive = LoopTimer(after: .seconds(3_600)) { _ in }
         loop.add(keepAlive, to: mode)
         let toldHere = AtomicCounter()
@@ -641,7 +641,7 @@ struct ObserverOrderTests {
 
 @Suite("Observer routines", .timeLimit(.minutes(10)))
 struct ObserverRoutineTests {
-  let modeM = RunLoopMode("r8-obs-m")
+  let modeM = RunLoopMode("obs-m")
 
   /// Observers of one activity are told lower order first, whatever order they were added in.
   @Test func observersAreToldByOrder() async throws {

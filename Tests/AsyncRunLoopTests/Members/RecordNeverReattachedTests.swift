@@ -12,8 +12,8 @@ struct RecordNeverReattachedTests {
   func aTimerThatLeftTwoModesWhileTheLoopWasBlockedFiresAtMostOnce(how: String) async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "timer re-add") {
       () throws -> (fires: [String], valid: Bool) in
-      let first = try RunLoopThread(name: "r9-rec-a")
-      let second = try RunLoopThread(name: "r9-rec-b")
+      let first = try RunLoopThread(name: "rec-a")
+      let second = try RunLoopThread(name: "rec-b")
       defer {
         first.shutdownAndWait()
         second.shutdownAndWait()
@@ -29,27 +29,27 @@ struct RecordNeverReattachedTests {
         }
         if round % 2 == 0 {
           first.add(timer, to: .default)
-          first.add(timer, to: "r9-other")
+          first.add(timer, to: "other")
           try first.performAndWait {}  // applied before the block
         }
         let release = blockLoop(first)
         if round % 2 == 1 {
           first.add(timer, to: .default)
-          first.add(timer, to: "r9-other")
+          first.add(timer, to: "other")
         }
         switch how {
         case "invalidate":
           timer.invalidate()
           first.add(timer, to: .default)
-          first.add(timer, to: "r9-other")
+          first.add(timer, to: "other")
         case "remove":
-          first.remove(timer, from: "r9-other")
+          first.remove(timer, from: "other")
           first.remove(timer, from: .default)
           first.add(timer, to: .default)
           timer.setFireDate(.now)
         default:
           first.remove(timer, from: .default)
-          first.remove(timer, from: "r9-other")
+          first.remove(timer, from: "other")
           second.add(timer, to: .default)
           timer.setFireDate(.now)
         }
@@ -65,7 +65,7 @@ struct RecordNeverReattachedTests {
           _ = gate.wait(timeout: .seconds(10))
         }
         // Run `first` in the other mode too: a stale entry there would fire now.
-        try first.performAndWait { _ = first.run(mode: "r9-other", for: .milliseconds(20)) }
+        try first.performAndWait { _ = first.run(mode: "other", for: .milliseconds(20)) }
         log.append(fires.snapshot.joined())
         timer.invalidate()
       }
@@ -85,11 +85,11 @@ struct RecordNeverReattachedTests {
   @Test func anObserverAddedAgainAfterLeavingTwoModesIsToldOncePerPass() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "observer re-add") {
       () throws -> [String] in
-      let loop = try RunLoopThread(name: "r9-obs")
+      let loop = try RunLoopThread(name: "obs")
       defer { loop.shutdownAndWait() }
       let keepAlive = LoopTimer(after: .zero, repeatingEvery: .milliseconds(1)) { _ in }
       loop.add(keepAlive, to: .default)
-      loop.add(keepAlive, to: "r9-other")
+      loop.add(keepAlive, to: "other")
       var mismatches: [String] = []
       for round in 0..<10 {
         let reference = AtomicCounter()
@@ -97,11 +97,11 @@ struct RecordNeverReattachedTests {
         let referenceObserver = LoopObserver(activities: .beforeTimers) { _, _ in reference.increment() }
         let movedObserver = LoopObserver(activities: .beforeTimers) { _, _ in moved.increment() }
         loop.add(movedObserver, to: .default)
-        loop.add(movedObserver, to: "r9-other")
+        loop.add(movedObserver, to: "other")
         if round % 2 == 0 { try loop.performAndWait {} }
         let release = blockLoop(loop)
         loop.remove(movedObserver, from: .default)
-        loop.remove(movedObserver, from: "r9-other")
+        loop.remove(movedObserver, from: "other")
         loop.add(movedObserver, to: .default)
         loop.add(referenceObserver, to: .default)
         release.open()
@@ -116,7 +116,7 @@ struct RecordNeverReattachedTests {
         // In the other mode: neither is there any more.
         let other = try loop.performAndWait { () -> (Int, Int) in
           let before = (reference.current, moved.current)
-          _ = loop.run(mode: "r9-other", for: .milliseconds(10))
+          _ = loop.run(mode: "other", for: .milliseconds(10))
           return (reference.current - before.0, moved.current - before.1)
         }
         if seen.0 != seen.1 || other.1 != 0 { mismatches.append("round \(round): \(seen), other \(other)") }
@@ -136,8 +136,8 @@ struct RecordNeverReattachedTests {
   func aDescriptorSourceThatLeftTwoModesWhileBlockedIsRegisteredAgain(otherLoop: Bool) async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "descriptor re-add") {
       () throws -> [String] in
-      let first = try RunLoopThread(name: "r9-fd-a")
-      let second = try RunLoopThread(name: "r9-fd-b")
+      let first = try RunLoopThread(name: "fd-a")
+      let second = try RunLoopThread(name: "fd-b")
       defer {
         first.shutdownAndWait()
         second.shutdownAndWait()
@@ -152,10 +152,10 @@ struct RecordNeverReattachedTests {
           _ = drainDescriptor(pipe.read)
         }
         try first.add(source, to: .default)
-        try first.add(source, to: "r9-other")
+        try first.add(source, to: "other")
         if round % 2 == 0 { try first.performAndWait {} }
         let release = blockLoop(first)
-        first.remove(source, from: "r9-other")
+        first.remove(source, from: "other")
         first.remove(source, from: .default)
         let target = otherLoop ? second : first
         try target.add(source, to: .default)
@@ -164,7 +164,7 @@ struct RecordNeverReattachedTests {
         try second.performAndWait {}
         writeByte(pipe.write)
         let fired = waitUntil(timeout: .seconds(5), "the source fires") { !seen.snapshot.isEmpty }
-        try first.performAndWait { _ = first.run(mode: "r9-other", for: .milliseconds(5)) }
+        try first.performAndWait { _ = first.run(mode: "other", for: .milliseconds(5)) }
         writeByte(pipe.write)
         usleep(20_000)
         try first.performAndWait {}
@@ -190,8 +190,8 @@ struct RecordNeverReattachedTests {
   @Test func setFireDateRacingMovesAndInvalidationIsHarmless() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "setFireDate race") {
       () throws -> (overlaps: Int, late: Int, rounds: Int) in
-      let first = try RunLoopThread(name: "r9-sfd-a")
-      let second = try RunLoopThread(name: "r9-sfd-b")
+      let first = try RunLoopThread(name: "sfd-a")
+      let second = try RunLoopThread(name: "sfd-b")
       defer {
         first.shutdownAndWait()
         second.shutdownAndWait()
@@ -207,13 +207,13 @@ struct RecordNeverReattachedTests {
           inside.value.subtract(1, ordering: .sequentiallyConsistent)
         }
         first.add(timer, to: .default)
-        first.add(timer, to: "r9-other")
+        first.add(timer, to: "other")
         race([
           {
             for index in 0..<200 {
               let (from, to) = index % 2 == 0 ? (first, second) : (second, first)
               from.remove(timer, from: .default)
-              from.remove(timer, from: "r9-other")
+              from.remove(timer, from: "other")
               to.add(timer, to: index % 3 == 0 ? .common : .default)
               if index % 3 == 0 { to.remove(timer, from: .common) }
               to.add(timer, to: .default)

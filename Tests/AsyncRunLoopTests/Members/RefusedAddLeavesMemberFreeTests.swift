@@ -68,7 +68,7 @@ struct RefusedAddLeavesMemberFreeTests {
   /// commands are dropped then (no loop ever held it), its later posts refused, and no schedule,
   /// cancel or callout runs.
   @Test func addingAnythingToATerminatedLoopInvalidatesItAtOnce() async throws {
-    let loop = try RunLoopThread(name: "r21-terminated")
+    let loop = try RunLoopThread(name: "terminated")
     await execShutdown(loop)
     let calls = AtomicCounter()
     let books = CommandBooks()
@@ -106,8 +106,8 @@ struct RefusedAddLeavesMemberFreeTests {
   @Test(arguments: RefusedAddCallout.allCases)
   func aRefusedDescriptorAddFromACalloutLeavesTheSourceFree(callout: RefusedAddCallout) throws {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "refused from \(callout)") { () -> [String] in
-      let loop = try RunLoopThread(name: "r25-refuse")
-      let other = try RunLoopThread(name: "r25-refuse-b")
+      let loop = try RunLoopThread(name: "refuse")
+      let other = try RunLoopThread(name: "refuse-b")
       defer {
         loop.shutdownAndWait()
         other.shutdownAndWait()
@@ -119,7 +119,7 @@ struct RefusedAddLeavesMemberFreeTests {
         close(devNull)
       }
       let handlerCalls = AtomicCounter()
-      let refused = [regular, devNull, r25ClosedDescriptor].map { descriptor in
+      let refused = [regular, devNull, neverOpenedDescriptor].map { descriptor in
         DescriptorSource(descriptor: descriptor) { source, _ in
           drainDescriptor(source.descriptor)
           handlerCalls.increment()
@@ -190,7 +190,7 @@ struct RefusedAddLeavesMemberFreeTests {
       let expected = [
         "fd \(regular): \(EPERM)", "valid true modes 0", "other: \(EPERM)",
         "fd \(devNull): \(EPERM)", "valid true modes 0", "other: added",
-        "fd \(r25ClosedDescriptor): \(EBADF)", "valid true modes 0", "other: \(EBADF)",
+        "fd \(neverOpenedDescriptor): \(EBADF)", "valid true modes 0", "other: \(EBADF)",
       ]
       if found == expected { found = [] } else { found = ["attempt: \(found)"] }
       if attempts.current != 1 { found.append("attempts: \(attempts.current)") }
@@ -234,7 +234,7 @@ struct RefusedAddLeavesMemberFreeTests {
   /// watched).
   @Test func anEpollRefusalBehindABurstReportsOneErrorAndInvalidates() throws {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "epoll refusal") { () -> [String] in
-      let loop = try RunLoopThread(name: "r25-epoll-refuse")
+      let loop = try RunLoopThread(name: "epoll-refuse")
       defer { loop.shutdownAndWait() }
       let devNull = open("/dev/null", O_RDONLY | O_CLOEXEC)
       defer { close(devNull) }
@@ -279,7 +279,7 @@ struct RefusedAddLeavesMemberFreeTests {
     let devNull = open("/dev/null", O_RDONLY | O_CLOEXEC)
     defer { close(devNull) }
     let failures = try await failuresOverRounds(30, timeout: .seconds(30), "refusal races") { round, failures in
-      guard let loop = try? RunLoopThread(name: "r25-race") else { return failures.append("no loop") }
+      guard let loop = try? RunLoopThread(name: "race") else { return failures.append("no loop") }
       let events = Guarded<[DescriptorEvents]>([])
       let freed = AtomicCounter()
       let source = { () -> DescriptorSource in
@@ -394,7 +394,7 @@ struct RefusedAddsReportOnceTests {
       commands: CommandTally(members.books, members.commands),
       plainSchedules: members.plainSchedules.current, plainCancels: members.plainCancels.current,
       onOtherLoop: -1, leakedMembers: 0, leakedLoop: false, tokensFreed: 0)
-    if let other = try? RunLoopThread(name: "r22-other-loop") {
+    if let other = try? RunLoopThread(name: "other-loop") {
       members.add(to: other, .default)
       outcome.onOtherLoop =
         (try? other.performAndWait {
@@ -465,13 +465,13 @@ struct RefusedAddsReportOnceTests {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "second-mode adds past the cap") {
       () -> Outcome in
       Self.measure { () -> (Outcome, Members, RunLoopThread) in
-        let loop = try! RunLoopThread(name: "r22-refused")
+        let loop = try! RunLoopThread(name: "refused")
         let members = Members()
         let endDrain = holdDrain(loop)
-        members.add(to: loop, "r22-a")
+        members.add(to: loop, "a")
         let firstAccepted = members.validity.allSatisfy { $0 }
         waitForDrainCap(loop)
-        members.add(to: loop, "r22-b")
+        members.add(to: loop, "b")
         let valid = members.validity
         endDrain.open()
         loop.shutdownAndWait()
@@ -494,7 +494,7 @@ struct RefusedAddsReportOnceTests {
       let holderSchedules = AtomicCounter()
       let holderCancels = AtomicCounter()
       let outcome = Self.measure { () -> (Outcome, Members, RunLoopThread) in
-        let loop = try! RunLoopThread(name: "r22-terminated")
+        let loop = try! RunLoopThread(name: "terminated")
         let members = Members()
         let heldAfterTermination = TestGate()
         let release = TestGate()
@@ -511,7 +511,7 @@ struct RefusedAddsReportOnceTests {
         // what arrives meanwhile is collected only after the loop terminated.
         let inJob = TestGate()
         let endJob = TestGate()
-        loop.perform(inModes: ["r22-never-run"]) {
+        loop.perform(inModes: ["never-run"]) {
           Task(executorPreference: loop) {
             Task(executorPreference: loop) {
               inJob.open()
@@ -521,14 +521,14 @@ struct RefusedAddsReportOnceTests {
         }
         loop.shutdown()
         _ = inJob.wait(timeout: .seconds(20))
-        loop.add(holder, to: "r22-a")
-        members.add(to: loop, "r22-a")
+        loop.add(holder, to: "a")
+        members.add(to: loop, "a")
         let firstAccepted = holder.isValid && members.validity.allSatisfy { $0 }
         waitForDrainCap(loop)
         endJob.open()
         var valid: [Bool] = []
         if heldAfterTermination.wait(timeout: .seconds(10)) {
-          members.add(to: loop, "r22-b")
+          members.add(to: loop, "b")
           valid = members.validity
         }
         release.open()

@@ -23,8 +23,8 @@ struct ScheduleCancelPairTests: MemberPromiseSettling, SharedTestLoops {
           schedule: { _, loop, _ in schedules.withLock { $0[loop.name, default: 0] += 1 } },
           cancel: { _, loop in cancels.withLock { $0[loop.name, default: 0] += 1 } }
         ) { _ in delivered.withLock { $0 += 1 } }
-        let oldLoop = Guarded<RunLoopThread?>(try RunLoopThread(name: "ar3-old"))
-        let newLoop = try RunLoopThread(name: "ar3-new")
+        let oldLoop = Guarded<RunLoopThread?>(try RunLoopThread(name: "old"))
+        let newLoop = try RunLoopThread(name: "new")
         oldLoop.snapshot?.add(command.source)
         for value in 0..<20 where command.post(value) { accepted.withLock { $0 += 1 } }
         let mover: @Sendable () -> Void = {
@@ -196,8 +196,8 @@ struct ScheduleCancelPairTests: MemberPromiseSettling, SharedTestLoops {
   @Test func shuttlingBetweenTwoLoopsKeepsSchedulesPairedAndCommandsExact() async throws {
     let result = try await withWatchdogOnThread(timeout: .seconds(40), "shuttle between loops") {
       () throws -> (problems: [String], unpaired: [String], schedules: Int) in
-      let loopA = try RunLoopThread(name: "r26-A")
-      let loopB = try RunLoopThread(name: "r26-B")
+      let loopA = try RunLoopThread(name: "A")
+      let loopB = try RunLoopThread(name: "B")
       let pairs = PairLog()
       let ledger = CommandDeliveryLedger()
       let commands = CommandSource<Int>(
@@ -235,7 +235,7 @@ struct ScheduleCancelPairTests: MemberPromiseSettling, SharedTestLoops {
   @Test func removalsFromEveryModeRacingInvalidateCancelOncePerSchedule() async throws {
     let failures = try await failuresOverRounds(300, budget: .seconds(3), "remove vs invalidate") { round, failures in
       let loop = Self.sharedLoop
-      let (modeA, modeB) = (RunLoopMode("r26-ra"), RunLoopMode("r26-rb"))
+      let (modeA, modeB) = (RunLoopMode("ra"), RunLoopMode("rb"))
       let schedules = AtomicCounter()
       let cancels = AtomicCounter()
       let source = InputSource(
@@ -367,7 +367,7 @@ struct ScheduleCancelPairTests: MemberPromiseSettling, SharedTestLoops {
       let pairs = PairLog()
       var leaked = 0
       let rounds = repeatRounds(60, budget: .milliseconds(600)) { round in
-        let loops = (0..<3).compactMap { try? RunLoopThread(name: "r4-move-\($0)") }
+        let loops = (0..<3).compactMap { try? RunLoopThread(name: "move-\($0)") }
         var weakRefs: [() -> Bool] = []
         do {
           let capture = Capture()

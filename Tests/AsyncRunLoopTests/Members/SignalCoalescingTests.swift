@@ -11,39 +11,39 @@ struct SignalCoalescingTests: SharedTestLoops {
   /// on the first. Once both loops have run its modes, the source fired exactly once (on one of
   /// them).
   @Test func oneSignalFiresOnceAcrossAMoveBetweenLoops() async throws {
-    let first = try RunLoopThread(name: "r17-one")
-    let second = try RunLoopThread(name: "r17-two")
+    let first = try RunLoopThread(name: "one")
+    let second = try RunLoopThread(name: "two")
     defer {
       first.shutdown()
       second.shutdown()
     }
     let keepB = LoopTimer(after: .seconds(3600)) { _ in }
-    first.add(keepB, to: r17ModeB)
+    first.add(keepB, to: orderModeB)
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "move between loops") { () -> [String] in
       var problems: [String] = []
       repeatRounds(200, budget: .milliseconds(1000)) { round in
         let fires = Guarded<[String]>([])
         let source = InputSource { _ in fires.withLock { $0.append(RunLoopThread.currentIfExists?.name ?? "?") } }
-        first.add(source, to: r17ModeB)
+        first.add(source, to: orderModeB)
         let release = round % 3 == 0 ? nil : blockLoop(first)
         source.signal()
         if round % 3 == 0 { _ = try? first.performAndWait {} }  // sorted out in default: waits for B
         for _ in 0..<(round % 7) { sched_yield() }
-        first.remove(source, from: r17ModeB)
+        first.remove(source, from: orderModeB)
         second.add(source, to: .default)
         let back = round % 2 == 0
         if back {
           for _ in 0..<(round % 5) { sched_yield() }
           second.remove(source, from: .default)
-          first.add(source, to: r17ModeB)
+          first.add(source, to: orderModeB)
         }
         release?.open()
         let fired = waitUntil(timeout: .seconds(5), "the one fire") {
-          _ = try? first.performAndWait { first.run(mode: r17ModeB, until: .now) }
+          _ = try? first.performAndWait { first.run(mode: orderModeB, until: .now) }
           return !fires.snapshot.isEmpty
         }
         for _ in 0..<3 {
-          _ = try? first.performAndWait { first.run(mode: r17ModeB, until: .now) }
+          _ = try? first.performAndWait { first.run(mode: orderModeB, until: .now) }
           _ = try? second.performAndWait {}
         }
         if !fired || fires.snapshot.count != 1 {
@@ -62,7 +62,7 @@ struct SignalCoalescingTests: SharedTestLoops {
   /// element, the number of signals it stands for"; "signals already made are still delivered").
   @Test func coalescedSignalsRacingInvalidationAddUpExactly() async throws {
     for round in 0..<6 {
-      let loop = try RunLoopThread(name: "r20-signals")
+      let loop = try RunLoopThread(name: "signals")
       let sequence = loop.signalSequence()
       let consumer = Task { () -> Int in
         var total = 0
@@ -105,7 +105,7 @@ struct SignalCoalescingTests: SharedTestLoops {
       let source = InputSource { _ in performs.withLock { $0.append(RunLoopThread.current.name) } }
       defer { source.invalidate() }
       loopA.add(source, to: .common)
-      loopA.add(source, to: RunLoopMode("r26-sig"))
+      loopA.add(source, to: RunLoopMode("sig"))
       _ = try? loopA.performAndWait {}
       let release = blockLoop(loopA)
       race((0..<3).map { _ in { for _ in 0..<30 { source.signal() } } })
@@ -118,7 +118,7 @@ struct SignalCoalescingTests: SharedTestLoops {
       if performs.snapshot != [loopA.name] { failures.append("round \(round): first batch \(performs.snapshot)") }
       // Signalled while on no loop, then added to B.
       loopA.remove(source, from: .common)
-      loopA.remove(source, from: RunLoopMode("r26-sig"))
+      loopA.remove(source, from: RunLoopMode("sig"))
       race((0..<3).map { _ in { for _ in 0..<10 { source.signal() } } })
       loopB.add(source, to: .common)
       waitUntil(timeout: .seconds(10), "the fire on B") { performs.snapshot.count >= 2 }

@@ -15,7 +15,7 @@ struct DroppingPoliciesUnderLoadTests {
     let perProducer = 2000
     let outcome = try await withWatchdog(timeout: .seconds(20), "dropping \(buffering)") {
       () async throws -> (seen: [Int: [Int]], dropped: Int, results: [SourcePostResult: Int]) in
-      let loop = try RunLoopThread(name: "r18-drop-load")
+      let loop = try RunLoopThread(name: "drop-load")
       let sequence = loop.sourceSequence(of: ProducedItem.self, buffering: buffering)
       let consumer = Task { () -> [Int: [Int]] in
         var seen: [Int: [Int]] = [:]
@@ -62,7 +62,7 @@ struct DroppingPoliciesUnderLoadTests {
   /// the loop's shutdown) and nothing references it.
   @Test func endedSequencesAreFreed() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "freed sequences") { () async throws -> [String] in
-      let loop = try RunLoopThread(name: "r18-leak")
+      let loop = try RunLoopThread(name: "leak")
       let pipe = makePipe()
       defer {
         close(pipe.read)
@@ -109,7 +109,7 @@ struct DroppingPoliciesUnderLoadTests {
   /// still run, a consumer on the loop takes its ticks, and the loop shuts down.
   @Test func aTinyIntervalTimerDoesNotStarveTheLoop() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "tiny interval") { () async throws -> (Int, Int) in
-      let loop = try RunLoopThread(name: "r18-tiny")
+      let loop = try RunLoopThread(name: "tiny")
       let timer = loop.timer(every: .nanoseconds(100), missedTicks: .burst)
       let consumer = Task(executorPreference: loop) { () -> Int in
         var n = 0
@@ -132,10 +132,10 @@ struct DroppingPoliciesUnderLoadTests {
   /// `assumeIsolated` of an actor on a loop, off that loop, traps with a message naming the loop.
   @Test func assumeIsolatedOffTheLoopTrapsNamingTheLoop() async throws {
     let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
-      let loop = try RunLoopThread(name: "r18-trap-loop")
+      let loop = try RunLoopThread(name: "trap-loop")
       let actor = CallLoggingActor(loop: loop)
       assumeIsolatedFromSyncCode(actor)
     }
-    expectStandardError(of: result, mentions: "r18-trap-loop")
+    expectStandardError(of: result, mentions: "trap-loop")
   }
 }

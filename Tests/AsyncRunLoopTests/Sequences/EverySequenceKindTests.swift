@@ -13,7 +13,7 @@ struct EverySequenceKindTests {
   @Test func shutdownEndsEveryKindOfSequenceWhileItsConsumerWaits() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "shutdown ends sequences") {
       () async throws -> (waited: [Bool], ended: [Int], post: SourcePostResult, signal: Bool) in
-      let loop = try RunLoopThread(name: "r14s-sd")
+      let loop = try RunLoopThread(name: "sd")
       let pipe = makePipe()
       defer {
         close(pipe.read)
@@ -74,7 +74,7 @@ extension EverySequenceKindTests {
   @Test func breakingOutAndDroppingTheSequenceReleasesEverything() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "leaks") {
       () async throws -> (gone: [String: Bool], records: Int?) in
-      let loop = try RunLoopThread(name: "r14s-leak")
+      let loop = try RunLoopThread(name: "leak")
       let pipe = makePipe()
       defer {
         close(pipe.read)
@@ -140,7 +140,7 @@ extension EverySequenceKindTests {
   @Test func aStalledReadinessConsumerDoesNotMakeTheLoopSpinAndLosesNothing() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "readiness pause") {
       () async throws -> (passes: Int, first: Bool, again: Bool, afterDrain: Bool) in
-      let loop = try RunLoopThread(name: "r14s-ready")
+      let loop = try RunLoopThread(name: "ready")
       let pipe = makePipe()
       defer {
         close(pipe.read)

@@ -12,7 +12,7 @@ struct MemberSequenceTests {
   /// loop shuts down.
   @Test func waitingConsumersEndWhenTheLoopShutsDown() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "consumers at shutdown") { () async throws -> Int in
-      let loop = try RunLoopThread(name: "r18-member-end")
+      let loop = try RunLoopThread(name: "member-end")
       let pipe = makePipe()
       defer {
         close(pipe.read)
@@ -47,7 +47,7 @@ struct MemberSequenceTests {
   @Test func invalidateEndsWaitingMemberConsumers() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "consumers at invalidate") {
       () async throws -> Int in
-      let loop = try RunLoopThread(name: "r18-member-inval")
+      let loop = try RunLoopThread(name: "member-inval")
       let pipe = makePipe()
       defer {
         close(pipe.read)
@@ -87,7 +87,7 @@ struct MemberSequenceTests {
   @Test func cancellingWaitingMemberConsumersEndsThem() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "cancelled member consumers") {
       () async throws -> (Bool, Bool) in
-      let loop = try RunLoopThread(name: "r18-member-cancel")
+      let loop = try RunLoopThread(name: "member-cancel")
       let pipe = makePipe()
       defer {
         close(pipe.read)
@@ -121,7 +121,7 @@ struct MemberSequenceTests {
   /// yields again; closing its loop then ends it.
   @Test func readinessYieldsPerWriteAfterEachDrain() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "readiness per write") { () async throws -> Int in
-      let loop = try RunLoopThread(name: "r18-ready")
+      let loop = try RunLoopThread(name: "ready")
       let pipe = makePipe()
       defer {
         close(pipe.read)
@@ -151,16 +151,16 @@ struct MemberSequenceTests {
   @Test func activitySequenceSeesNestedRunsEntryExitInOrder() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "activities of nested runs") {
       () async throws -> [LoopActivity] in
-      let loop = try RunLoopThread(name: "r18-act")
+      let loop = try RunLoopThread(name: "act")
       let hold = LoopTimer(after: .seconds(3600)) { _ in }
-      loop.add(hold, to: r18ModeA)
-      let activities = loop.activities([.entry, .exit], modes: [r18ModeA])
+      loop.add(hold, to: endRaceModeA)
+      let activities = loop.activities([.entry, .exit], modes: [endRaceModeA])
       let seen = Guarded<[LoopActivity]>([])
       let consumer = Task {
         for await event in activities { seen.withLock { $0.append(event.activity) } }
       }
       for _ in 0..<3 {
-        _ = try loop.performAndWait { loop.run(mode: r18ModeA, for: .milliseconds(1)) }
+        _ = try loop.performAndWait { loop.run(mode: endRaceModeA, for: .milliseconds(1)) }
       }
       #expect(await pollEveryMillisecond { seen.snapshot.count >= 6 })
       activities.invalidate()
@@ -175,7 +175,7 @@ struct MemberSequenceTests {
   /// late.
   @Test func oneShotTimerSequenceDeliversOneTickToALateConsumer() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "one-shot late") { () async throws -> Int in
-      let loop = try RunLoopThread(name: "r18-oneshot")
+      let loop = try RunLoopThread(name: "oneshot")
       let timer = loop.timer(after: .milliseconds(1))
       #expect(await pollEveryMillisecond { !timer.timer.isValid })
       var n = 0

@@ -10,7 +10,7 @@ struct OneConsumerTests {
   /// consumer, also after the first iterator was dropped.
   @Test func aSecondIteratorTrapsWithTheSingleConsumerMessage() async throws {
     let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
-      let loop = try RunLoopThread(name: "r18-second-iterator")
+      let loop = try RunLoopThread(name: "second-iterator")
       let sequence = loop.timer(every: .seconds(3600))
       do { _ = sequence.makeAsyncIterator() }
       _ = sequence.makeAsyncIterator()
@@ -24,7 +24,7 @@ extension OneConsumerTests {
   /// loop busy but not stuck: the consumer gets its events, can stop, and the loop shuts down.
   @Test func anActivityConsumerOnTheObservedLoopCanStop() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "activity feedback") { () async throws -> (Int, Int) in
-      let loop = try RunLoopThread(name: "r18-feedback")
+      let loop = try RunLoopThread(name: "feedback")
       let activities = loop.activities()
       let consumer = Task(executorPreference: loop) { () -> Int in
         var n = 0

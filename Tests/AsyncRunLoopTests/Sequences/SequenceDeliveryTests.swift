@@ -12,12 +12,12 @@ struct SequenceDeliveryTests: SequenceTestModes {
   /// registration is silenced there, paused and resumed as the consumer keeps up or not): every
   /// byte written is read, nothing hangs.
   @Test func aReadinessSequenceUnderNestedRunsOfAnotherModeLosesNoReadiness() async throws {
-    let loop = try RunLoopThread(name: "r19-seq")
+    let loop = try RunLoopThread(name: "seq")
     let ends = makePipe()
     let keepAlive = LoopTimer(after: .seconds(3_600)) { _ in }
-    loop.add(keepAlive, to: r19Other)
+    loop.add(keepAlive, to: silencedOtherMode)
     let nesting = LoopTimer(after: .milliseconds(1), repeatingEvery: .milliseconds(1)) { _ in
-      loop.run(mode: r19Other, until: .now.advanced(by: .milliseconds(2)))
+      loop.run(mode: silencedOtherMode, until: .now.advanced(by: .milliseconds(2)))
     }
     loop.add(nesting, to: .default)
     let sequence = try loop.readiness(of: ends.read, modes: [.default])
@@ -55,10 +55,10 @@ struct SequenceDeliveryTests: SequenceTestModes {
     let failures = try await withWatchdog(timeout: .seconds(60), "sequence producers vs end") { () -> [String] in
       var failures: [String] = []
       for round in 0..<60 {
-        let loop = try RunLoopThread(name: "r26-seq")
+        let loop = try RunLoopThread(name: "seq")
         let cancels = AtomicCounter()
         let sequence = loop.sourceSequence(
-          of: Int.self, modes: [.common, RunLoopMode("r26-seq-x")], onCancel: { _ in cancels.increment() })
+          of: Int.self, modes: [.common, RunLoopMode("seq-x")], onCancel: { _ in cancels.increment() })
         let consumer = Task { () -> [Int] in
           var got: [Int] = []
           for await value in sequence { got.append(value) }
@@ -106,7 +106,7 @@ struct SequenceDeliveryTests: SequenceTestModes {
   /// sum to the number of `signal()` calls that answered true, once `invalidate()` has let the
   /// consumer drain.
   @Test(arguments: 0..<5) func signalsFromManyThreadsSumExactly(round: Int) async throws {
-    let loop = try RunLoopThread(name: "r6-signals-\(round)")
+    let loop = try RunLoopThread(name: "signals-\(round)")
     defer { loop.shutdownAndWait() }
     let sequence = loop.signalSequence()
     let consumer = Task(executorPreference: round.isMultiple(of: 2) ? loop : nil) { () async -> (Int, Bool) in
@@ -138,7 +138,7 @@ struct SequenceDeliveryTests: SequenceTestModes {
   /// `.enqueuedDroppingOldest`), the drops reported equal `droppedCount`, and what the consumer
   /// receives plus what was dropped is exactly what was posted, each producer's in order.
   @Test(arguments: 0..<3) func dropOldestAccountsForEveryPost(round: Int) async throws {
-    let loop = try RunLoopThread(name: "r6-dropold-\(round)")
+    let loop = try RunLoopThread(name: "dropold-\(round)")
     defer { loop.shutdownAndWait() }
     let sequence = loop.sourceSequence(of: Int.self, buffering: .dropOldest(3))
     let consumer = Task { () async -> (Int, Bool) in
@@ -177,7 +177,7 @@ struct SequenceDeliveryTests: SequenceTestModes {
   /// `.dropNewest` from many threads: the consumer receives exactly the posts answered
   /// `.enqueued`; the `.dropped` answers equal `droppedCount`.
   @Test func dropNewestDeliversExactlyTheEnqueuedPosts() async throws {
-    let loop = try RunLoopThread(name: "r6-dropnew")
+    let loop = try RunLoopThread(name: "dropnew")
     defer { loop.shutdownAndWait() }
     let sequence = loop.sourceSequence(of: Int.self, buffering: .dropNewest(3))
     let consumer = Task { () async -> Set<Int> in
@@ -211,7 +211,7 @@ struct SequenceDeliveryTests: SequenceTestModes {
   /// values whose `send` answered `.enqueued` are delivered, each once; a cancelled sender's
   /// `.full` element is never delivered.
   @Test(arguments: 0..<3) func boundedSendersDeliverExactlyTheEnqueuedValues(round: Int) async throws {
-    let loop = try RunLoopThread(name: "r6-bounded-\(round)")
+    let loop = try RunLoopThread(name: "bounded-\(round)")
     defer { loop.shutdownAndWait() }
     let sequence = loop.sourceSequence(of: Int.self, buffering: .bounded(2))
     let consumer = Task(executorPreference: round.isMultiple(of: 2) ? loop : nil) { () async -> [Int] in
@@ -249,7 +249,7 @@ struct SequenceDeliveryTests: SequenceTestModes {
   /// the consumer holds a batch, a `.bounded(2)` buffer takes two more posts, then answers
   /// `.full`.
   @Test func boundedCapacityExcludesTheConsumersBatch() async throws {
-    let loop = try RunLoopThread(name: "r6-bounded-batch")
+    let loop = try RunLoopThread(name: "bounded-batch")
     defer { loop.shutdownAndWait() }
     let sequence = loop.sourceSequence(of: Int.self, buffering: .bounded(2))
     let release = blockLoop(loop)
@@ -284,7 +284,7 @@ struct SequenceDeliveryTests: SequenceTestModes {
   /// Elements posted while the loop is busy (not yet released by it) and then `invalidate()` or
   /// the loop's shutdown: everything accepted is still delivered, in order, then nil.
   @Test(arguments: [false, true]) func acceptedButUnreleasedElementsSurviveTheEnd(shutdown: Bool) async throws {
-    let loop = try RunLoopThread(name: "r6-unreleased")
+    let loop = try RunLoopThread(name: "unreleased")
     defer { loop.shutdownAndWait() }
     let sequence = loop.sourceSequence(of: Int.self)
     let signals = loop.signalSequence()
@@ -322,7 +322,7 @@ struct SequenceDeliveryTests: SequenceTestModes {
   /// that one tick, and the sequence ends either way.
   @Test(arguments: [false, true])
   func aTickDueButNotFiredWhenTheTimerEndsIsNotDeliveredAfterInvalidate(shutdown: Bool) async throws {
-    let loop = try RunLoopThread(name: "r6-due-tick")
+    let loop = try RunLoopThread(name: "due-tick")
     defer { loop.shutdownAndWait() }
     let timer = loop.timer(after: .milliseconds(150))
     // The loop is blocked from a new thread at once (a resumption on a busy pool could outlast
@@ -372,7 +372,7 @@ struct SequenceDeliveryTests: SequenceTestModes {
   /// `.burst` hands out every missed tick, one interval apart on the grid, none folded; `.skip`
   /// folds missed ticks into one whose `skipped` counts them, and stays on the grid.
   @Test func missedTickPoliciesKeepTheGridArithmetic() async throws {
-    let loop = try RunLoopThread(name: "r6-ticks")
+    let loop = try RunLoopThread(name: "ticks")
     defer { loop.shutdownAndWait() }
     let interval = Duration.milliseconds(10)
     let burst = loop.timer(every: interval, missedTicks: .burst)
@@ -413,7 +413,7 @@ struct SequenceDeliveryTests: SequenceTestModes {
   /// nested (in its job: sources fire, no jobs). Elements released during the nested run are
   /// handed to the same consumer afterwards, in order, none twice.
   @Test func aLoopActorConsumerRunsTheLoopNestedAndKeepsEveryElement() async throws {
-    let loop = try RunLoopThread(name: "r6-actor-nested")
+    let loop = try RunLoopThread(name: "actor-nested")
     defer { loop.shutdownAndWait() }
     let sequence = loop.sourceSequence(of: Int.self)
     let consumer = NestingConsumerActor(loop: loop)
@@ -437,7 +437,7 @@ struct SequenceDeliveryTests: SequenceTestModes {
   /// fewer values.
   @Test(arguments: [true, false])
   func aProducerActorAndAConsumerOnOneLoopHandOverEveryValue(senderPrefersLoop: Bool) async throws {
-    let loop = try RunLoopThread(name: "r6-same-loop")
+    let loop = try RunLoopThread(name: "same-loop")
     defer { loop.shutdownAndWait() }
     let count = senderPrefersLoop ? 500 : 50
     let sequence = loop.sourceSequence(of: Int.self, buffering: .bounded(1))
@@ -480,7 +480,7 @@ struct SequenceDeliveryTests: SequenceTestModes {
   /// "Producers that wait are admitted oldest first": three async senders that wait for room in
   /// turn are delivered in the order they started waiting.
   @Test func waitingSendersAreAdmittedOldestFirst() async throws {
-    let loop = try RunLoopThread(name: "r6-fifo")
+    let loop = try RunLoopThread(name: "fifo")
     defer { loop.shutdownAndWait() }
     let sequence = loop.sourceSequence(of: Int.self, buffering: .bounded(1))
     #expect(sequence.post(0) == .enqueued)
@@ -507,7 +507,7 @@ struct SequenceDeliveryTests: SequenceTestModes {
   /// registration: a descriptor that stays readable does not make the loop spin (a spinning
   /// loop makes thousands of passes in the 100 ms window; a sleeping one a handful).
   @Test func anUntakenReadinessElementDoesNotMakeTheLoopSpin() async throws {
-    let loop = try RunLoopThread(name: "r6-no-spin")
+    let loop = try RunLoopThread(name: "no-spin")
     defer { loop.shutdownAndWait() }
     let pipeEnds = makePipe()
     defer {
@@ -533,7 +533,7 @@ struct SequenceDeliveryTests: SequenceTestModes {
   /// A descriptor epoll cannot watch (a regular file), added from another thread: the call throws
   /// `EPERM`, or the failure arrives as an `.error` element and the sequence ends. It never hangs.
   @Test func aDescriptorEpollCannotWatchThrowsOrEndsWithAnError() async throws {
-    let loop = try RunLoopThread(name: "r6-eperm")
+    let loop = try RunLoopThread(name: "eperm")
     defer { loop.shutdownAndWait() }
     let file = open("/proc/self/stat", O_RDONLY | O_CLOEXEC)
     #expect(file >= 0)

@@ -12,7 +12,7 @@ struct SequenceEdgeTests {
   @Test func sequencesMadeAfterShutdownEndAtOnce() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "after shutdown") {
       () async throws -> (counts: [Int], post: SourcePostResult, signal: Bool) in
-      let loop = try RunLoopThread(name: "r14s-late")
+      let loop = try RunLoopThread(name: "late")
       await execShutdown(loop)
       let pipe = makePipe()
       defer {
@@ -61,9 +61,9 @@ struct SequenceEdgeTests {
   @Test func invalidateReleasesElementsOfAModeTheLoopNeverRan() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "unrun mode") {
       () async throws -> (values: [Int], signals: Int) in
-      let loop = try RunLoopThread(name: "r14s-unrun")
-      let sequence = loop.sourceSequence(of: Int.self, modes: [r14sModeA])
-      let signals = loop.signalSequence(modes: [r14sModeA])
+      let loop = try RunLoopThread(name: "unrun")
+      let sequence = loop.sourceSequence(of: Int.self, modes: [surfaceModeA])
+      let signals = loop.signalSequence(modes: [surfaceModeA])
       for value in 0..<5 { _ = sequence.post(value) }
       for _ in 0..<3 { signals.signal() }
       _ = await execOnNewThread { try? loop.performAndWait {} }
@@ -86,7 +86,7 @@ struct SequenceEdgeTests {
   @Test func shutdownAnswersAWaitingSenderAndDeliversTheBuffer() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "sender at shutdown") {
       () async throws -> (send: SourcePostResult, values: [Int]) in
-      let loop = try RunLoopThread(name: "r14s-sendsd")
+      let loop = try RunLoopThread(name: "sendsd")
       let sequence = loop.sourceSequence(of: Int.self, buffering: .bounded(2))
       _ = sequence.post(0)
       _ = sequence.post(1)
@@ -111,7 +111,7 @@ struct SequenceEdgeTests {
     let perThread = 20_000
     let outcome = try await withWatchdog(timeout: .seconds(30), "drop accounting") {
       () async throws -> (delivered: Int, dropped: Int, ordered: Bool, results: [SourcePostResult: Int]) in
-      let loop = try RunLoopThread(name: "r14s-dacc")
+      let loop = try RunLoopThread(name: "dacc")
       let sequence = loop.sourceSequence(of: ProducedItem.self, buffering: buffering)
       let consumer = Task { () -> (Int, Bool) in
         var last = [-1, -1]
@@ -159,7 +159,7 @@ struct SequenceEdgeTests {
   @Test func anActivitySequenceAccountsForEveryEventItDropped() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "activity drops") {
       () async throws -> (delivered: Int, dropped: Int, seen: Int) in
-      let loop = try RunLoopThread(name: "r14s-act")
+      let loop = try RunLoopThread(name: "act")
       let seen = AtomicCounter()
       // Both observers join in one loop-thread call: they are told in the same passes.
       let sequence = try await execOnNewThread {
@@ -197,7 +197,7 @@ extension SequenceEdgeTests {
   @Test func sequencesDroppedAsTheyAreMadePairScheduleAndCancel() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "made and dropped") {
       () async throws -> (schedules: Int, cancels: Int, records: Int?) in
-      let loop = try RunLoopThread(name: "r14s-drop2")
+      let loop = try RunLoopThread(name: "drop2")
       let schedules = AtomicCounter()
       let cancels = AtomicCounter()
       await execOnNewThread {
@@ -235,7 +235,7 @@ extension SequenceEdgeTests {
   /// buffer, the producer suspending in `send`) pass 2,000 elements in order without deadlocking.
   @Test func aProducerAndAConsumerOnTheSameLoopPassEveryElement() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "same loop") { () async throws -> (Bool, Int) in
-      let loop = try RunLoopThread(name: "r14s-same")
+      let loop = try RunLoopThread(name: "same")
       let sequence = loop.sourceSequence(of: Int.self, buffering: .bounded(1))
       let consumer = Task(executorPreference: loop) { () -> [Int] in
         var values: [Int] = []
@@ -262,7 +262,7 @@ extension SequenceEdgeTests {
   @Test func invalidatingFromAnotherThreadEndsEveryKindWhileItsConsumerWaits() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "invalidate kinds") {
       () async throws -> (waited: [Bool], ended: Int) in
-      let loop = try RunLoopThread(name: "r14s-invk")
+      let loop = try RunLoopThread(name: "invk")
       let pipe = makePipe()
       defer {
         close(pipe.read)

@@ -19,7 +19,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
     }
     let cancels = AtomicCounter()
     let elements = AtomicCounter()
-    let loopBox = Guarded<RunLoopThread?>(try RunLoopThread(name: "ar3-seq-\(kind.rawValue)"))
+    let loopBox = Guarded<RunLoopThread?>(try RunLoopThread(name: "seq-\(kind.rawValue)"))
     let weakLoop = WeakBox<RunLoopThread>(loopBox.snapshot)
     let (weak, produce, invalidate, task) = try Self.startConsumer(
       kind, on: loopBox.snapshot!, pipe: pipe, breakAfterFirst: ending == .breakAfterFirst, cancels: cancels,
@@ -58,7 +58,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
   /// A source sequence dropped (never iterated) with elements buffered: the elements and its
   /// `onSchedule`/`onCancel` closures are released and `onCancel` runs once.
   @Test func aDroppedSourceSequenceReleasesItsBufferAndRoutines() async throws {
-    let loop = try RunLoopThread(name: "r20-seq-drop")
+    let loop = try RunLoopThread(name: "seq-drop")
     let deaths = AtomicCounter()
     let cancels = AtomicCounter()
     let scheduled = AtomicCounter()
@@ -88,7 +88,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
   /// captured is released once the sequence itself is dropped.
   @Test(arguments: [false, true])
   func aCancelledConsumerLetsGoOfEverything(cancelWhileWaiting: Bool) async throws {
-    let loop = try RunLoopThread(name: "r20-seq-cancel")
+    let loop = try RunLoopThread(name: "seq-cancel")
     let deaths = AtomicCounter()
     let cancels = AtomicCounter()
     let received = AtomicCounter()
@@ -134,7 +134,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
   /// the loop lives on: the consumer gets every accepted element once, in order. Cancelling the
   /// consumer then ends it, and with the sequence gone the loop goes too (its poller is released).
   @Test func aSequenceOfADroppedLoopDeliversThenLetsTheLoopGoWhenItsConsumerIsCancelled() async throws {
-    var loop: RunLoopThread? = try RunLoopThread(name: "r20-seq-loopdrop")
+    var loop: RunLoopThread? = try RunLoopThread(name: "seq-loopdrop")
     weak let weakPoller = loop?.shared.poller
     let received = Guarded<[Int]>([])
     let consumer: Task<Void, Never>
@@ -161,7 +161,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
   /// `onCancel` runs once.
   @Test
   func aCancelledConsumersDiscardedBufferIsReleasedWhileTheSequenceLives() async throws {
-    let loop = try RunLoopThread(name: "r20-discard")
+    let loop = try RunLoopThread(name: "discard")
     let deaths = AtomicCounter()
     let cancels = AtomicCounter()
     var buffered: SourceSequence<ReleaseCanary>? = loop.sourceSequence(
@@ -185,7 +185,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
   /// `.dropNewest` refuses the element that does not fit: the refused element is released at
   /// once (the sequence keeps only what it buffered).
   @Test func anElementRefusedByDropNewestIsReleased() async throws {
-    let loop = try RunLoopThread(name: "r20-drop-newest")
+    let loop = try RunLoopThread(name: "drop-newest")
     let deaths = AtomicCounter()
     let sequence = loop.sourceSequence(of: ReleaseCanary.self, buffering: .dropNewest(2))
     for _ in 0..<5 { _ = sequence.post(ReleaseCanary(deaths)) }
@@ -202,8 +202,8 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
     let ended = try await withWatchdog(timeout: .seconds(60), "timer sequence vs end") { () -> Int in
       var ended = 0
       for round in 0..<80 {
-        let loop = try RunLoopThread(name: "r26-tick")
-        let ticks = loop.timer(every: .microseconds(200), modes: [.common, RunLoopMode("r26-tick-x")])
+        let loop = try RunLoopThread(name: "tick")
+        let ticks = loop.timer(every: .microseconds(200), modes: [.common, RunLoopMode("tick-x")])
         let consumer = Task { () -> Int in
           var count = 0
           for await _ in ticks { count += 1 }
@@ -211,7 +211,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
         }
         var bodies: [@Sendable () -> Void] = [{ loop.shutdownAndWait() }]
         if round % 2 == 0 { bodies.append { ticks.invalidate() } }
-        if round % 3 == 0 { bodies.append { loop.addModeToCommonModes(RunLoopMode("r26-tick-y")) } }
+        if round % 3 == 0 { bodies.append { loop.addModeToCommonModes(RunLoopMode("tick-y")) } }
         await race(bodies)
         _ = await consumer.value
         ended += 1
@@ -228,7 +228,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
     let failures = try await withWatchdog(timeout: .seconds(60), "on-loop consumer vs shutdown") { () -> [String] in
       var failures: [String] = []
       for round in 0..<60 {
-        let loop = try RunLoopThread(name: "r26-onloop")
+        let loop = try RunLoopThread(name: "onloop")
         let sequence = loop.sourceSequence(of: Int.self, modes: [.common])
         let consumer = Task(executorPreference: loop) { () -> [Int] in
           var got: [Int] = []
@@ -267,10 +267,10 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
         weak var weakLoop: RunLoopThread?
         var consumers: [Task<Void, Never>] = []
         do {
-          let loop = try RunLoopThread(name: "r26-seqdrop")
+          let loop = try RunLoopThread(name: "seqdrop")
           weakLoop = loop
           let ticks = loop.timer(every: .milliseconds(1))
-          let events = loop.sourceSequence(of: Int.self, modes: [.common, RunLoopMode("r26-sd")])
+          let events = loop.sourceSequence(of: Int.self, modes: [.common, RunLoopMode("sd")])
           consumers.append(Task { for await _ in ticks {} })
           consumers.append(Task { for await _ in events {} })
           for index in 0..<20 { _ = events.post(index) }
@@ -290,7 +290,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
   /// A task cancelled before its first `next()`: the sequence ends at once, the buffered elements
   /// are released, later posts answer `.terminated`, `onCancel` runs once on the loop thread.
   @Test func cancelledBeforeTheFirstNextEndsAndReleasesTheBuffer() async throws {
-    let loop = try RunLoopThread(name: "r6-cancel-first")
+    let loop = try RunLoopThread(name: "cancel-first")
     defer { loop.shutdownAndWait() }
     let cancels = SequenceCallLog()
     let sequence = loop.sourceSequence(
@@ -321,7 +321,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
   /// Cancelled between two elements of one batch: `next()` returns nil at once (the rest of the
   /// batch is not handed out), and every element is released once the task ends.
   @Test func cancelledBetweenElementsOfABatchEndsAtOnce() async throws {
-    let loop = try RunLoopThread(name: "r6-cancel-mid")
+    let loop = try RunLoopThread(name: "cancel-mid")
     defer { loop.shutdownAndWait() }
     let sequence = loop.sourceSequence(of: WeaklyObservedObject.self)
     let watchers = (0..<5).map { _ in WeakObservedObjectReference() }
@@ -351,7 +351,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
   /// Cancelled while suspended, for every kind of sequence, from a task that prefers the
   /// sequence's loop and from one that does not: `next()` returns nil.
   @Test(arguments: [false, true]) func cancelledWhileSuspendedEndsEveryKind(onLoop: Bool) async throws {
-    let loop = try RunLoopThread(name: "r6-cancel-wait")
+    let loop = try RunLoopThread(name: "cancel-wait")
     defer { loop.shutdownAndWait() }
     let pipeEnds = makePipe()
     defer {
@@ -389,7 +389,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
   @Test func cancelInvalidateAndShutdownRacingEndOnce() async throws {
     let rounds = 30 * stressFactor
     for round in 0..<rounds {
-      let loop = try RunLoopThread(name: "r6-triple")
+      let loop = try RunLoopThread(name: "triple")
       let cancels = SequenceCallLog()
       let sequence = loop.sourceSequence(
         of: Int.self, onCancel: { cancelLoop in cancels.record(onLoopThread: cancelLoop.isOnLoopThread) })
@@ -419,7 +419,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
   /// it and then dropped: the loop is freed, its thread exits, the source sequence's `onCancel`
   /// runs once, and what its closures captured is released.
   @Test func aDroppedLoopWithDroppedSequencesIsReclaimed() async throws {
-    let name = "r6-dropped"
+    let name = "dropped"
     let weakLoop = WeakLoopReference()
     let captured = WeakObservedObjectReference()
     let cancels = SequenceCallLog()
@@ -458,7 +458,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
   /// loop (`InputSource`: routines are "released once the source is invalidated"), even while the
   /// sequence itself is still held.
   @Test func aSequencesRoutinesAreReleasedAfterInvalidateWhileItIsStillHeld() async throws {
-    let loop = try RunLoopThread(name: "r6-routines")
+    let loop = try RunLoopThread(name: "routines")
     defer { loop.shutdownAndWait() }
     let captured = WeakObservedObjectReference()
     let cancels = SequenceCallLog()
@@ -486,7 +486,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
   /// storage keeps consumed slots until it compacts (64 at a time), so a few dozen dropped
   /// elements may linger; not hundreds.
   @Test func elementsDroppedByDropOldestDoNotAccumulate() async throws {
-    let loop = try RunLoopThread(name: "r6-dropped-release")
+    let loop = try RunLoopThread(name: "dropped-release")
     defer { loop.shutdownAndWait() }
     let sequence = loop.sourceSequence(of: WeaklyObservedObject.self, buffering: .dropOldest(2))
     let watchers = (0..<1000).map { _ in WeakObservedObjectReference() }
@@ -513,7 +513,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
   /// element, and the released batch, never emptied nor compacted, kept 257 to all 1,000 of them
   /// (depending on how posts and releases interleaved) before it was compacted too.
   @Test func elementsDroppedFromTheReleasedSideDoNotAccumulate() async throws {
-    let loop = try RunLoopThread(name: "r6-dropped-released")
+    let loop = try RunLoopThread(name: "dropped-released")
     defer { loop.shutdownAndWait() }
     let sequence = loop.sourceSequence(of: WeaklyObservedObject.self, buffering: .dropOldest(2))
     let watchers = (0..<1000).map { _ in WeakObservedObjectReference() }
@@ -534,7 +534,7 @@ struct SequenceEndTests: MemberPromiseSettling, SequenceTestModes {
   /// Breaking out of `for await` in the middle of a batch: the iterator is dropped, the rest of the
   /// batch and the buffer are released, the source leaves its loop.
   @Test func breakingMidBatchReleasesEverything() async throws {
-    let loop = try RunLoopThread(name: "r6-break")
+    let loop = try RunLoopThread(name: "break")
     defer { loop.shutdownAndWait() }
     let cancels = SequenceCallLog()
     let sequence = loop.sourceSequence(
@@ -574,7 +574,7 @@ struct SequencesLeaveNothingBehindTests {
   @Test func producersRacingShutdownDeliverEachAcceptedElementOnceAndLeaveNothingBehind() async throws {
     var wrong: [String] = []
     for round in 0..<4 {
-      let loop = try RunLoopThread(name: "r11-seq")
+      let loop = try RunLoopThread(name: "seq")
       let cancels = AtomicCounter()
       weak var weakSequence: SourceSequence<Int>?
       weak var weakCapture: WeaklyObservedObject?
@@ -638,7 +638,7 @@ struct SequencesLeaveNothingBehindTests {
   @Test func membersAndTheirClosuresAreReleasedAfterBurstsOfRemovalsAndShutdown() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "released members") {
       () throws -> (members: Int, captures: Int, cancels: Int, schedules: Int) in
-      let loop = try RunLoopThread(name: "r11-leak")
+      let loop = try RunLoopThread(name: "leak")
       let cancels = AtomicCounter()
       let schedules = AtomicCounter()
       let weakMembers = Locked<[() -> Bool]>([])
@@ -660,9 +660,9 @@ struct SequencesLeaveNothingBehindTests {
           weak let weakSource = source
           weakMembers.withLock { $0.append { weakSource == nil } }
           weakCaptures.withLock { $0.append { weakCapture == nil } }
-          loop.add(source, to: index % 2 == 0 ? .default : r11ModeA)
+          loop.add(source, to: index % 2 == 0 ? .default : barrierModeA)
           switch index % 3 {
-          case 0: loop.remove(source, from: index % 2 == 0 ? .default : r11ModeA)
+          case 0: loop.remove(source, from: index % 2 == 0 ? .default : barrierModeA)
           case 1: source.invalidate()
           default: keep.append(source)  // left for the shutdown
           }

@@ -17,7 +17,7 @@ struct SequencesRacingTheirEndTests {
     let perProducer = 1500
     let outcome = try await withWatchdog(timeout: .seconds(20), "source posts racing \(end)") {
       () async throws -> (seen: [Int: [Int]], accepted: [Int: [Int]], cancels: Int) in
-      let loop = try RunLoopThread(name: "r18-src")
+      let loop = try RunLoopThread(name: "src")
       let cancels = AtomicCounter()
       let sequence = loop.sourceSequence(of: ProducedItem.self, onCancel: { _ in cancels.increment() })
       let consumer = Task { () -> [Int: [Int]] in
@@ -54,7 +54,7 @@ struct SequencesRacingTheirEndTests {
     let perProducer = 1500
     let outcome = try await withWatchdog(timeout: .seconds(20), "actor consumer racing shutdown") {
       () async throws -> (seen: [Int: [Int]], accepted: [Int: [Int]]) in
-      let loop = try RunLoopThread(name: "r18-src-actor")
+      let loop = try RunLoopThread(name: "src-actor")
       let sequence = loop.sourceSequence(of: ProducedItem.self, buffering: .unbounded)
       let actor = CallLoggingActor(loop: loop)
       let consumer = Task { await actor.consume(sequence) }
@@ -80,7 +80,7 @@ struct SequencesRacingTheirEndTests {
     let perProducer = 1500
     let outcome = try await withWatchdog(timeout: .seconds(20), "command posts racing \(end)") {
       () async throws -> (seen: [Int: [Int]], accepted: [Int: [Int]], cancels: Int) in
-      let loop = try RunLoopThread(name: "r18-cmd")
+      let loop = try RunLoopThread(name: "cmd")
       let seen = Guarded<[Int: [Int]]>([:])
       let cancels = AtomicCounter()
       let commands = CommandSource<ProducedItem>(cancel: { _, _ in cancels.increment() }) { item in
@@ -109,7 +109,7 @@ struct SequencesRacingTheirEndTests {
   func signalSequenceCountsAddUpToTheAcceptedSignals(end: StreamEnding) async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "signals racing \(end)") {
       () async throws -> (delivered: Int, accepted: Int, elements: Int) in
-      let loop = try RunLoopThread(name: "r18-sig")
+      let loop = try RunLoopThread(name: "sig")
       let sequence = loop.signalSequence()
       let consumer = Task { () -> (Int, Int) in
         var total = 0
@@ -141,7 +141,7 @@ struct SequencesRacingTheirEndTests {
   func waitingSendersAreReleasedWhenABoundedSequenceEnds(end: StreamEnding) async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "senders racing \(end)") {
       () async throws -> (seen: [Int], enqueued: [Int], terminated: Int) in
-      let loop = try RunLoopThread(name: "r18-send")
+      let loop = try RunLoopThread(name: "send")
       let sequence = loop.sourceSequence(of: Int.self, buffering: .bounded(2))
       // Fill the buffer; no consumer yet.
       #expect(sequence.post(-1) == .enqueued)
@@ -170,7 +170,7 @@ struct SequencesRacingTheirEndTests {
   @Test func consumerCancelledBeforeItAsksEndsAtOnceAndDetaches() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "cancelled-first consumer") {
       () async throws -> (first: Int?, later: SourcePostResult, cancels: Int) in
-      let loop = try RunLoopThread(name: "r18-cancel-first")
+      let loop = try RunLoopThread(name: "cancel-first")
       let cancels = AtomicCounter()
       let sequence = loop.sourceSequence(of: Int.self, onCancel: { _ in cancels.increment() })
       _ = sequence.post(1)
@@ -198,7 +198,7 @@ struct SequencesRacingTheirEndTests {
   /// kind of sequence that ends through `invalidate()`.
   @Test func nextAfterTheEndKeepsReturningNil() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "next after end") { () async throws -> [Bool] in
-      let loop = try RunLoopThread(name: "r18-after-end")
+      let loop = try RunLoopThread(name: "after-end")
       let source = loop.sourceSequence(of: Int.self)
       _ = source.post(7)
       source.invalidate()
@@ -227,7 +227,7 @@ struct SequencesRacingTheirEndTests {
   @Test func sequencesOnAShutDownLoopEndAtOnce() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "sequences on a dead loop") {
       () async throws -> [Bool] in
-      let loop = try RunLoopThread(name: "r18-dead")
+      let loop = try RunLoopThread(name: "dead")
       await execShutdown(loop)
       let source = loop.sourceSequence(of: Int.self)
       let post = source.post(1)

@@ -15,7 +15,7 @@ struct SourceAndSignalSequenceTests {
     let perProducer = 400
     let outcome = try await withWatchdog(timeout: .seconds(40), "many producers") {
       () async throws -> (seen: [Int: [Int]], refused: Int) in
-      let loop = try RunLoopThread(name: "r14s-mp")
+      let loop = try RunLoopThread(name: "mp")
       let sequence = loop.sourceSequence(of: ProducedItem.self, buffering: .bounded(3))
       let consumer = Task(executorPreference: loop) { () -> [Int: [Int]] in
         var seen: [Int: [Int]] = [:]
@@ -73,7 +73,7 @@ struct SourceAndSignalSequenceTests {
   @Test func dropPoliciesKeepTheRightElementsWhenTheLoopFallsBehind() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "drop policies") {
       () async throws -> (oldest: [Int], newest: [Int], dropped: [Int], results: [[SourcePostResult]]) in
-      let loop = try RunLoopThread(name: "r14s-drop")
+      let loop = try RunLoopThread(name: "drop")
       let dropOldest = loop.sourceSequence(of: Int.self, buffering: .dropOldest(4))
       let dropNewest = loop.sourceSequence(of: Int.self, buffering: .dropNewest(4))
       let results = await execOnNewThread { () -> [[SourcePostResult]] in
@@ -106,7 +106,7 @@ struct SourceAndSignalSequenceTests {
   @Test func invalidateFromAnotherThreadWhileTheConsumerWaitsDeliversThenEnds() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "invalidate while waiting") {
       () async throws -> (values: [Int], cancels: Int, onLoop: Bool, after: SourcePostResult) in
-      let loop = try RunLoopThread(name: "r14s-inv")
+      let loop = try RunLoopThread(name: "inv")
       let cancels = AtomicCounter()
       let onLoop = Locked(true)
       let sequence = loop.sourceSequence(
@@ -146,7 +146,7 @@ struct SourceAndSignalSequenceTests {
   @Test func cancellingTheConsumerBetweenElementsEndsTheSequence() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "cancel between elements") {
       () async throws -> (taken: [Int], cancels: Int, post: SourcePostResult, send: SourcePostResult) in
-      let loop = try RunLoopThread(name: "r14s-cancel")
+      let loop = try RunLoopThread(name: "cancel")
       let cancels = AtomicCounter()
       let sequence = loop.sourceSequence(of: Int.self, buffering: .bounded(3), onCancel: { _ in cancels.increment() })
       for value in 0..<3 { _ = sequence.post(value) }
@@ -182,7 +182,7 @@ struct SourceAndSignalSequenceTests {
   @Test func cancellingASuspendedConsumerEndsItAndDetachesTheSource() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "cancel suspended") {
       () async throws -> (count: Int, cancels: Int, post: SourcePostResult, records: Int?) in
-      let loop = try RunLoopThread(name: "r14s-cancel2")
+      let loop = try RunLoopThread(name: "cancel2")
       let cancels = AtomicCounter()
       let sequence = loop.sourceSequence(of: Int.self, onCancel: { _ in cancels.increment() })
       let consumer = Task(executorPreference: loop) { () -> Int in
@@ -212,7 +212,7 @@ struct SourceAndSignalSequenceTests {
   @Test func signalsFromManyThreadsAddUpExactlyAfterInvalidate() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "signal sums") {
       () async throws -> (sum: Int, smallest: Int, accepted: Int) in
-      let loop = try RunLoopThread(name: "r14s-sig")
+      let loop = try RunLoopThread(name: "sig")
       let sequence = loop.signalSequence()
       let consumer = Task { () -> (Int, Int) in
         var sum = 0

@@ -13,7 +13,7 @@ struct TimerSequenceTickTests {
   /// (exactly one interval apart), none folded.
   @Test func burstTicksAreConsecutiveGridPointsAfterTheLoopWasHeld() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "burst") { () async throws -> [LoopTick] in
-      let loop = try RunLoopThread(name: "r14s-burst")
+      let loop = try RunLoopThread(name: "burst")
       let sequence = loop.timer(every: .milliseconds(2), missedTicks: .burst)
       await execOnNewThread {
         let release = blockLoop(loop)
@@ -40,7 +40,7 @@ struct TimerSequenceTickTests {
   /// after it, whatever the loop and the consumer did.
   @Test func skipTicksAccountForEveryGridPoint() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "skip") { () async throws -> [LoopTick] in
-      let loop = try RunLoopThread(name: "r14s-skip")
+      let loop = try RunLoopThread(name: "skip")
       let sequence = loop.timer(every: .milliseconds(2), missedTicks: .skip)
       var ticks: [LoopTick] = []
       for await tick in sequence {
@@ -71,7 +71,7 @@ struct TimerSequenceTickTests {
   @Test func aOneShotTimerInThePastTicksOnceThenEnds() async throws {
     let deadline = LoopClock.Instant.now.advanced(by: .milliseconds(-50))
     let outcome = try await withWatchdog(timeout: .seconds(20), "one-shot") { () async throws -> [LoopTick] in
-      let loop = try RunLoopThread(name: "r14s-once")
+      let loop = try RunLoopThread(name: "once")
       var ticks: [LoopTick] = []
       for await tick in loop.timer(at: deadline) { ticks.append(tick) }
       await execShutdown(loop)
@@ -87,7 +87,7 @@ struct TimerSequenceTickTests {
   @Test func invalidateDeliversTheBurstTicksAlreadyFired() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "burst then invalidate") {
       () async throws -> (count: Int, gaps: [Int64]) in
-      let loop = try RunLoopThread(name: "r14s-binv")
+      let loop = try RunLoopThread(name: "binv")
       let sequence = loop.timer(every: .milliseconds(1), missedTicks: .burst)
       var iterator = sequence.makeAsyncIterator()
       guard let first = await iterator.next() else { return (0, []) }
@@ -121,7 +121,7 @@ struct TicksActivityDropsAndCancelledSleepsTests {
     let interval: Int64 = 2_000_000
     let outcome = try await withWatchdog(timeout: .seconds(30), "ticks \(policy)") {
       () async throws -> (ticks: [LoopTick], early: Int, first: Int64) in
-      let loop = try RunLoopThread(name: "r18-grid")
+      let loop = try RunLoopThread(name: "grid")
       let before = LoopClock.Instant.now.nanoseconds
       let timer = loop.timer(every: .nanoseconds(interval), missedTicks: policy)
       var ticks: [LoopTick] = []
@@ -160,12 +160,12 @@ struct TicksActivityDropsAndCancelledSleepsTests {
   @Test func activityBufferKeepsTheNewestAndCountsTheDropped() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "activity drops") {
       () async throws -> ([LoopActivity], Int) in
-      let loop = try RunLoopThread(name: "r18-act-drop")
+      let loop = try RunLoopThread(name: "act-drop")
       let hold = LoopTimer(after: .seconds(3600)) { _ in }
-      loop.add(hold, to: r18ModeA)
-      let activities = loop.activities([.entry, .exit], modes: [r18ModeA], bufferLimit: 3)
+      loop.add(hold, to: endRaceModeA)
+      let activities = loop.activities([.entry, .exit], modes: [endRaceModeA], bufferLimit: 3)
       for _ in 0..<5 {
-        _ = try loop.performAndWait { loop.run(mode: r18ModeA, for: .milliseconds(1)) }
+        _ = try loop.performAndWait { loop.run(mode: endRaceModeA, for: .milliseconds(1)) }
       }
       activities.invalidate()
       var seen: [LoopActivity] = []
@@ -182,7 +182,7 @@ struct TicksActivityDropsAndCancelledSleepsTests {
   /// `CancellationError` when its task is cancelled: no hung await.
   @Test func cancelledLongSleepsOnTheLoopEndPromptly() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "cancelled sleeps") { () async throws -> [Bool] in
-      let loop = try RunLoopThread(name: "r18-sleep-cancel")
+      let loop = try RunLoopThread(name: "sleep-cancel")
       let actor = HourSleepingActor(loop: loop)
       let preferred = Task(executorPreference: loop) { () -> Bool in
         do {
@@ -212,7 +212,7 @@ struct TicksActivityDropsAndCancelledSleepsTests {
   /// CPUs and works.
   @Test func pinnedLoopGroupWithMoreLoopsThanCPUsWorks() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "pinned group") { () async throws -> Int in
-      let group = try LoopGroup(count: 5, name: "r18-pin", pinToCPUs: true)
+      let group = try LoopGroup(count: 5, name: "pin", pinToCPUs: true)
       var answered = 0
       for loop in group.loops where (try? loop.performAndWait { loop.isOnLoopThread }) == true {
         answered += 1

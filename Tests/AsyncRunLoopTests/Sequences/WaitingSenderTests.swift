@@ -11,7 +11,7 @@ struct WaitingSenderTests {
   @Test func waitingSendersAreAdmittedOldestFirstAndCancelledOnesLeave() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "sender order") {
       () async throws -> (seen: [Int], cancelled: SourcePostResult?, others: [SourcePostResult]) in
-      let loop = try RunLoopThread(name: "r18-senders")
+      let loop = try RunLoopThread(name: "senders")
       let sequence = loop.sourceSequence(of: Int.self, buffering: .bounded(1))
       _ = sequence.post(0)
       var senders: [Task<SourcePostResult, Never>] = []
@@ -40,7 +40,7 @@ struct WaitingSenderTests {
   /// the loop has not fired, is not delivered after `invalidate()`.
   @Test func aTickDueWhileTheLoopIsBusyIsNotDeliveredAfterInvalidate() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "unfired tick") { () async throws -> Int in
-      let loop = try RunLoopThread(name: "r18-unfired")
+      let loop = try RunLoopThread(name: "unfired")
       let release = blockLoop(loop)
       let timer = loop.timer(after: .milliseconds(1))
       usleep(5000)  // the instant passes while the loop is busy

@@ -92,7 +92,7 @@ struct ClosingDrainTests {
   @Test
   func aHandlerShuttingDownTheLoopItMovedItsSourceToDoesNotDeadlock() async throws {
     let outcome = try await Self.movedBatch(
-      "r12-sd",
+      "sd",
       inHandler: { scenario in scenario.loopB.shutdownAndWait() }, fromTest: { _ in })
     guard let outcome else { return }
     let once = outcome.delivered.sorted() == outcome.accepted.sorted()
@@ -105,7 +105,7 @@ struct ClosingDrainTests {
   @Test
   func aHandlerWaitingForTheMovedToLoopInAnUnseenWayIsNotHungForGood() async throws {
     let outcome = try await Self.movedBatch(
-      "r12-sd2",
+      "sd2",
       inHandler: { scenario in
         let done = TestGate()
         startThread(detached: true) {
@@ -128,7 +128,7 @@ struct ClosingDrainTests {
   @Test func aHandlerWaitingForABlockOnTheWaitingLoopOnlyDelaysIt() async throws {
     let ran = TestGate()
     let outcome = try await Self.movedBatch(
-      "r12-blk",
+      "blk",
       inHandler: { scenario in
         guard scenario.waitForClosingDrain() else { return scenario.note("B's closing drain never waited") }
         scenario.loopB.perform { ran.open() }
@@ -150,7 +150,7 @@ struct ClosingDrainTests {
   /// comes once, in order, before the last cancel.
   @Test func aThreeLoopCycleThroughTheClosingDrainIsRefusedNotHung() async throws {
     let outcome = try await Self.movedBatch(
-      "r12-cyc3",
+      "cyc3",
       inHandler: { scenario in
         guard scenario.waitForClosingDrain() else { return scenario.note("B's closing drain never waited") }
         let loopB = scenario.loopB
@@ -175,7 +175,7 @@ struct ClosingDrainTests {
   /// Every command once, in order, before the last cancel; the handler's capture is released.
   @Test func aCommandSourceDroppedWhileMovedMidBatchDeliversEverythingInOrder() async throws {
     let outcome = try await Self.movedBatch(
-      "r12-drop",
+      "drop",
       inHandler: { scenario in
         _ = scenario.leave.wait(timeout: .seconds(10))
       },
@@ -194,7 +194,7 @@ struct ClosingDrainTests {
   /// refused; every accepted one is delivered once, in order, before the last cancel.
   @Test func aHandlerInvalidatingItsMovedSourceWhileTheNewLoopShutsDown() async throws {
     let outcome = try await Self.movedBatch(
-      "r12-inv",
+      "inv",
       inHandler: { _ in },
       onValue: { value, scenario in
         if value == 50 { scenario.source.withLock { $0 }?.invalidate() }

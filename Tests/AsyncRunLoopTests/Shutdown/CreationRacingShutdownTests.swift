@@ -15,7 +15,7 @@ struct CreationRacingShutdownTests {
   func singlePostsAlwaysWakeTheConsumer(preferLoop: Bool) async throws {
     let rounds = 300
     let outcome = try await withWatchdog(timeout: .seconds(20), "ping-pong") { () async throws -> [Int] in
-      let loop = try RunLoopThread(name: "r18-pingpong")
+      let loop = try RunLoopThread(name: "pingpong")
       let sequence = loop.sourceSequence(of: Int.self)
       let got = AtomicCounter()
       let body: @Sendable () async -> [Int] = {
@@ -46,7 +46,7 @@ struct CreationRacingShutdownTests {
   @Test func everySingleSignalIsAnswered() async throws {
     let rounds = 300
     let outcome = try await withWatchdog(timeout: .seconds(20), "signal ping-pong") { () async throws -> Int in
-      let loop = try RunLoopThread(name: "r18-sigpong")
+      let loop = try RunLoopThread(name: "sigpong")
       let sequence = loop.signalSequence()
       let got = AtomicCounter()
       let consumer = Task(executorPreference: loop) { () -> Int in
@@ -78,7 +78,7 @@ struct CreationRacingShutdownTests {
   func bufferingPoliciesKeepTheDocumentedElements(buffering: SourceBuffering) async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "buffering \(buffering)") {
       () async throws -> (seen: [Int], results: [SourcePostResult], dropped: Int) in
-      let loop = try RunLoopThread(name: "r18-buffering")
+      let loop = try RunLoopThread(name: "buffering")
       let sequence = loop.sourceSequence(of: Int.self, buffering: buffering)
       var results: [SourcePostResult] = []
       for value in 0..<10 {
@@ -120,7 +120,7 @@ struct CreationRacingShutdownTests {
       () async throws -> [String] in
       var problems: [String] = []
       for round in 0..<40 {
-        let loop = try RunLoopThread(name: "r18-make-race")
+        let loop = try RunLoopThread(name: "make-race")
         let pairs = PairLog()
         let made = Guarded<(SourceSequence<Int>, TimerSequence, ActivitySequence)?>(nil)
         let accepted = Guarded<Bool>(false)
@@ -155,7 +155,7 @@ struct CreationRacingShutdownTests {
   @Test func firedTicksAreDeliveredBeforeInvalidateEndsTheTimerSequence() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "fired ticks at invalidate") {
       () async throws -> Int in
-      let loop = try RunLoopThread(name: "r18-ticks")
+      let loop = try RunLoopThread(name: "ticks")
       let timer = loop.timer(every: .milliseconds(1))
       #expect(await pollEveryMillisecond { timer.lock.withLock { timer.machine.hasElements } })
       timer.invalidate()
@@ -172,12 +172,12 @@ struct CreationRacingShutdownTests {
   @Test func recordedActivitiesAreDeliveredAfterShutdown() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "activities after shutdown") {
       () async throws -> [LoopActivity] in
-      let loop = try RunLoopThread(name: "r18-act-end")
+      let loop = try RunLoopThread(name: "act-end")
       let hold = LoopTimer(after: .seconds(3600)) { _ in }
-      loop.add(hold, to: r18ModeA)
-      let activities = loop.activities([.entry, .exit], modes: [r18ModeA])
+      loop.add(hold, to: endRaceModeA)
+      let activities = loop.activities([.entry, .exit], modes: [endRaceModeA])
       for _ in 0..<3 {
-        _ = try loop.performAndWait { loop.run(mode: r18ModeA, for: .milliseconds(1)) }
+        _ = try loop.performAndWait { loop.run(mode: endRaceModeA, for: .milliseconds(1)) }
       }
       await execShutdown(loop)
       var seen: [LoopActivity] = []

@@ -9,8 +9,8 @@ struct CrossLoopWaitsRacingShutdownTests {
   /// A block that throws through `performAndWait` leaves no wait-for edge behind: afterwards the
   /// other loop may wait for the first one (which is free) and gets its value.
   @Test func aThrowingBlockLeavesNoWaitForEdge() async throws {
-    let loopA = try RunLoopThread(name: "r8-throw-a")
-    let loopB = try RunLoopThread(name: "r8-throw-b")
+    let loopA = try RunLoopThread(name: "throw-a")
+    let loopB = try RunLoopThread(name: "throw-b")
     let first = await runOnLoopThread(loopA) { () -> String in
       describeOutcome(Result { try loopB.performAndWait { () throws -> Int in throw TestBlockError() } })
     }
@@ -26,8 +26,8 @@ struct CrossLoopWaitsRacingShutdownTests {
   /// A refused wait (a cycle A → B → A) leaves nothing behind either: the error reaches the
   /// outermost caller, and the same loops then wait for each other in either direction.
   @Test func aRefusedCycleLeavesNoEdgeBehind() async throws {
-    let loopA = try RunLoopThread(name: "r8-cyc-a")
-    let loopB = try RunLoopThread(name: "r8-cyc-b")
+    let loopA = try RunLoopThread(name: "cyc-a")
+    let loopB = try RunLoopThread(name: "cyc-b")
     let refused = try await withWatchdogOnThread(timeout: .seconds(20), "a cycle A → B → A") {
       describeOutcome(
         Result {
@@ -54,7 +54,7 @@ struct CrossLoopWaitsRacingShutdownTests {
   /// Three loops: a chain through all three completes; closing it into a cycle of three is
   /// refused, at the third hop, without running the innermost block.
   @Test func aChainOfThreeCompletesAndACycleOfThreeIsRefused() async throws {
-    let loops = try (0..<3).map { try RunLoopThread(name: "r8-three-\($0)") }
+    let loops = try (0..<3).map { try RunLoopThread(name: "three-\($0)") }
     let innermostRan = AtomicCounter()
     let chain = try await withWatchdogOnThread(timeout: .seconds(20), "a chain of three") {
       try loops[0].performAndWait {
@@ -86,7 +86,7 @@ struct CrossLoopWaitsRacingShutdownTests {
   /// `performAndWait` for that other loop: refused with `wouldDeadlock`, not a hang. And while
   /// the current loop's thread runs its loop, the same call completes.
   @Test func aCurrentLoopBlockedWaitingIsSeenInTheGraph() async throws {
-    let loopA = try RunLoopThread(name: "r8-cur-a")
+    let loopA = try RunLoopThread(name: "cur-a")
     let thread = CommandedCurrentLoopThread()
     let current = await thread.loop()
     let blocked = try await withWatchdog(timeout: .seconds(20), "A's block calling the waiting current loop") {
@@ -121,7 +121,7 @@ struct CrossLoopWaitsRacingShutdownTests {
     let outcomes = try await withWatchdogOnThread(timeout: .seconds(30), "owned-loop races") { () -> [String] in
       var wrong: [String] = []
       repeatRounds(30, budget: .seconds(3)) { round in
-        guard let loop = try? RunLoopThread(name: "r8-race-\(round)") else { return }
+        guard let loop = try? RunLoopThread(name: "race-\(round)") else { return }
         let ran = AtomicCounter()
         let outcome = Guarded("none")
         race([

@@ -27,9 +27,9 @@ struct CurrentLoopJobsOutsideARunTests {
       let timer = LoopTimer(after: .seconds(3600)) { _ in }
       let source = InputSource(perform: { _ in })
       for _ in 0..<20 {
-        loop.add(timer, to: r15ModeX)
+        loop.add(timer, to: drainModeX)
         loop.add(source, to: .common)
-        loop.remove(timer, from: r15ModeX)
+        loop.remove(timer, from: drainModeX)
         loop.remove(source, from: .common)
       }
       timer.invalidate()

@@ -22,7 +22,7 @@ struct CurrentLoopLifecycleTests {
     let thread = ExecThread {
       let loop = RunLoopThread.current
       loop.add(InputSource { _ in })  // keeps the default mode alive
-      loop.perform(inModes: ["r3-never-run"]) { drainedOn.withLock { $0 = pthread_self() } }
+      loop.perform(inModes: ["never-run"]) { drainedOn.withLock { $0 = pthread_self() } }
       published.withLock { $0 = loop }
       // No deadline that a loaded machine could reach before the shutdown does (the test's
       // waits bound it instead).
@@ -84,7 +84,7 @@ struct CurrentLoopLifecycleTests {
   @Test func tasksStartedAcrossAShutdownRunOnceInOrder() async throws {
     var failures: [String] = []
     for attempt in 0..<4 {
-      let loop = try RunLoopThread(name: "r17-drain")
+      let loop = try RunLoopThread(name: "drain")
       let total = 4_000
       let order = Guarded<[Int]>([])
       let tasks = Guarded<[Task<Void, Never>]>([])

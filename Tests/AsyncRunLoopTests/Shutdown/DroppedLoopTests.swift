@@ -9,7 +9,7 @@ struct DroppedLoopTests {
   /// Dropping the handle while three threads post: every accepted post is delivered exactly once,
   /// cancel runs once, the thread exits.
   @Test func dropWhilePostersPost() async throws {
-    let name = "rr2-droppost"
+    let name = "droppost"
     let delivered = AtomicCounter()
     let cancels = AtomicCounter()
     let command = CommandSource<Int>(cancel: { _, _ in cancels.increment() }) { _ in delivered.increment() }
@@ -44,7 +44,7 @@ struct DroppedLoopTests {
   /// Dropping the user's handle while another thread's performAndWait is blocked on the loop: the
   /// caller holds the loop, the block runs, the thread exits afterwards.
   @Test func dropWhilePerformAndWaitBlocked() async throws {
-    let name = "rr2-droppaw"
+    let name = "droppaw"
     var loop: RunLoopThread? = try RunLoopThread(name: name)
     let inBlock = TestGate()
     let release = TestGate()
@@ -71,7 +71,7 @@ struct DroppedLoopTests {
   /// The last reference is held only by a performed block's closure; a repeating timer fires all
   /// along; a source's cancel runs once during the drain that follows.
   @Test func dropWithLastReferenceInBlockAndTimersFiring() async throws {
-    let name = "rr2-dropblock"
+    let name = "dropblock"
     let fires = AtomicCounter()
     let cancels = AtomicCounter()
     let sawSelf = Guarded<Bool?>(nil)
@@ -101,14 +101,14 @@ struct DroppedLoopTests {
   /// Dropped while a nested run is active (inside a block): the nested run ends on its limit, the
   /// loop drains and exits; cancel once; a job sent from the nested run's source runs.
   @Test func dropDuringNestedRun() async throws {
-    let name = "rr2-dropnest"
+    let name = "dropnest"
     let cancels = AtomicCounter()
     let nestedEnded = Guarded<RunLoopRunResult?>(nil)
     let inNested = TestGate()
     let jobRan = AtomicCounter()
     do {
       let loop = try RunLoopThread(name: name)
-      let nestMode = RunLoopMode("rr2-nest")
+      let nestMode = RunLoopMode("nest")
       let source = InputSource(cancel: { _, _ in cancels.increment() }, perform: { _ in })
       loop.add(source, to: nestMode)
       loop.perform {
@@ -137,7 +137,7 @@ struct DroppedLoopTests {
 
   /// Dropped while many changes wait (the stand-in drains them): every schedule and cancel once.
   @Test func dropWithManyWaitingChanges() async throws {
-    let name = "rr2-dropmany"
+    let name = "dropmany"
     let schedules = AtomicCounter()
     let cancels = AtomicCounter()
     let count = 1_500

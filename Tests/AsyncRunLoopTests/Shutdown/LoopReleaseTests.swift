@@ -13,8 +13,8 @@ struct LoopReleaseTests {
     let gone = try await withWatchdogOnThread(timeout: .seconds(20), "reaped after a refused wait") { () -> Bool in
       let returned = AtomicCounter()
       do {
-        let first = try RunLoopThread(name: "r19-drop")
-        let second = try RunLoopThread(name: "r19-drop")
+        let first = try RunLoopThread(name: "drop")
+        let second = try RunLoopThread(name: "drop")
         let bothIn = AtomicCounter()
         for (loop, other) in [(first, second), (second, first)] {
           loop.perform {
@@ -26,7 +26,7 @@ struct LoopReleaseTests {
         }
         waitUntil(timeout: .seconds(10), "both calls returned") { returned.current == 2 }
       }
-      return waitUntil(timeout: .seconds(10), "threads gone") { threadCount(named: "r19-drop") == 0 }
+      return waitUntil(timeout: .seconds(10), "threads gone") { threadCount(named: "drop") == 0 }
     }
     #expect(gone == true)
   }
@@ -35,7 +35,7 @@ struct LoopReleaseTests {
   /// calls still run on the loop's thread; once the actor goes too, the loop is released (its
   /// poller with it) and what a member captured is let go of.
   @Test func aLoopKeptOnlyByAPinnedActorGoesWithTheActor() async throws {
-    var loop: RunLoopThread? = try RunLoopThread(name: "r20-actor")
+    var loop: RunLoopThread? = try RunLoopThread(name: "actor")
     weak let weakPoller = loop?.shared.poller
     let deaths = AtomicCounter()
     var actor: LoopCheckingActor? = LoopCheckingActor(loop: loop!)
@@ -59,7 +59,7 @@ struct LoopReleaseTests {
   /// A task running under `withTaskExecutorPreference(loop)` keeps the loop alive after the test
   /// dropped it, keeps running on its thread, and once it ends the loop goes.
   @Test func aLoopKeptOnlyByAPreferringTaskGoesWhenTheTaskEnds() async throws {
-    var loop: RunLoopThread? = try RunLoopThread(name: "r20-pref")
+    var loop: RunLoopThread? = try RunLoopThread(name: "pref")
     weak let weakPoller = loop?.shared.poller
     let proceed = TestGate()
     let entered = TestGate()
@@ -88,7 +88,7 @@ struct LoopReleaseTests {
   /// dropped loop: the timers' closures are let go of, the handle and (once the probe source the
   /// test kept is gone too) the poller released.
   @Test func aLoopDroppedDuringANestedRunIsReleasedAfterItReturns() async throws {
-    var loop: RunLoopThread? = try RunLoopThread(name: "r20-drop-nested")
+    var loop: RunLoopThread? = try RunLoopThread(name: "drop-nested")
     weak let weakLoop = loop
     weak let weakPoller = loop?.shared.poller
     let deaths = AtomicCounter()
@@ -100,10 +100,10 @@ struct LoopReleaseTests {
       let canary = ReleaseCanary(deaths)
       let timer = LoopTimer(after: .zero) { _ in
         canary.touch()
-        let result = RunLoopThread.current.run(mode: r20Nest, until: limit, returnAfterSourceHandled: true)
+        let result = RunLoopThread.current.run(mode: releaseNestMode, until: limit, returnAfterSourceHandled: true)
         nestedResult.withLock { $0 = result }
       }
-      loop!.add(probe!.source, to: r20Nest)
+      loop!.add(probe!.source, to: releaseNestMode)
       loop!.add(timer, to: .default)
     }
     // The nested run has started once the probe's first command is delivered there.
@@ -118,7 +118,7 @@ struct LoopReleaseTests {
       let timer = LoopTimer(after: .zero) { _ in
         canary.touch()
         inNested.open()
-        let result = RunLoopThread.current.run(mode: r20Nest, until: limit, returnAfterSourceHandled: true)
+        let result = RunLoopThread.current.run(mode: releaseNestMode, until: limit, returnAfterSourceHandled: true)
         secondResult.withLock { $0 = result }
       }
       loop!.add(timer, to: .default)
@@ -150,7 +150,7 @@ struct LoopReleaseTests {
         let ran = TestGate()
         var keep: AnyObject?
         do {
-          let loop = try RunLoopThread(name: "r26-self\(round % 4)")
+          let loop = try RunLoopThread(name: "self\(round % 4)")
           weakLoop = loop
           switch kind {
           case "block":

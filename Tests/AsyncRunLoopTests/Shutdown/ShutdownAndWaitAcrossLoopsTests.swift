@@ -17,7 +17,7 @@ struct ShutdownAndWaitAcrossLoopsTests: PassTestModes {
     let early = try await withWatchdogOnThread(timeout: .seconds(30), "stale edge") { () -> Int in
       var early = 0
       for _ in 0..<30 {
-        guard let first = try? RunLoopThread(name: "r19-sa"), let second = try? RunLoopThread(name: "r19-sb")
+        guard let first = try? RunLoopThread(name: "sa"), let second = try? RunLoopThread(name: "sb")
         else { continue }
         let joined = Locked<Bool?>(nil)
         let done = TestGate()
@@ -48,7 +48,7 @@ struct ShutdownAndWaitAcrossLoopsTests: PassTestModes {
     let early = try await withWatchdogOnThread(timeout: .seconds(30), "no stale edge") { () -> Int in
       var early = 0
       for _ in 0..<10 {
-        guard let first = try? RunLoopThread(name: "r19-sc"), let second = try? RunLoopThread(name: "r19-sd")
+        guard let first = try? RunLoopThread(name: "sc"), let second = try? RunLoopThread(name: "sd")
         else { continue }
         let joined = Locked<Bool?>(nil)
         let left = TestGate()
@@ -79,7 +79,7 @@ struct ShutdownAndWaitAcrossLoopsTests: PassTestModes {
   @Test func threeLoopsShuttingEachOtherDownInARingAllReturn() async throws {
     let rounds = try await withWatchdogOnThread(timeout: .seconds(30), "ring shutdown") { () -> Int in
       repeatRounds(20, budget: .milliseconds(1500)) { _ in
-        let loops = (0..<3).compactMap { _ in try? RunLoopThread(name: "r19-ring") }
+        let loops = (0..<3).compactMap { _ in try? RunLoopThread(name: "ring") }
         guard loops.count == 3 else { return }
         let allIn = AtomicCounter()
         let returned = AtomicCounter()
@@ -98,7 +98,7 @@ struct ShutdownAndWaitAcrossLoopsTests: PassTestModes {
       }
     }
     #expect((rounds ?? 0) > 0)
-    waitUntil(timeout: .seconds(5), "ring threads gone") { threadCount(named: "r19-ring") == 0 }
+    waitUntil(timeout: .seconds(5), "ring threads gone") { threadCount(named: "ring") == 0 }
   }
 
   /// A waits in `performAndWait` for B, whose block shuts C down and waits; C's block shuts A down
@@ -106,9 +106,9 @@ struct ShutdownAndWaitAcrossLoopsTests: PassTestModes {
   /// shutdown: everyone returns, the block's result reaches A.
   @Test func aCycleMixingPerformAndWaitAndShutdownAndWaitAllReturn() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "mixed cycle") { () -> (String?, Int) in
-      let first = try RunLoopThread(name: "r19-ma")
-      let second = try RunLoopThread(name: "r19-mb")
-      let third = try RunLoopThread(name: "r19-mc")
+      let first = try RunLoopThread(name: "ma")
+      let second = try RunLoopThread(name: "mb")
+      let third = try RunLoopThread(name: "mc")
       let answer = Locked<String?>(nil)
       let returned = AtomicCounter()
       let inSecond = TestGate()
@@ -143,7 +143,7 @@ struct ShutdownAndWaitAcrossLoopsTests: PassTestModes {
   @Test func everyLoopOfAGroupShuttingTheGroupDownAtOnceReturns() async throws {
     let rounds = try await withWatchdogOnThread(timeout: .seconds(30), "group shutdown") { () -> Int in
       repeatRounds(15, budget: .milliseconds(1500)) { _ in
-        guard let group = try? LoopGroup(count: 3, name: "r19-grp") else { return }
+        guard let group = try? LoopGroup(count: 3, name: "grp") else { return }
         let allIn = AtomicCounter()
         let returned = AtomicCounter()
         for loop in group.loops {
@@ -171,7 +171,7 @@ struct ShutdownAndWaitAcrossLoopsTests: PassTestModes {
     let early = try await withWatchdogOnThread(timeout: .seconds(30), "stale timer edge") { () -> Int in
       var early = 0
       for _ in 0..<30 {
-        guard let first = try? RunLoopThread(name: "r19-ta"), let second = try? RunLoopThread(name: "r19-tb")
+        guard let first = try? RunLoopThread(name: "ta"), let second = try? RunLoopThread(name: "tb")
         else { continue }
         let joined = Locked<Bool?>(nil)
         let inCallout = TestGate()

@@ -13,7 +13,7 @@ struct ShutdownDrainCapTests {
   /// once); every actor call completes (jobs left over go to the fallback), and no two jobs of the
   /// actor ever run at once.
   @Test func theCappedDrainLosesNothingAndPairsEverySchedule() async throws {
-    let loop = try RunLoopThread(name: "r15-d1")
+    let loop = try RunLoopThread(name: "d1")
     let actor = NestedRunActor(loop: loop)
     let pairs = PairLog()
     let stop = Guarded(false)
@@ -26,9 +26,9 @@ struct ShutdownDrainCapTests {
             let source = InputSource(
               schedule: { _, loop, _ in pairs.schedule(loop) }, cancel: { _, loop in pairs.cancel(loop) },
               perform: { _ in })
-            loop.add(source, to: r15ModeX)
-            loop.addModeToCommonModes(r15ModeM)
-            loop.remove(source, from: r15ModeX)
+            loop.add(source, to: drainModeX)
+            loop.addModeToCommonModes(drainModeM)
+            loop.remove(source, from: drainModeX)
           }
         }
       }
@@ -68,13 +68,13 @@ extension ShutdownDrainCapTests {
   @Test func theCappedDrainHandsJobsToTheFallbackInOrder() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(60), "ordered capped drain") {
       () throws -> (order: [Int], created: Int) in
-      let loop = try RunLoopThread(name: "r15-d2")
+      let loop = try RunLoopThread(name: "d2")
       let stop = Guarded(false)
       let log = Guarded<[Int]>([])
       let flooders = (0..<2).map { _ in
         startThread {
           while !stop.snapshot {
-            for _ in 0..<64 { loop.addModeToCommonModes(r15ModeM) }
+            for _ in 0..<64 { loop.addModeToCommonModes(drainModeM) }
           }
         }
       }
@@ -116,7 +116,7 @@ extension ShutdownDrainCapTests {
   func theDrainCapHoldsWhenApplyingCostsMoreThanSending() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(90), "drain under a costly flood") {
       () throws -> (seconds: Double, sent: Int) in
-      let loop = try RunLoopThread(name: "r15-d3")
+      let loop = try RunLoopThread(name: "d3")
       let stop = Guarded(false)
       let sent = AtomicCounter()
       let work = AtomicCounter()
@@ -126,8 +126,8 @@ extension ShutdownDrainCapTests {
             let source = InputSource(
               schedule: { _, _, _ in for _ in 0..<200 { _ = work.increment() } },
               cancel: { _, _ in for _ in 0..<200 { _ = work.increment() } }, perform: { _ in })
-            loop.add(source, to: r15ModeX)
-            loop.remove(source, from: r15ModeX)
+            loop.add(source, to: drainModeX)
+            loop.remove(source, from: drainModeX)
             _ = sent.increment()
           }
         }
@@ -164,7 +164,7 @@ struct DrainCapTests {
   /// paired); a refused add invalidates the member (D); the drain ends.
   @Test
   func aRefusedInvalidateAfterTheCapStillRunsCancelOnce() async throws {
-    let loop = try RunLoopThread(name: "r16-d1")
+    let loop = try RunLoopThread(name: "d1")
     let pairs = PairLog()
     let log = EventLog()
     let draining = TestGate()
@@ -239,7 +239,7 @@ extension DrainCapTests {
     let terminated = Guarded(0)
     let valid = Guarded<[Bool]>([])
     let outcome = try await withWatchdog(timeout: .seconds(60), "command source after the cap") { () -> Bool in
-      let loop = try RunLoopThread(name: "r16-d2")
+      let loop = try RunLoopThread(name: "d2")
       let ended = await execOnNewThread {
         withDrainPastTheCap(loop) {
           let commands = CommandSource<Int> { _ in afterCap.withLock { $0 += 1 } }
@@ -263,7 +263,7 @@ extension DrainCapTests {
   /// refused). Promised: each sequence ends (its consumer does not hang); what the source sequence
   /// accepted is delivered before it ends or the post is refused.
   @Test func sequencesMadeAfterTheCapEnd() async throws {
-    let loop = try RunLoopThread(name: "r16-d3")
+    let loop = try RunLoopThread(name: "d3")
     let made = Guarded<(SignalSequence, SourceSequence<Int>, SourcePostResult)?>(nil)
     let ended = try await withWatchdog(timeout: .seconds(60), "sequences after the cap") { () -> Bool in
       await execOnNewThread {

@@ -12,11 +12,11 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
   /// Concurrent `shutdown()`/`shutdownAndWait()` from many threads, from inside a job and from a
   /// block the drain runs: all return, and every accepted job ran.
   @Test func shutdownFromManyThreadsJobsAndDrainedBlocksAllReturn() async throws {
-    let loop = try RunLoopThread(name: "r3-shutdown-everywhere")
+    let loop = try RunLoopThread(name: "shutdown-everywhere")
     let overlap = JobOverlapCounter()
     let worker = SerialCheckingWorker(loop: loop, overlap: overlap)
     let drainedBlockRan = Locked(false)
-    loop.perform(inModes: ["r3-never-run"]) {
+    loop.perform(inModes: ["never-run"]) {
       loop.shutdownAndWait()  // on the loop thread, during the drain: only (re)starts the shutdown
       drainedBlockRan.withLock { $0 = true }
     }
@@ -116,7 +116,7 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
   /// and every source ends invalidated with its schedule and cancel paired (an add refused by the
   /// cap or after termination invalidates the source visibly), none left valid on the dead loop.
   @Test func aDrainKeptBusyEndsAndRefusesAddsVisibly() async throws {
-    let loop = try RunLoopThread(name: "r17-cap")
+    let loop = try RunLoopThread(name: "cap")
     let spins = AtomicCounter()
     let spinner = Task(executorPreference: loop) {
       while !Task.isCancelled {
@@ -161,7 +161,7 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
   /// A block refused by `perform` (loop shut down) or by `performAndWait` (shut down) is
   /// released, not kept.
   @Test func refusedBlocksAreReleased() async throws {
-    let loop = try RunLoopThread(name: "r20-refused")
+    let loop = try RunLoopThread(name: "refused")
     await execShutdown(loop)
     let deaths = AtomicCounter()
     let ran = AtomicCounter()
@@ -197,12 +197,12 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
   /// dropped at shutdown"), and in both cases released.
   @Test(arguments: [false, true])
   func aBlockForAModeNeverRunIsReleasedAtShutdown(dropLoop: Bool) async throws {
-    var loop: RunLoopThread? = try RunLoopThread(name: "r20-never")
+    var loop: RunLoopThread? = try RunLoopThread(name: "never")
     weak let weakPoller = loop?.shared.poller
     let deaths = AtomicCounter()
     do {
       let canary = ReleaseCanary(deaths)
-      #expect(loop?.perform(inModes: [r20Never]) { canary.touch() } == true)
+      #expect(loop?.perform(inModes: [releaseNeverMode]) { canary.touch() } == true)
     }
     _ = try await withWatchdogOnThread(timeout: .seconds(20), "a round trip") { [loop] in
       try loop!.performAndWait {}
@@ -220,7 +220,7 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
   /// A `performAndWait` for a mode the loop never runs blocks its caller; the loop's shutdown
   /// must release it (with the block's result or `RunLoopError.shutDown`), not leave it hanging.
   @Test func aPerformAndWaitForAModeNeverRunReturnsAtShutdown() async throws {
-    let loop = try RunLoopThread(name: "r20-never-wait")
+    let loop = try RunLoopThread(name: "never-wait")
     let deaths = AtomicCounter()
     let started = TestGate()
     let canary = Guarded<ReleaseCanary?>(ReleaseCanary(deaths))
@@ -232,7 +232,7 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
           return value!
         }
         do {
-          try loop.performAndWait(inModes: [r20Never]) { captured.touch() }
+          try loop.performAndWait(inModes: [releaseNeverMode]) { captured.touch() }
           return "ran"
         } catch {
           return "\(error)"
@@ -254,7 +254,7 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
   /// routine runs) and a block is refused.
   @Test func shutdownBehindABurstPairsEveryScheduleWithOneCancel() throws {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "shutdown behind a burst") { () -> [String] in
-      let loop = try RunLoopThread(name: "r25-shutdown")
+      let loop = try RunLoopThread(name: "shutdown")
       let sources = (0..<1_000).map { _ in RoutineCountingSource() }
       let blockRuns = AtomicCounter()
       burstBehindHeldLoop(sources.map(\.source), on: loop) {
@@ -283,7 +283,7 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
   /// the burst runs once.
   @Test func aScheduleRoutineShuttingTheLoopDownMidBurst() throws {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "shutdown mid-burst") { () -> [String] in
-      let loop = try RunLoopThread(name: "r25-shutdown-inside")
+      let loop = try RunLoopThread(name: "shutdown-inside")
       let sources = (0..<1_000).map { index in
         RoutineCountingSource(index: index) { index, loop in if index == 100 { loop.shutdown() } }
       }
@@ -305,7 +305,7 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
   @Test func shutdownAndWaitEndsANestedRunInsideAScheduleRoutine() throws {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "shutdown of a nested run") {
       () -> (results: [String], miscounted: [String]) in
-      let loop = try RunLoopThread(name: "r25-shutdown-nested")
+      let loop = try RunLoopThread(name: "shutdown-nested")
       let inNested = TestGate()
       let results = Guarded<[String]>([])
       let sources = (0..<1_000).map { index in
@@ -335,7 +335,7 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
   /// or, refused, invalid with neither; nothing hangs.
   @Test func aDrainWhoseCancelRoutinesRunNestedWhileAddsArrive() throws {
     let outcome = try withWatchdogSync(timeout: .seconds(20), "drain churn") { () -> [String] in
-      let loop = try RunLoopThread(name: "r25-drain-churn")
+      let loop = try RunLoopThread(name: "drain-churn")
       let fresh = (0..<300).map { _ in RoutineCountingSource() }
       let racing = (0..<1_000).map { _ in RoutineCountingSource() }
       let nestedResults = Guarded<[RunLoopRunResult]>([])
@@ -384,7 +384,7 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
   /// invalidated at once, never left half done).
   @Test func shutdownAndWaitRacingTheReleaseOfABurst() async throws {
     let failures = try await failuresOverRounds(10, timeout: .seconds(30), "shutdown races") { round, failures in
-      guard let loop = try? RunLoopThread(name: "r25-shutdown-race") else { return failures.append("no loop") }
+      guard let loop = try? RunLoopThread(name: "shutdown-race") else { return failures.append("no loop") }
       let sources = (0..<1_000).map { _ in RoutineCountingSource() }
       let late = (0..<300).map { _ in RoutineCountingSource() }
       let release = blockLoop(loop)
@@ -413,7 +413,7 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
   /// once per schedule; a command posted to one of them is delivered or counted as dropped.
   @Test func membersAddedFromOtherThreadsDuringTheDrainAllEnd() async throws {
     let failures = try await failuresOverRounds(100, budget: .seconds(3), "adds vs drain") { round, failures in
-      guard let loop = try? RunLoopThread(name: "r26-drainadd") else { return failures.append("no loop") }
+      guard let loop = try? RunLoopThread(name: "drainadd") else { return failures.append("no loop") }
       let schedules = AtomicCounter()
       let cancels = AtomicCounter()
       let ledger = CommandDeliveryLedger()
@@ -426,7 +426,7 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
           ) { ledger.deliver($0) }
           let command = producer * 1000 + index
           if commands.post(command) { ledger.accept(command) }
-          loop.add(commands.source, to: index % 2 == 0 ? .common : RunLoopMode("r26-da"))
+          loop.add(commands.source, to: index % 2 == 0 ? .common : RunLoopMode("da"))
           let timer = LoopTimer(after: .seconds(3_600)) { _ in }
           loop.add(timer, to: .common)
           made.withLock { $0.append(commands) }
@@ -461,7 +461,7 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
       () -> [String] in
       var failures: [String] = []
       for round in 0..<40 {
-        let loop = try RunLoopThread(name: "r26-drainco")
+        let loop = try RunLoopThread(name: "drainco")
         let schedules = AtomicCounter()
         let cancels = AtomicCounter()
         let late = Guarded<(InputSource, TimerSequence)?>(nil)
@@ -485,7 +485,7 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
           loop.add(observer, to: .common)
           members.append(observer)
         default:
-          loop.perform(inModes: ["r26-never-run"]) { addLate() }
+          loop.perform(inModes: ["never-run"]) { addLate() }
         }
         _ = try? loop.performAndWait {}
         await execOnNewThread { loop.shutdownAndWait() }
@@ -533,11 +533,11 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
       () throws -> [RunLoopRunResult] in
       let results = Guarded<[RunLoopRunResult]>([])
       for _ in 0..<20 {
-        let loop = try RunLoopThread(name: "r26-drainrun")
-        let mode = RunLoopMode("r26-drainrun-mode")
+        let loop = try RunLoopThread(name: "drainrun")
+        let mode = RunLoopMode("drainrun-mode")
         let keep = LoopTimer(after: .seconds(3_600)) { _ in }
         loop.add(keep, to: mode)
-        loop.perform(inModes: ["r26-never-run"]) {
+        loop.perform(inModes: ["never-run"]) {
           let result = loop.run(mode: mode, until: .distantFuture)
           results.withLock { $0.append(result) }
         }
@@ -560,8 +560,8 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
       () throws -> [String] in
       var results: [String] = []
       for round in 0..<6 {
-        let loop = try RunLoopThread(name: "r26-drainnest")
-        let mode = RunLoopMode("r26-dn-\(round)")
+        let loop = try RunLoopThread(name: "drainnest")
+        let mode = RunLoopMode("dn-\(round)")
         let ends = makePipe()
         defer {
           close(ends.read)
@@ -571,13 +571,13 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
         let inCallout = TestGate()
         let busy = LoopTimer(after: .zero) { _ in
           inCallout.open()
-          loop.run(mode: RunLoopMode("r26-dn-busy"), until: .now.advanced(by: .seconds(3)))
+          loop.run(mode: RunLoopMode("dn-busy"), until: .now.advanced(by: .seconds(3)))
         }
         let busyKeep = LoopTimer(after: .seconds(3_600)) { _ in }
-        loop.add(busyKeep, to: RunLoopMode("r26-dn-busy"))
+        loop.add(busyKeep, to: RunLoopMode("dn-busy"))
         loop.add(busy, to: .common)
         _ = inCallout.wait(timeout: .seconds(10))
-        loop.perform(inModes: ["r26-never-run"]) {
+        loop.perform(inModes: ["never-run"]) {
           switch kind {
           case "timer":
             loop.add(LoopTimer(after: .seconds(3_600)) { _ in }, to: mode)
@@ -602,7 +602,7 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
   /// Shutdown while thousands of changes wait: every source's schedule and cancel run once, every
   /// block accepted before the shutdown runs.
   @Test func shutdownDrainsManyWaitingChanges() async throws {
-    let loop = try RunLoopThread(name: "rr2-sdmany")
+    let loop = try RunLoopThread(name: "sdmany")
     let schedules = AtomicCounter()
     let cancels = AtomicCounter()
     let blocks = AtomicCounter()
@@ -613,7 +613,7 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
     }
     let release = blockLoop(loop)
     for (index, source) in sources.enumerated() {
-      loop.add(source, to: index % 2 == 0 ? .default : RunLoopMode("rr2-other"))
+      loop.add(source, to: index % 2 == 0 ? .default : RunLoopMode("other"))
       if index % 100 == 0 { #expect(loop.perform { blocks.increment() }) }
     }
     loop.shutdown()
@@ -628,7 +628,7 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
   /// Blocks performed for a mode that never runs are not lost: the shutdown drain runs each once
   /// (whether the loop had collected it or it still waited in the inbox).
   @Test func blocksForAModeNeverRunRunOnceAtShutdown() async throws {
-    let loop = try RunLoopThread(name: "r7-never")
+    let loop = try RunLoopThread(name: "never")
     let ran = Locked([String: Int]())
     let collected = loop.perform(inModes: [modeNever]) { ran.withLock { $0["collected", default: 0] += 1 } }
     _ = await execOnNewThread {

@@ -13,7 +13,7 @@ struct ShutdownDrainTests {
   func aChainOfCancelRoutinesAddingSourcesDuringTheDrainIsFullyDetached() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "cancel chain at shutdown") {
       () throws -> (unpaired: [String], log: [String], valid: [Int], bound: [Int]) in
-      let loop = try RunLoopThread(name: "r14c-d1")
+      let loop = try RunLoopThread(name: "d1")
       let log = EventLog()
       let pairs = PairLog()
       let chain = Guarded<[InputSource]>([])
@@ -55,13 +55,13 @@ extension ShutdownDrainTests {
   func theDrainEndsDuringAFloodOfChangesFromAnotherThread() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "drain during a flood") {
       () throws -> (returned: Bool, sent: Int) in
-      let loop = try RunLoopThread(name: "r14c-d2")
+      let loop = try RunLoopThread(name: "d2")
       let stop = Guarded(false)
       let sent = AtomicCounter()
       let flooders = (0..<2).map { _ in
         startThread {
           while !stop.snapshot {
-            for _ in 0..<64 { loop.addModeToCommonModes(r14cModeC) }
+            for _ in 0..<64 { loop.addModeToCommonModes(loopThreadModeC) }
             sent.increment()
           }
         }
@@ -95,7 +95,7 @@ struct ShutdownDrainOrderTests {
   /// schedules and cancels once, every command is delivered once, nothing is dropped, and
   /// `shutdownAndWait` returns.
   @Test func invalidationsFromManyThreadsPastTheCapAreAllDelivered() async throws {
-    let loop = try RunLoopThread(name: "r22-many")
+    let loop = try RunLoopThread(name: "many")
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "many invalidations") {
       () -> (addsAccepted: Bool, tallies: [CommandTally]) in
       let books = (0..<36).map { _ in CommandBooks() }
@@ -136,7 +136,7 @@ struct ShutdownDrainOrderTests {
     let failures = try await withWatchdogOnThread(timeout: .seconds(30), "end-of-drain races") { () -> [String] in
       var failures: [String] = []
       repeatRounds(60 * stressFactor, budget: .milliseconds(1500)) { round in
-        guard let loop = try? RunLoopThread(name: "r22-end") else { return }
+        guard let loop = try? RunLoopThread(name: "end") else { return }
         let removedBooks = CommandBooks()
         let removed = removedBooks.makeSource()
         loop.add(removed.source)
@@ -197,7 +197,7 @@ struct ShutdownDrainOrderTests {
   /// not held open, the sources that were on L are delivered, and the refused ones drop exactly
   /// what they held.
   @Test func threadsHammeringPastTheCapCannotHoldTheDrainOpen() async throws {
-    let loop = try RunLoopThread(name: "r22-hammer")
+    let loop = try RunLoopThread(name: "hammer")
     let result = try await withWatchdogOnThread(timeout: .seconds(20), "hammered drain") {
       () -> (onLoop: [CommandTally], refusedBalance: Bool, refusedScheduled: Int) in
       let books = (0..<200).map { _ in CommandBooks() }
@@ -224,7 +224,7 @@ struct ShutdownDrainOrderTests {
             }
             let fresh = refusedBooks.makeSource()
             refusedBooks.post(fresh, 0)
-            loop.add(fresh.source, to: index % 2 == 0 ? RunLoopMode.default : RunLoopMode("r22-other"))
+            loop.add(fresh.source, to: index % 2 == 0 ? RunLoopMode.default : RunLoopMode("other"))
             fresh.source.invalidate()
             for _ in 0..<fresh.droppedCount { refusedDropped.increment() }
             usleep(20)
@@ -254,8 +254,8 @@ struct ShutdownDrainOrderTests {
   /// loop L2 with commands posted before and after: L schedules and cancels it once, L2 delivers
   /// every command once, in order, and after its invalidation on L2 schedules and cancels pair up.
   @Test func aRemovalRefusedPastTheCapThenAMoveDeliversEverythingOnTheNewLoop() async throws {
-    let loop = try RunLoopThread(name: "r22-refrm")
-    let next = try RunLoopThread(name: "r22-refrm2")
+    let loop = try RunLoopThread(name: "refrm")
+    let next = try RunLoopThread(name: "refrm2")
     let result = try await withWatchdogOnThread(timeout: .seconds(20), "refused removal, then move") {
       () -> (addAccepted: Bool, beforeInvalidation: CommandTally, atEnd: CommandTally) in
       let books = CommandBooks()

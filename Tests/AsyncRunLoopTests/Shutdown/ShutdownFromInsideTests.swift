@@ -12,7 +12,7 @@ struct ShutdownFromInsideTests {
   /// cooperative pool, took 10–13 s: hence the watchdog.)
   @Test func anActorShuttingDownItsOwnLoopLeavesNoCallHanging() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(40), "own shutdown") { () async throws -> [Int] in
-      let loop = try RunLoopThread(name: "r18-own-shutdown")
+      let loop = try RunLoopThread(name: "own-shutdown")
       let actor = CallLoggingActor(loop: loop)
       let early = Task {
         for value in 0..<200 { _ = await actor.append(value) }
@@ -34,11 +34,11 @@ struct ShutdownFromInsideTests {
   @Test func performAndWaitFromAnActorRacingTheOtherLoopsShutdownEnds() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(20), "cross-loop wait at shutdown") {
       () async throws -> [String] in
-      let home = try RunLoopThread(name: "r18-home")
+      let home = try RunLoopThread(name: "home")
       let actor = CallLoggingActor(loop: home)
       var answers: [String] = []
       for _ in 0..<30 {
-        let other = try RunLoopThread(name: "r18-other")
+        let other = try RunLoopThread(name: "other")
         async let answer = actor.waitFor(other)
         await execOnNewThread { other.shutdownAndWait() }
         answers.append(await answer)
@@ -54,7 +54,7 @@ struct ShutdownFromInsideTests {
   @Test func assumeIsolatedHoldsInEveryKindOfLoopCallout() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "assumeIsolated everywhere") {
       () async throws -> Int in
-      let loop = try RunLoopThread(name: "r18-iso-all")
+      let loop = try RunLoopThread(name: "iso-all")
       let actor = CallLoggingActor(loop: loop)
       let done = AtomicCounter()
       let check: @Sendable () -> Void = {

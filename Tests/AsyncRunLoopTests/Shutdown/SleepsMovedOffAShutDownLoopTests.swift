@@ -11,7 +11,7 @@ struct SleepsMovedOffAShutDownLoopTests {
   @Test func cancellingASleepMovedByShutdownEndsIt() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "moved sleeps cancelled") {
       () async throws -> [Bool] in
-      let loop = try RunLoopThread(name: "r18-moved-sleep")
+      let loop = try RunLoopThread(name: "moved-sleep")
       let actor = HourSleepingActor(loop: loop)
       let started = AtomicCounter()
       let preferred = Task(executorPreference: loop) { () -> Bool in
@@ -35,7 +35,7 @@ struct SleepsMovedOffAShutDownLoopTests {
   /// Child tasks of a group under the loop's preference all run on the loop thread.
   @Test func taskGroupChildrenUnderPreferenceRunOnTheLoop() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "group children") { () async throws -> Int in
-      let loop = try RunLoopThread(name: "r18-group-pref")
+      let loop = try RunLoopThread(name: "group-pref")
       let onLoop = await withTaskExecutorPreference(loop) {
         await withTaskGroup(of: Bool.self) { group in
           for _ in 0..<100 { group.addTask { loop.isOnLoopThread } }

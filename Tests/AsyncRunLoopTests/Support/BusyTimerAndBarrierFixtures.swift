@@ -8,6 +8,6 @@ import Testing
 // delivery counts of command sources, and what members leave behind. Blocking work runs on threads
 // of the tests' own; results are checked after the watchdog returns.
 
-let r11ModeA: RunLoopMode = "r11-a"
+let barrierModeA: RunLoopMode = "barrier-mode-a"
 
-let r11ModeB: RunLoopMode = "r11-b"
+let barrierModeB: RunLoopMode = "barrier-mode-b"

@@ -44,7 +44,7 @@ func miscounted(_ sources: [RoutineCountingSource], schedules: Int, cancels: Int
 
 /// A regular file's descriptor (unlinked at once): epoll refuses it with EPERM.
 func openRegularFile() -> Int32 {
-  var template = Array("/tmp/r25-XXXXXX".utf8CString)
+  var template = Array("/tmp/asyncrunloop-test-XXXXXX".utf8CString)
   let descriptor = template.withUnsafeMutableBufferPointer { mkstemp($0.baseAddress!) }
   precondition(descriptor >= 0, "mkstemp failed: \(errno)")
   template.withUnsafeBufferPointer { _ = unlink($0.baseAddress!) }
@@ -53,15 +53,15 @@ func openRegularFile() -> Int32 {
 }
 
 /// A descriptor number above the process's limit: never open (no other test can reuse it).
-let r25ClosedDescriptor: Int32 = 1_000_000
+let neverOpenedDescriptor: Int32 = 1_000_000
 
 /// 20,000 adds wait on a held loop A; each one's schedule routine adds, on A's thread, a timer of
 /// its own. With `staleOnB`, each timer was last changed from another thread on loop B, whose
 /// inbox numbers are all past A's. Traps unless all 20,000 are scheduled.
 func deepLoopThreadAdds(staleOnB: Bool) throws {
   let count = 20_000
-  let loopA = try RunLoopThread(name: "r25-deep-a")
-  let loopB = try RunLoopThread(name: "r25-deep-b")
+  let loopA = try RunLoopThread(name: "deep-a")
+  let loopB = try RunLoopThread(name: "deep-b")
   let timers = (0..<count).map { _ in LoopTimer(after: .seconds(3_600)) { _ in } }
   if staleOnB {
     for _ in 0..<(count + 10_000) { loopB.perform {} }
@@ -117,9 +117,9 @@ protocol ChangeBudgetMeasures {}
 
 extension ChangeBudgetMeasures {
   static func moveBehind(fillers: Int, kind: MovedMemberKind) throws -> (before: Int, after: Int)? {
-    let other: RunLoopMode = "r25-moved-other"
+    let other: RunLoopMode = "moved-other"
     return try withWatchdogSync(timeout: .seconds(20), "moved \(kind)") { () -> (before: Int, after: Int) in
-      let loop = try RunLoopThread(name: "r25-moved")
+      let loop = try RunLoopThread(name: "moved")
       defer { loop.shutdownAndWait() }
       let pipe = makePipe()
       defer {
@@ -175,7 +175,7 @@ extension ChangeBudgetMeasures {
   /// from another thread (the later case).
   static func retimeOnTheLoop(sooner: Bool) throws -> (early: Int, late: Int)? {
     try withWatchdogSync(timeout: .seconds(20), "re-timed on the loop") { () -> (early: Int, late: Int) in
-      let loop = try RunLoopThread(name: "r25-retime-loop")
+      let loop = try RunLoopThread(name: "retime-loop")
       defer { loop.shutdownAndWait() }
       let fired = AtomicCounter()
       let timer = LoopTimer(after: sooner ? .seconds(3_600) : .zero) { _ in fired.increment() }

@@ -8,11 +8,11 @@ import Testing
 // command sources and the executor. Blocking work runs on threads of the tests' own; results are
 // checked after the watchdog returns.
 
-let r13ModeA: RunLoopMode = "r13-a"
+let inboxModeA: RunLoopMode = "inbox-mode-a"
 
-let r13ModeB: RunLoopMode = "r13-b"
+let inboxModeB: RunLoopMode = "inbox-mode-b"
 
-let r13ModeC: RunLoopMode = "r13-c"
+let inboxModeC: RunLoopMode = "inbox-mode-c"
 
 /// The modes of `loop` that hold `member`, read on its thread.
 func loopModes(_ member: some LoopMember, on loop: RunLoopThread) -> [RunLoopMode]? {

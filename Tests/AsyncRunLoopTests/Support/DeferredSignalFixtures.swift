@@ -9,17 +9,17 @@ import Testing
 // drain. Blocking work runs on threads of the tests' own; results are checked after the watchdog
 // returns.
 
-let r17ModeA: RunLoopMode = "r17-a"
+let orderModeA: RunLoopMode = "order-mode-a"
 
-let r17ModeB: RunLoopMode = "r17-b"
+let orderModeB: RunLoopMode = "order-mode-b"
 
-let r17ModeC: RunLoopMode = "r17-c"
+let orderModeC: RunLoopMode = "order-mode-c"
 
-let r17ModeEmpty: RunLoopMode = "r17-empty"
+let orderModeEmpty: RunLoopMode = "order-mode-empty"
 
-let r17ModeModal: RunLoopMode = "r17-modal"
+let orderModeModal: RunLoopMode = "order-mode-modal"
 
-let r17Steps = 1_500
+let deferredSignalSteps = 1_500
 
 /// One pass of `mode` on the calling loop thread.
 func runOnePass(_ loop: RunLoopThread, _ mode: RunLoopMode) {

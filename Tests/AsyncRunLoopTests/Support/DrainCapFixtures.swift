@@ -8,15 +8,15 @@ import Testing
 // taking jobs only inside a run, and signalled sources deferred while their modes do not run.
 // Blocking work runs on threads of the tests' own; results are checked after the watchdog returns.
 
-let r15Private: RunLoopMode = "r15-private"
+let drainPrivateMode: RunLoopMode = "drain-private-mode"
 
-let r15Inner: RunLoopMode = "r15-inner"
+let drainInnerMode: RunLoopMode = "drain-inner-mode"
 
-let r15Modal: RunLoopMode = "r15-modal"
+let drainModalMode: RunLoopMode = "drain-modal-mode"
 
-let r15ModeM: RunLoopMode = "r15-m"
+let drainModeM: RunLoopMode = "drain-mode-m"
 
-let r15ModeX: RunLoopMode = "r15-x"
+let drainModeX: RunLoopMode = "drain-mode-x"
 
 /// An actor on a loop, for jobs that run the loop nested.
 actor NestedRunActor: LoopActor {
@@ -80,17 +80,17 @@ func bindingModes(_ member: some LoopMember) -> [RunLoopMode] {
 /// returned, the changes applied), counts the rounds where the loop's modes for the timer differ
 /// from its binding's.
 func raceTimerMembership(loopThreadRemoves: Bool, rounds: Int) throws -> (mismatches: Int, example: String) {
-  let loop = try RunLoopThread(name: "r15-b1")
+  let loop = try RunLoopThread(name: "b1")
   defer { loop.shutdownAndWait() }
   let timer = LoopTimer(after: .seconds(3600)) { _ in }
-  loop.add(timer, to: r15ModeM)
+  loop.add(timer, to: drainModeM)
   let go = AtomicCounter()
   let done = AtomicCounter()
   let other = startThread {
     for round in 1...rounds {
       while go.current < round { sched_yield() }
       for _ in 0..<(round % 64) { _ = done.current }
-      if loopThreadRemoves { loop.add(timer, to: r15ModeX) } else { loop.remove(timer, from: r15ModeX) }
+      if loopThreadRemoves { loop.add(timer, to: drainModeX) } else { loop.remove(timer, from: drainModeX) }
       _ = done.increment()
     }
   }
@@ -98,9 +98,9 @@ func raceTimerMembership(loopThreadRemoves: Bool, rounds: Int) throws -> (mismat
     var mismatches = 0
     var example = ""
     for round in 1...rounds {
-      if loopThreadRemoves { loop.add(timer, to: r15ModeX) } else { loop.remove(timer, from: r15ModeX) }
+      if loopThreadRemoves { loop.add(timer, to: drainModeX) } else { loop.remove(timer, from: drainModeX) }
       _ = go.increment()
-      if loopThreadRemoves { loop.remove(timer, from: r15ModeX) } else { loop.add(timer, to: r15ModeX) }
+      if loopThreadRemoves { loop.remove(timer, from: drainModeX) } else { loop.add(timer, to: drainModeX) }
       while done.current < round { sched_yield() }
       loop.core.applyControlsIfAny()
       let bound = bindingModes(timer)

@@ -29,7 +29,7 @@ actor ResumptionCheckingActor: LoopActor {
 
 /// Whether the global executor is the fixed-width cooperative pool (its threads can all be
 /// blocked). The test harness turns it off (`CTestHarness`) unless the environment sets it.
-var r21CooperativePool: Bool {
+var runsOnTheFixedWidthCooperativePool: Bool {
   guard let raw = getenv("SWIFT_DEBUG_CONCURRENCY_ENABLE_COOPERATIVE_QUEUES") else { return false }
   return ["true", "1", "yes"].contains(String(cString: raw).lowercased())
 }

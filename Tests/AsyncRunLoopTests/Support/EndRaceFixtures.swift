@@ -9,7 +9,7 @@ import Testing
 // loop, sleeps, modal runs, shutdown with pending work, LoopGroup). Blocking work runs on threads
 // of the tests' own; results are checked after the watchdog returns.
 
-let r18ModeA: RunLoopMode = "r18-a"
+let endRaceModeA: RunLoopMode = "end-race-mode-a"
 
 /// One element of a multi-producer test.
 struct ProducedItem: Sendable, Equatable {
@@ -118,8 +118,8 @@ actor NestingLoopActor: LoopActor {
     log.add("outer-start")
     let task = Task { self.inner() }  // its first job queues on this loop now
     let hold = LoopTimer(after: .seconds(3600)) { _ in }
-    loop.add(hold, to: r18ModeA)
-    _ = loop.run(mode: r18ModeA, for: .milliseconds(50))
+    loop.add(hold, to: endRaceModeA)
+    _ = loop.run(mode: endRaceModeA, for: .milliseconds(50))
     hold.invalidate()
     log.add("outer-end")
     await task.value
@@ -136,14 +136,14 @@ extension NestingLoopActor {
   func nestLong() {
     log.add("outer-start")
     let hold = LoopTimer(after: .seconds(3600)) { _ in }
-    loop.add(hold, to: r18ModeA)
-    _ = loop.run(mode: r18ModeA, for: .milliseconds(150))
+    loop.add(hold, to: endRaceModeA)
+    _ = loop.run(mode: endRaceModeA, for: .milliseconds(150))
     hold.invalidate()
     log.add("outer-end")
   }
 }
 
-let r18ModeB: RunLoopMode = "r18-b"
+let endRaceModeB: RunLoopMode = "end-race-mode-b"
 
 /// Where a run nested inside a job's nested run is started from.
 enum DeepNestCallout: Sendable, CustomStringConvertible {
@@ -169,39 +169,39 @@ extension NestingLoopActor {
     log.add("outer-start")
     Task { self.inner() }  // its first job queues on this loop now
     let holdB = LoopTimer(after: .seconds(3600)) { _ in }
-    loop.add(holdB, to: r18ModeB)
+    loop.add(holdB, to: endRaceModeB)
     let loop = loop
     let log = log
     let callout: @Sendable () -> Void = {
       log.add("callout-start")
-      _ = loop.run(mode: r18ModeB, for: .milliseconds(60))
+      _ = loop.run(mode: endRaceModeB, for: .milliseconds(60))
       log.add("callout-end")
     }
     var members: [() -> Void] = []
     switch kind {
     case .source:
       let commands = CommandSource<Int> { _ in callout() }
-      loop.add(commands.source, to: r18ModeA)
+      loop.add(commands.source, to: endRaceModeA)
       commands.post(1)
       members.append { commands.source.invalidate() }
     case .block:
       let hold = LoopTimer(after: .seconds(3600)) { _ in }
-      loop.add(hold, to: r18ModeA)
-      loop.perform(inModes: [r18ModeA], callout)
+      loop.add(hold, to: endRaceModeA)
+      loop.perform(inModes: [endRaceModeA], callout)
       members.append { hold.invalidate() }
     case .timer:
       let timer = LoopTimer(after: .zero) { _ in callout() }
-      loop.add(timer, to: r18ModeA)
+      loop.add(timer, to: endRaceModeA)
       members.append { timer.invalidate() }
     case .observer:
       let hold = LoopTimer(after: .seconds(3600)) { _ in }
-      loop.add(hold, to: r18ModeA)
+      loop.add(hold, to: endRaceModeA)
       let observer = LoopObserver(activities: [.beforeWaiting], repeats: false) { _, _ in callout() }
-      loop.add(observer, to: r18ModeA)
+      loop.add(observer, to: endRaceModeA)
       members.append { hold.invalidate() }
       members.append { observer.invalidate() }
     }
-    _ = loop.run(mode: r18ModeA, for: .milliseconds(150))
+    _ = loop.run(mode: endRaceModeA, for: .milliseconds(150))
     members.forEach { $0() }
     holdB.invalidate()
     log.add("outer-end")
@@ -264,7 +264,7 @@ actor OwnLoopModalActor: LoopActor {
   init(loop: RunLoopThread) { self.loop = loop }
 
   func modal(returnAfterSourceHandled: Bool = false) async -> RunLoopRunResult? {
-    try? await loop.runModal(mode: r18ModeA, returnAfterSourceHandled: returnAfterSourceHandled)
+    try? await loop.runModal(mode: endRaceModeA, returnAfterSourceHandled: returnAfterSourceHandled)
   }
 
   func poke(stopping: Bool) {

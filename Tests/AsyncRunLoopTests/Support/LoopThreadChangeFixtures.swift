@@ -9,11 +9,11 @@ import Testing
 // timers. Blocking work runs on threads of the tests' own; results are checked after the
 // watchdog returns.
 
-let r14cModeA: RunLoopMode = "r14c-a"
+let loopThreadModeA: RunLoopMode = "loop-thread-mode-a"
 
-let r14cModeB: RunLoopMode = "r14c-b"
+let loopThreadModeB: RunLoopMode = "loop-thread-mode-b"
 
-let r14cModeC: RunLoopMode = "r14c-c"
+let loopThreadModeC: RunLoopMode = "loop-thread-mode-c"
 
 /// What the loop and a member's binding say, read on the loop thread.
 struct BindingAgreement: Sendable, Equatable, CustomStringConvertible {

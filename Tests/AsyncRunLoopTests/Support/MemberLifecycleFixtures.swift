@@ -66,9 +66,9 @@ func postAll(_ commands: CommandSource<Int>, _ ledger: CommandDeliveryLedger, pr
   }
 }
 
-let sharedTestLoopsSharedLoop: RunLoopThread = RunLoopThread.start(named: "r26-shared")
+let sharedTestLoopsSharedLoop: RunLoopThread = RunLoopThread.start(named: "shared")
 
-let sharedTestLoopsSecondLoop: RunLoopThread = RunLoopThread.start(named: "r26-second")
+let sharedTestLoopsSecondLoop: RunLoopThread = RunLoopThread.start(named: "second")
 
 /// Helpers shared by the suites that conform (they call them as `Self.name` or by name).
 protocol SharedTestLoops {}

@@ -35,7 +35,7 @@ extension MemberPromiseSettling {
   static func endLoopWhilePosting(
     weak: ExecWeakLoop, command: CommandSource<Int>, drop: Bool, producers: [@Sendable () -> Void]
   ) throws {
-    let holder = Guarded<RunLoopThread?>(try RunLoopThread(name: "ar3-end"))
+    let holder = Guarded<RunLoopThread?>(try RunLoopThread(name: "end"))
     guard let loop = holder.snapshot else { return }
     weak.set(loop)
     loop.add(command.source, to: .common)

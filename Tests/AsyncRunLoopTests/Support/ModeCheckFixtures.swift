@@ -22,9 +22,9 @@ protocol ReAddOrderMeasures {}
 extension ReAddOrderMeasures {
   static func reAddOrder(viaOtherLoop: Bool) throws -> [String]? {
     try withWatchdogSync(timeout: .seconds(20), "cross-loop order") { () -> [String] in
-      let loopA = try RunLoopThread(name: "r27-order-a")
+      let loopA = try RunLoopThread(name: "order-a")
       defer { loopA.shutdownAndWait() }
-      let loopB = try RunLoopThread(name: "r27-order-b")
+      let loopB = try RunLoopThread(name: "order-b")
       defer { loopB.shutdownAndWait() }
       let log = EventLog()
       let member = InputSource(
@@ -47,7 +47,7 @@ extension ReAddOrderMeasures {
       }
       release.open()
       for _ in 0..<3 { try loopA.performAndWait {} }
-      let onA = log.snapshot.filter { $0.hasSuffix("r27-order-a") }
+      let onA = log.snapshot.filter { $0.hasSuffix("order-a") }
       member.invalidate()
       trigger.invalidate()
       try loopA.performAndWait {}
@@ -57,9 +57,9 @@ extension ReAddOrderMeasures {
 
   static func descriptorReAdd(viaOtherLoop: Bool) throws -> [String]? {
     try withWatchdogSync(timeout: .seconds(20), "cross-loop descriptor") { () -> [String] in
-      let loopA = try RunLoopThread(name: "r27-desc-a")
+      let loopA = try RunLoopThread(name: "desc-a")
       defer { loopA.shutdownAndWait() }
-      let loopB = try RunLoopThread(name: "r27-desc-b")
+      let loopB = try RunLoopThread(name: "desc-b")
       defer { loopB.shutdownAndWait() }
       let pipe = makePipe()
       defer {

@@ -9,11 +9,11 @@ import Testing
 // (`withWatchdogOnThread`, whose thread's current loop the body drives); results are checked after
 // it returns.
 
-let r10ModeA: RunLoopMode = "r10-a"
+let payloadModeA: RunLoopMode = "payload-mode-a"
 
-let r10ModeB: RunLoopMode = "r10-b"
+let payloadModeB: RunLoopMode = "payload-mode-b"
 
-let r10ModeC: RunLoopMode = "r10-c"
+let payloadModeC: RunLoopMode = "payload-mode-c"
 
 /// A repeating timer that is never due by itself (an hour): the tests make it due with
 /// `setFireDate(.now)`, so every fire is one the test asked for.

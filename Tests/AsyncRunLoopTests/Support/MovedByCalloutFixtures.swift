@@ -9,9 +9,9 @@ import Testing
 // and the loop-thread fast path for adds and removals. Blocking work runs on threads of the tests'
 // own; results are checked after the watchdog returns.
 
-let r12ModeA: RunLoopMode = "r12-a"
+let movedModeA: RunLoopMode = "moved-mode-a"
 
-let r12ModeB: RunLoopMode = "r12-b"
+let movedModeB: RunLoopMode = "moved-mode-b"
 
 /// The number of records `loop` holds, read on its thread (nil when it refused: shut down).
 func recordCount(_ loop: RunLoopThread) -> Int? {

@@ -20,7 +20,7 @@ final class DeinitCountingToken: Sendable {
 func holdDrain(_ loop: RunLoopThread) -> TestGate {
   let inDrain = TestGate()
   let endDrain = TestGate()
-  loop.perform(inModes: ["r22-never-run"]) {
+  loop.perform(inModes: ["never-run"]) {
     inDrain.open()
     _ = endDrain.wait(timeout: .seconds(20))
   }

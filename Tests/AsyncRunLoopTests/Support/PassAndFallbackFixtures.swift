@@ -137,9 +137,9 @@ extension OverlapRecordingActor {
 protocol PassTestModes {}
 
 extension PassTestModes {
-  var modeM: RunLoopMode { RunLoopMode("r7-m") }
+  var modeM: RunLoopMode { RunLoopMode("m") }
 
-  var modeNever: RunLoopMode { RunLoopMode("r7-never") }
+  var modeNever: RunLoopMode { RunLoopMode("never") }
 
   // MARK: - 2. The exact order of one pass
 

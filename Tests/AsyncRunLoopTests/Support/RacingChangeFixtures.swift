@@ -8,11 +8,11 @@ import Testing
 // (`LoopInbox.refusesChangesFrom`), and `RunLoopMode` equality with its internal flag.
 // Blocking work runs on threads of the tests' own; results are checked after the watchdog returns.
 
-let r16ModeM: RunLoopMode = "r16-m"
+let racingModeM: RunLoopMode = "racing-mode-m"
 
-let r16ModeX: RunLoopMode = "r16-x"
+let racingModeX: RunLoopMode = "racing-mode-x"
 
-let r16ModeY: RunLoopMode = "r16-y"
+let racingModeY: RunLoopMode = "racing-mode-y"
 
 /// Whether the loop's modes for `member` are its binding's (loop thread of `loop`).
 func bindingDisagreement(_ loop: RunLoopThread, _ member: some LoopMember) -> String? {
@@ -31,9 +31,9 @@ func raceMembership<Member: LoopMember>(
   add: @escaping @Sendable (RunLoopThread, Member, RunLoopMode) -> Void,
   remove: @escaping @Sendable (RunLoopThread, Member, RunLoopMode) -> Void
 ) throws -> (mismatches: Int, example: String) {
-  let loop = try RunLoopThread(name: "r16-b1")
+  let loop = try RunLoopThread(name: "b1")
   defer { loop.shutdownAndWait() }
-  add(loop, member, r16ModeM)
+  add(loop, member, racingModeM)
   let go = AtomicCounter()
   let done = AtomicCounter()
   let other = startThread {
@@ -69,11 +69,11 @@ func raceMembership<Member: LoopMember>(
 /// a loop-thread call of their own on another timer (which applies every waiting change first).
 func raceTimerMembershipWithCallouts(loopThreadRemoves: Bool, rounds: Int) throws -> (mismatches: Int, example: String)
 {
-  let loop = try RunLoopThread(name: "r16-b3")
+  let loop = try RunLoopThread(name: "b3")
   defer { loop.shutdownAndWait() }
   let timer = LoopTimer(after: .seconds(3600)) { _ in }
   let other = LoopTimer(after: .seconds(3600)) { _ in }
-  loop.add(timer, to: r16ModeM)
+  loop.add(timer, to: racingModeM)
   let go = AtomicCounter()
   let done = AtomicCounter()
   let stop = Guarded(false)
@@ -81,7 +81,7 @@ func raceTimerMembershipWithCallouts(loopThreadRemoves: Bool, rounds: Int) throw
     for round in 1...rounds {
       while go.current < round { sched_yield() }
       for _ in 0..<(round % 16) { _ = done.current }
-      if loopThreadRemoves { loop.add(timer, to: r16ModeX) } else { loop.remove(timer, from: r16ModeX) }
+      if loopThreadRemoves { loop.add(timer, to: racingModeX) } else { loop.remove(timer, from: racingModeX) }
       _ = done.increment()
     }
   }
@@ -93,10 +93,10 @@ func raceTimerMembershipWithCallouts(loopThreadRemoves: Bool, rounds: Int) throw
           let round = go.current
           let limit = ContinuousClock.now.advanced(by: .microseconds(500))
           while done.current < round && ContinuousClock.now < limit { sched_yield() }
-          loop.add(other, to: r16ModeY)
-          loop.remove(other, from: r16ModeY)
+          loop.add(other, to: racingModeY)
+          loop.remove(other, from: racingModeY)
         }, cancel: { _, _ in }, perform: { _ in })
-      loop.add(source, to: r16ModeY)
+      loop.add(source, to: racingModeY)
       source.invalidate()
     }
   }
@@ -104,9 +104,9 @@ func raceTimerMembershipWithCallouts(loopThreadRemoves: Bool, rounds: Int) throw
     var mismatches = 0
     var example = ""
     for round in 1...rounds {
-      if loopThreadRemoves { loop.add(timer, to: r16ModeX) } else { loop.remove(timer, from: r16ModeX) }
+      if loopThreadRemoves { loop.add(timer, to: racingModeX) } else { loop.remove(timer, from: racingModeX) }
       _ = go.increment()
-      if loopThreadRemoves { loop.remove(timer, from: r16ModeX) } else { loop.add(timer, to: r16ModeX) }
+      if loopThreadRemoves { loop.remove(timer, from: racingModeX) } else { loop.add(timer, to: racingModeX) }
       while done.current < round { sched_yield() }
       if let disagreement = bindingDisagreement(loop, timer) {
         mismatches += 1

@@ -167,9 +167,9 @@ actor BodyRunningActor: LoopActor {
 
 // MARK: - Blocks of modes that never run, nested runs whose mode empties, re-entrant drains
 
-let r20Never: RunLoopMode = "r20-never"
+let releaseNeverMode: RunLoopMode = "release-never-mode"
 
-let r20Nest: RunLoopMode = "r20-nest"
+let releaseNestMode: RunLoopMode = "release-nest-mode"
 
 /// How the loop goes away while the test keeps a member of it.
 enum LoopDeparture: String, CaseIterable, Sendable, CustomTestStringConvertible {

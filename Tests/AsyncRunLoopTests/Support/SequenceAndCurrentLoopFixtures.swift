@@ -78,7 +78,7 @@ actor SendingProducerActor: LoopActor {
 protocol SequenceTestModes {}
 
 extension SequenceTestModes {
-  var modeA: RunLoopMode { RunLoopMode("r6-a") }
+  var modeA: RunLoopMode { RunLoopMode("a") }
 
-  var modeB: RunLoopMode { RunLoopMode("r6-b") }
+  var modeB: RunLoopMode { RunLoopMode("b") }
 }

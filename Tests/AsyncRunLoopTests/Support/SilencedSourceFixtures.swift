@@ -3,13 +3,13 @@ import Testing
 
 @testable import AsyncRunLoop
 
-let r19Other: RunLoopMode = "r19-other"
+let silencedOtherMode: RunLoopMode = "silenced-other-mode"
 
-let r19Second: RunLoopMode = "r19-second"
+let silencedSecondMode: RunLoopMode = "silenced-second-mode"
 
-let r19Third: RunLoopMode = "r19-third"
+let silencedThirdMode: RunLoopMode = "silenced-third-mode"
 
-let r19Empty: RunLoopMode = "r19-empty"
+let silencedEmptyMode: RunLoopMode = "silenced-empty-mode"
 
 /// Whether `loop`'s thread has been joined (or detached): `shutdownAndWait()` waited for it.
 func isReaped(_ loop: RunLoopThread) -> Bool {
@@ -47,7 +47,7 @@ final class FireCountingPipe: Sendable {
 
 /// Runs `mode` (kept alive by a far-future timer) long enough for readable descriptors of other
 /// modes to report there and be silenced. Loop thread.
-func runOtherModeBriefly(_ loop: RunLoopThread, _ mode: RunLoopMode = r19Other) {
+func runOtherModeBriefly(_ loop: RunLoopThread, _ mode: RunLoopMode = silencedOtherMode) {
   let keepAlive = LoopTimer(after: .seconds(3_600)) { _ in }
   loop.add(keepAlive, to: mode)
   loop.run(mode: mode, until: .now.advanced(by: .milliseconds(30)))

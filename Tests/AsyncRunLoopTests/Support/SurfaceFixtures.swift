@@ -9,9 +9,9 @@ import Testing
 // runOnMain off the main thread. Blocking work runs on threads of the tests' own; results are
 // checked after the watchdog returns.
 
-let r14sModeA: RunLoopMode = "r14s-a"
+let surfaceModeA: RunLoopMode = "surface-mode-a"
 
-let r14sModeB: RunLoopMode = "r14s-b"
+let surfaceModeB: RunLoopMode = "surface-mode-b"
 
 /// Whether the single consumer of `storage` is suspended in `next()`.
 func isConsumerWaiting<S: SingleConsumerStorage>(_ storage: S) -> Bool {
@@ -72,7 +72,7 @@ actor PinnedSurfaceActor: LoopActor {
 
   /// A modal run in `mode` that ends when `source` fires (or after 10 s).
   func modalUntilSignalled() async throws -> RunLoopRunResult {
-    try await loop.runModal(mode: r14sModeA, for: .seconds(10), returnAfterSourceHandled: true)
+    try await loop.runModal(mode: surfaceModeA, for: .seconds(10), returnAfterSourceHandled: true)
   }
 
   func ping(_ source: InputSource) { source.signal() }

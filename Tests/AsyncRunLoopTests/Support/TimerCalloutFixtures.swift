@@ -7,9 +7,9 @@ import Testing
 protocol TimerCalloutModes {}
 
 extension TimerCalloutModes {
-  var modeA: RunLoopMode { RunLoopMode("r5-a") }
+  var modeA: RunLoopMode { RunLoopMode("a") }
 
-  var modeB: RunLoopMode { RunLoopMode("r5-b") }
+  var modeB: RunLoopMode { RunLoopMode("b") }
 
-  var modeC: RunLoopMode { RunLoopMode("r5-c") }
+  var modeC: RunLoopMode { RunLoopMode("c") }
 }

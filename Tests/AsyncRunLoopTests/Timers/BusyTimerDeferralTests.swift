@@ -41,14 +41,14 @@ struct BusyTimerDeferralTests {
         timer = LoopTimer(fireAt: .now) { timer in
           withExtendedLifetime(token) {}
           fires.increment()
-          RunLoopThread.current.remove(timer, from: r11ModeA)  // its only mode: unbound
-          RunLoopThread.current.add(timer, to: r11ModeA)  // a new record on the same loop
+          RunLoopThread.current.remove(timer, from: barrierModeA)  // its only mode: unbound
+          RunLoopThread.current.add(timer, to: barrierModeA)  // a new record on the same loop
         }
       }
       let keep = LoopTimer(after: .seconds(3600)) { _ in }
-      loop.add(keep, to: r11ModeA)
-      loop.add(timer, to: r11ModeA)
-      _ = loop.run(mode: r11ModeA, until: .now.advanced(by: .milliseconds(50)))
+      loop.add(keep, to: barrierModeA)
+      loop.add(timer, to: barrierModeA)
+      _ = loop.run(mode: barrierModeA, until: .now.advanced(by: .milliseconds(50)))
       // Records still on the loop besides `keep` (the binding of an invalidated timer names none).
       let outcome = (fires.current, timer.isValid, loop.core.modeTable.allRecords.count - 1, weakToken == nil)
       keep.invalidate()
@@ -68,8 +68,8 @@ struct BusyTimerDeferralTests {
       () throws -> (rounds: Int, doubled: [String]) in
       var doubled: [String] = []
       let rounds = try repeatRounds(30, budget: .milliseconds(1500)) { round in
-        let loopA = try RunLoopThread(name: "r11-move-a", cpu: 0)
-        let loopB = try RunLoopThread(name: "r11-move-b", cpu: 0)
+        let loopA = try RunLoopThread(name: "move-a", cpu: 0)
+        let loopB = try RunLoopThread(name: "move-b", cpu: 0)
         defer {
           loopA.shutdownAndWait()
           loopB.shutdownAndWait()
@@ -116,8 +116,8 @@ extension BusyTimerDeferralTests {
       () throws -> (rounds: Int, wrong: [String]) in
       var wrong: [String] = []
       let rounds = try repeatRounds(20, budget: .milliseconds(800)) { round in
-        let loopA = try RunLoopThread(name: "r11-iaw-a")
-        let loopB = try RunLoopThread(name: "r11-iaw-b")
+        let loopA = try RunLoopThread(name: "iaw-a")
+        let loopB = try RunLoopThread(name: "iaw-b")
         defer {
           loopA.shutdownAndWait()
           loopB.shutdownAndWait()
@@ -168,8 +168,8 @@ extension BusyTimerDeferralTests {
   /// runs after `invalidateAndWait()` returns, the timer keeps firing (no fire lost forever:
   /// each due date fires once its callout returns) and no loop spins while the timer waits.
   @Test func aTimerBouncingBetweenLoopsKeepsFiringWithoutOverlapOrSpin() async throws {
-    let loopA = try RunLoopThread(name: "r11-bounce-a")
-    let loopB = try RunLoopThread(name: "r11-bounce-b")
+    let loopA = try RunLoopThread(name: "bounce-a")
+    let loopB = try RunLoopThread(name: "bounce-b")
     let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "bouncing timer") {
       () -> (fires: Int, overlapped: Bool, passes: Int, after: Int) in
       defer {
@@ -194,10 +194,10 @@ extension BusyTimerDeferralTests {
         let here = RunLoopThread.current
         let there = here === loopA ? loopB : loopA
         here.remove(timer, from: .common)
-        here.remove(timer, from: r11ModeA)  // (a no-op unless it was there)
-        if fire % 3 == 0 { there.add(timer, to: r11ModeA) }  // several modes there
+        here.remove(timer, from: barrierModeA)  // (a no-op unless it was there)
+        if fire % 3 == 0 { there.add(timer, to: barrierModeA) }  // several modes there
         there.add(timer, to: .common)
-        if fire % 4 == 0 { _ = here.run(mode: r11ModeB, until: .now.advanced(by: .milliseconds(1))) }
+        if fire % 4 == 0 { _ = here.run(mode: barrierModeB, until: .now.advanced(by: .milliseconds(1))) }
         if fire % 5 == 0 { timer.setFireDate(.now) }
       }
       loopA.add(timer, to: .common)
@@ -225,8 +225,8 @@ extension BusyTimerDeferralTests {
   @Test func theOtherLoopShutsDownWhileItHoldsTheTimerDeferred() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "deferred, then shutdown") {
       () throws -> (fires: Int, valid: Bool, timerGone: Bool, captureGone: Bool) in
-      let loopA = try RunLoopThread(name: "r11-sd-a")
-      let loopB = try RunLoopThread(name: "r11-sd-b")
+      let loopA = try RunLoopThread(name: "sd-a")
+      let loopB = try RunLoopThread(name: "sd-b")
       defer { loopA.shutdownAndWait() }
       let fires = AtomicCounter()
       let calloutDone = TestGate()

@@ -10,7 +10,7 @@ struct ExtremeDeadlineTests {
   /// cancellation or invalidation; the loop keeps working meanwhile.
   @Test func pastAndEndOfTimeDeadlinesBehave() async throws {
     let outcome = try await withWatchdog(timeout: .seconds(30), "extreme deadlines") { () async throws -> [String] in
-      let loop = try RunLoopThread(name: "r18-extreme")
+      let loop = try RunLoopThread(name: "extreme")
       var problems: [String] = []
       // Past: one tick at once.
       var pastTicks = 0

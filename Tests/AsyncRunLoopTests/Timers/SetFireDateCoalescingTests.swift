@@ -14,7 +14,7 @@ struct SetFireDateCoalescingTests {
   func aLoopThreadSetFireDateTakesEffectAtOnceWhileARescheduleIsPending() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "loop-thread setFireDate") {
       () throws -> (wanted: Int64, heap: Int64?)? in
-      let loop = try RunLoopThread(name: "r15-f1")
+      let loop = try RunLoopThread(name: "f1")
       defer { loop.shutdownAndWait() }
       let timer = LoopTimer(after: .seconds(3600)) { _ in }
       loop.add(timer)
@@ -49,8 +49,8 @@ struct SetFireDateCoalescingTests {
   @Test func setFireDateRacingMovesBetweenLoopsNeverFiresStaleOrTwice() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "setFireDate flood") {
       () throws -> (fires: [String], early: Int, records: [Int?]) in
-      let loopA = try RunLoopThread(name: "r15-f2a")
-      let loopB = try RunLoopThread(name: "r15-f2b")
+      let loopA = try RunLoopThread(name: "f2a")
+      let loopB = try RunLoopThread(name: "f2b")
       defer {
         loopA.shutdownAndWait()
         loopB.shutdownAndWait()
@@ -95,7 +95,7 @@ struct SetFireDateCoalescingTests {
       return (fires.snapshot, early.current, [recordCount(loopA), recordCount(loopB)])
     }
     guard let outcome else { return }
-    #expect(outcome.fires == ["r15-f2b"])
+    #expect(outcome.fires == ["f2b"])
     #expect(outcome.early == 0)
     #expect(outcome.records == [0, 0])
   }
@@ -107,8 +107,8 @@ struct SetFireDateCoalescingTests {
   @Test func aTimerMovedAwayFromAShuttingDownLoopWithARescheduleWaitingFires() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "move with a reschedule waiting") {
       () throws -> (fires: [String], early: Int) in
-      let loopA = try RunLoopThread(name: "r15-f3a")
-      let loopB = try RunLoopThread(name: "r15-f3b")
+      let loopA = try RunLoopThread(name: "f3a")
+      let loopB = try RunLoopThread(name: "f3b")
       defer { loopB.shutdownAndWait() }
       let fires = Guarded<[String]>([])
       let finalDate = Guarded<Int64>(Int64.max)
@@ -133,7 +133,7 @@ struct SetFireDateCoalescingTests {
       return (fires.snapshot, early.current)
     }
     guard let outcome else { return }
-    #expect(outcome.fires == ["r15-f3b"])
+    #expect(outcome.fires == ["f3b"])
     #expect(outcome.early == 0)
   }
 
@@ -144,7 +144,7 @@ struct SetFireDateCoalescingTests {
   @Test func setFireDateFromTheCalloutAndAnotherThreadKeepsTheLastDate() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "callout and thread reset") {
       () throws -> (overlaps: Int, early: Int, firedAfterFinal: Bool) in
-      let loop = try RunLoopThread(name: "r15-f4")
+      let loop = try RunLoopThread(name: "f4")
       defer { loop.shutdownAndWait() }
       let inCallout = Guarded(false)
       let overlaps = AtomicCounter()

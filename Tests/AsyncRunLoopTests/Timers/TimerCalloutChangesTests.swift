@@ -15,7 +15,7 @@ struct TimerCalloutChangesTests: TimerCalloutModes {
     let failures = try await failuresOverRounds(
       60 * stressFactor, budget: .milliseconds(1500), timeout: .seconds(30), "one-shot moves"
     ) { round, failures in
-      guard let first = try? RunLoopThread(name: "r21-os1"), let second = try? RunLoopThread(name: "r21-os2") else {
+      guard let first = try? RunLoopThread(name: "os1"), let second = try? RunLoopThread(name: "os2") else {
         return
       }
       let observed = AtomicCounter()
@@ -55,10 +55,10 @@ struct TimerCalloutChangesTests: TimerCalloutModes {
   /// stayed valid, never fired again, and kept mode A alive.
   @Test
   func oneShotTimerRemovedFromOtherModeInCalloutIsInvalidated() async throws {
-    let loop = try RunLoopThread(name: "r4-oneshot-remove")
+    let loop = try RunLoopThread(name: "oneshot-remove")
     defer { loop.shutdownAndWait() }
-    let modeA = RunLoopMode("r4-a")
-    let modeB = RunLoopMode("r4-b")
+    let modeA = RunLoopMode("a")
+    let modeB = RunLoopMode("b")
     let result = try await withWatchdogOnThread {
       try loop.performAndWait { () -> (fires: Int, valid: Bool, run: RunLoopRunResult, inA: Bool) in
         let fires = AtomicCounter()
@@ -87,10 +87,10 @@ struct TimerCalloutChangesTests: TimerCalloutModes {
   /// its first callout, it never fires again in mode A, where it still is.
   @Test
   func repeatingTimerRemovedFromOtherModeInCalloutKeepsFiring() async throws {
-    let loop = try RunLoopThread(name: "r4-repeat-remove")
+    let loop = try RunLoopThread(name: "repeat-remove")
     defer { loop.shutdownAndWait() }
-    let modeA = RunLoopMode("r4-a")
-    let modeB = RunLoopMode("r4-b")
+    let modeA = RunLoopMode("a")
+    let modeB = RunLoopMode("b")
     let result = try await withWatchdogOnThread {
       try loop.performAndWait { () -> Int in
         let fires = AtomicCounter()
@@ -116,10 +116,10 @@ struct TimerCalloutChangesTests: TimerCalloutModes {
   /// next pass for the same grid point).
   @Test
   func repeatingTimerAddedToNewModeInCalloutFiresOncePerDate() async throws {
-    let loop = try RunLoopThread(name: "r4-repeat-add")
+    let loop = try RunLoopThread(name: "repeat-add")
     defer { loop.shutdownAndWait() }
-    let modeA = RunLoopMode("r4-a")
-    let modeC = RunLoopMode("r4-c")
+    let modeA = RunLoopMode("a")
+    let modeC = RunLoopMode("c")
     let result = try await withWatchdogOnThread {
       try loop.performAndWait { () -> (fires: Int, advanced: Bool) in
         let fires = AtomicCounter()
@@ -146,9 +146,9 @@ struct TimerCalloutChangesTests: TimerCalloutModes {
   /// callout adds a mode to the common set (the timer joins it) fires twice.
   @Test
   func oneShotCommonTimerAddingCommonModeFiresOnce() async throws {
-    let loop = try RunLoopThread(name: "r4-common-add")
+    let loop = try RunLoopThread(name: "common-add")
     defer { loop.shutdownAndWait() }
-    let modeX = RunLoopMode("r4-common-x")
+    let modeX = RunLoopMode("common-x")
     let result = try await withWatchdogOnThread {
       try loop.performAndWait { () -> (fires: Int, valid: Bool) in
         let fires = AtomicCounter()
@@ -174,10 +174,10 @@ struct TimerCalloutChangesTests: TimerCalloutModes {
   /// is invalidated, and the nested run neither fires it nor spins.
   @Test
   func parkedOneShotTimerFiresOnceAndLeaves() async throws {
-    let loop = try RunLoopThread(name: "r4-park")
+    let loop = try RunLoopThread(name: "park")
     defer { loop.shutdownAndWait() }
-    let modeA = RunLoopMode("r4-a")
-    let modeB = RunLoopMode("r4-b")
+    let modeA = RunLoopMode("a")
+    let modeB = RunLoopMode("b")
     let result = try await withWatchdogOnThread {
       try loop.performAndWait { () -> (fires: Int, passes: Int, valid: Bool, modes: Int) in
         let fires = AtomicCounter()
@@ -209,10 +209,10 @@ struct TimerCalloutChangesTests: TimerCalloutModes {
   /// inside its own callout, its handler released.
   @Test
   func parkedTimerRescheduledFromAnotherThreadThenInvalidated() async throws {
-    let loop = try RunLoopThread(name: "r4-park-resched")
+    let loop = try RunLoopThread(name: "park-resched")
     defer { loop.shutdownAndWait() }
-    let modeA = RunLoopMode("r4-a")
-    let modeB = RunLoopMode("r4-b")
+    let modeA = RunLoopMode("a")
+    let modeB = RunLoopMode("b")
     let result = try await withWatchdogOnThread {
       var weakCapture: [() -> Bool] = []
       var totals = 0
@@ -250,7 +250,7 @@ struct TimerCalloutChangesTests: TimerCalloutModes {
   /// A date in the past set in a one-shot timer's callout wins: it fires once more (on the next
   /// pass, never inside its own callout), then ends.
   @Test func oneShotSetToPastInCalloutFiresExactlyTwice() async throws {
-    let loop = try RunLoopThread(name: "r5-oneshot-past")
+    let loop = try RunLoopThread(name: "oneshot-past")
     defer { loop.shutdownAndWait() }
     let result = try await withWatchdogOnThread {
       try loop.performAndWait { () -> (fires: Int, valid: Bool) in
@@ -275,7 +275,7 @@ struct TimerCalloutChangesTests: TimerCalloutModes {
   /// A future date set in a one-shot timer's callout: it stays valid with that date and does not
   /// fire before it.
   @Test func oneShotSetToFutureInCalloutKeepsTheDate() async throws {
-    let loop = try RunLoopThread(name: "r5-oneshot-future")
+    let loop = try RunLoopThread(name: "oneshot-future")
     defer { loop.shutdownAndWait() }
     let result = try await withWatchdogOnThread {
       try loop.performAndWait { () -> (fires: Int, valid: Bool, kept: Bool) in
@@ -303,7 +303,7 @@ struct TimerCalloutChangesTests: TimerCalloutModes {
   /// `setFireDate(.now)` in the callout of a repeating (1 h) timer wins over the grid: it fires
   /// once more on the next pass, then advances from that date (no burst).
   @Test func repeatingSetToNowInCalloutFiresOnceMoreThenAdvances() async throws {
-    let loop = try RunLoopThread(name: "r5-repeat-now")
+    let loop = try RunLoopThread(name: "repeat-now")
     defer { loop.shutdownAndWait() }
     let result = try await withWatchdogOnThread {
       try loop.performAndWait { () -> (fires: Int, future: Bool) in
@@ -328,7 +328,7 @@ struct TimerCalloutChangesTests: TimerCalloutModes {
 
   /// An off-grid future date set in a repeating timer's callout is kept exactly.
   @Test func repeatingSetToFutureInCalloutKeepsTheDate() async throws {
-    let loop = try RunLoopThread(name: "r5-repeat-future")
+    let loop = try RunLoopThread(name: "repeat-future")
     defer { loop.shutdownAndWait() }
     let result = try await withWatchdogOnThread {
       try loop.performAndWait { () -> (fires: Int, kept: Bool) in
@@ -355,7 +355,7 @@ struct TimerCalloutChangesTests: TimerCalloutModes {
   /// invalidate() then setFireDate(past) in the callout: invalid, never fires again.
   @Test(arguments: [false, true])
   func invalidateThenSetFireDateInCallout(repeating: Bool) async throws {
-    let loop = try RunLoopThread(name: "r5-invalidate-set")
+    let loop = try RunLoopThread(name: "invalidate-set")
     defer { loop.shutdownAndWait() }
     let result = try await withWatchdogOnThread {
       try loop.performAndWait { () -> (fires: Int, valid: Bool, modes: Int) in
@@ -385,7 +385,7 @@ struct TimerCalloutChangesTests: TimerCalloutModes {
 
   /// setFireDate(past) then invalidate() in the callout: the same.
   @Test func setFireDateThenInvalidateInCallout() async throws {
-    let loop = try RunLoopThread(name: "r5-set-invalidate")
+    let loop = try RunLoopThread(name: "set-invalidate")
     defer { loop.shutdownAndWait() }
     let result = try await withWatchdogOnThread {
       try loop.performAndWait { () -> (fires: Int, valid: Bool) in
@@ -412,7 +412,7 @@ struct TimerCalloutChangesTests: TimerCalloutModes {
   /// the next pass (the date set wins), then ends; never inside its own callout.
   @Test(arguments: [false, true])
   func oneShotSetsPastDateThenRunsNested(nestedInSameMode: Bool) async throws {
-    let loop = try RunLoopThread(name: "r5-nested-past")
+    let loop = try RunLoopThread(name: "nested-past")
     defer { loop.shutdownAndWait() }
     let modeA = self.modeA
     let modeB = self.modeB
@@ -452,7 +452,7 @@ struct TimerCalloutChangesTests: TimerCalloutModes {
   /// is parked), removes it from A and adds it back: it fires once for its date, and both its
   /// entries then follow the next grid point (no second fire in A or B).
   @Test func repeatingRemovedAndReAddedInsideNestedRunFiresOncePerDate() async throws {
-    let loop = try RunLoopThread(name: "r5-nested-readd")
+    let loop = try RunLoopThread(name: "nested-readd")
     defer { loop.shutdownAndWait() }
     let modeA = self.modeA
     let modeB = self.modeB
@@ -491,7 +491,7 @@ struct TimerCalloutChangesTests: TimerCalloutModes {
   /// A zero-interval repeating timer in A and B runs B nested in every callout: it fires once per
   /// outer pass, never inside its own callout, and keeps firing in both modes.
   @Test func zeroIntervalRunningOtherModeNestedFiresOncePerPass() async throws {
-    let loop = try RunLoopThread(name: "r5-zero-nested")
+    let loop = try RunLoopThread(name: "zero-nested")
     defer { loop.shutdownAndWait() }
     let modeA = self.modeA
     let modeB = self.modeB
@@ -525,7 +525,7 @@ struct TimerCalloutChangesTests: TimerCalloutModes {
   /// repeating (1 h) one moves both entries to its next grid point: no second fire in A or C.
   @Test(arguments: [false, true])
   func timerAddingItselfToNewModeAndRunningItNestedFiresOnce(repeating: Bool) async throws {
-    let loop = try RunLoopThread(name: "r5-add-run-nested")
+    let loop = try RunLoopThread(name: "add-run-nested")
     defer { loop.shutdownAndWait() }
     let modeA = self.modeA
     let modeC = self.modeC
@@ -560,7 +560,7 @@ struct TimerCalloutChangesTests: TimerCalloutModes {
   /// of B invalidates it inside that nested run: it is detached, never fires again, and both modes
   /// finish.
   @Test func repeatingInvalidatedInsideNestedRunWhereParkedIsDetached() async throws {
-    let loop = try RunLoopThread(name: "r5-nested-invalidate")
+    let loop = try RunLoopThread(name: "nested-invalidate")
     defer { loop.shutdownAndWait() }
     let modeA = self.modeA
     let modeB = self.modeB
@@ -590,7 +590,7 @@ struct TimerCalloutChangesTests: TimerCalloutModes {
   /// A repeating (1 h) timer in `.common` whose callout adds a mode to the common set: it fires
   /// once for its date and its new entry follows the next grid point (no fire in the new mode).
   @Test func repeatingCommonTimerAddingCommonModeFiresOncePerDate() async throws {
-    let loop = try RunLoopThread(name: "r5-common-repeat")
+    let loop = try RunLoopThread(name: "common-repeat")
     defer { loop.shutdownAndWait() }
     let modeC = self.modeC
     let result = try await withWatchdogOnThread {
@@ -622,7 +622,7 @@ struct TimerCalloutChangesTests: TimerCalloutModes {
   /// (Before the fix the pass returned early for the detached record and left it valid.)
   @Test
   func oneShotRemovingItselfFromItsOnlyModeIsInvalidated() async throws {
-    let loop = try RunLoopThread(name: "r5-oneshot-self-remove")
+    let loop = try RunLoopThread(name: "oneshot-self-remove")
     defer { loop.shutdownAndWait() }
     let modeA = self.modeA
     let result = try await withWatchdogOnThread {
@@ -653,7 +653,7 @@ struct TimerCalloutChangesTests: TimerCalloutModes {
   /// (Before the fix it was never advanced and fired on every pass: 3 fires in 3 passes.)
   @Test
   func repeatingReAddedToItsOnlyModeInCalloutFiresOncePerDate() async throws {
-    let loop = try RunLoopThread(name: "r5-repeat-readd")
+    let loop = try RunLoopThread(name: "repeat-readd")
     defer { loop.shutdownAndWait() }
     let modeA = self.modeA
     let result = try await withWatchdogOnThread {

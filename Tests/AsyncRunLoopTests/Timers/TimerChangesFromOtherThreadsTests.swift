@@ -42,7 +42,7 @@ struct TimerChangesFromOtherThreadsTests: SharedTestLoops, TimerCalloutModes {
   /// then far away: released, the loop applies the last date only, and the timer never fires.
   /// Then many far dates and a near one last: it fires once, not before that date.
   @Test func theLastSetFireDateFromAnotherThreadWins() async throws {
-    let loop = try RunLoopThread(name: "r17-resched")
+    let loop = try RunLoopThread(name: "resched")
     defer { loop.shutdown() }
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "last date wins") { () -> [String] in
       var problems: [String] = []
@@ -89,7 +89,7 @@ struct TimerChangesFromOtherThreadsTests: SharedTestLoops, TimerCalloutModes {
   /// moment, from time to time while the loop is applying other changes: after `setFireDate`
   /// returns, at most the fire already under way completes, and none follows at the old grid.
   @Test func aRepeatingTimerMovedAwayFromAnotherThreadStopsFiring() async throws {
-    let loop = try RunLoopThread(name: "r17-grid")
+    let loop = try RunLoopThread(name: "grid")
     defer { loop.shutdown() }
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "moved repeating timer") { () -> [String] in
       var problems: [String] = []
@@ -106,8 +106,8 @@ struct TimerChangesFromOtherThreadsTests: SharedTestLoops, TimerCalloutModes {
         if round % 2 == 1 {
           let other = LoopTimer(after: .seconds(3600)) { _ in }
           for _ in 0..<200 {
-            loop.add(other, to: r17ModeB)
-            loop.remove(other, from: r17ModeB)
+            loop.add(other, to: orderModeB)
+            loop.remove(other, from: orderModeB)
           }
           other.invalidate()
         }
@@ -127,8 +127,8 @@ struct TimerChangesFromOtherThreadsTests: SharedTestLoops, TimerCalloutModes {
   /// the first loop's late reschedule (for a record it no longer holds) fires nothing, the other
   /// loop fires nothing, and a new near date set afterwards fires it once on the other loop.
   @Test func aRescheduleLeftOnTheOldLoopFiresNothingAndLaterOnesStillApply() async throws {
-    let first = try RunLoopThread(name: "r17-old")
-    let second = try RunLoopThread(name: "r17-new")
+    let first = try RunLoopThread(name: "old")
+    let second = try RunLoopThread(name: "new")
     defer {
       first.shutdown()
       second.shutdown()
@@ -169,7 +169,7 @@ struct TimerChangesFromOtherThreadsTests: SharedTestLoops, TimerCalloutModes {
           problems.append("round \(round): never fired after the move back")
         }
         usleep(1_000)
-        if fires.snapshot != ["r17-old"] { problems.append("round \(round): fires \(fires.snapshot)") }
+        if fires.snapshot != ["old"] { problems.append("round \(round): fires \(fires.snapshot)") }
         timer.invalidate()
       }
       return problems
@@ -189,12 +189,12 @@ struct TimerChangesFromOtherThreadsTests: SharedTestLoops, TimerCalloutModes {
         fires.withLock { $0.append(RunLoopThread.current.name) }
       }
       loopA.add(timer, to: .common)
-      loopA.add(timer, to: RunLoopMode("r26-never"))
+      loopA.add(timer, to: RunLoopMode("never"))
       race([
         { for _ in 0..<20 { timer.setFireDate(.now.advanced(by: .seconds(3_600))) } },
         {
           loopA.remove(timer, from: .common)
-          loopA.remove(timer, from: RunLoopMode("r26-never"))
+          loopA.remove(timer, from: RunLoopMode("never"))
           loopB.add(timer, to: .common)
         },
       ])
@@ -216,9 +216,9 @@ struct TimerChangesFromOtherThreadsTests: SharedTestLoops, TimerCalloutModes {
   /// (Before the fix A invalidated it, and it never fired on B.)
   @Test
   func oneShotMovedToAnotherLoopBeforeItsFireFiresThere() async throws {
-    let loopA = try RunLoopThread(name: "r5-move-a")
+    let loopA = try RunLoopThread(name: "move-a")
     defer { loopA.shutdownAndWait() }
-    let loopB = try RunLoopThread(name: "r5-move-b")
+    let loopB = try RunLoopThread(name: "move-b")
     defer { loopB.shutdownAndWait() }
     let modeA = self.modeA
     let base = LoopClock.Instant.now  // one instant: the order of the due dates is fixed
@@ -266,9 +266,9 @@ struct TimerChangesFromOtherThreadsTests: SharedTestLoops, TimerCalloutModes {
   /// `.rescheduled` for the callout that never ran, leaves the timer alone, and it fires on B.
   /// (This passed even before the fix of the test above, whose outcome then hung on a stale version.)
   @Test func oneShotMovedAfterAnEarlierSetFireDateFiresThere() async throws {
-    let loopA = try RunLoopThread(name: "r5-move-sa")
+    let loopA = try RunLoopThread(name: "move-sa")
     defer { loopA.shutdownAndWait() }
-    let loopB = try RunLoopThread(name: "r5-move-sb")
+    let loopB = try RunLoopThread(name: "move-sb")
     defer { loopB.shutdownAndWait() }
     let modeA = self.modeA
     let base = LoopClock.Instant.now  // one instant: the order of the due dates is fixed
@@ -314,9 +314,9 @@ struct TimerChangesFromOtherThreadsTests: SharedTestLoops, TimerCalloutModes {
   /// there, so B makes its due fire. (Before the fix A advanced it a period and the fire was lost.)
   @Test
   func repeatingMovedToAnotherLoopBeforeItsFireKeepsItsDate() async throws {
-    let loopA = try RunLoopThread(name: "r5-move-ra")
+    let loopA = try RunLoopThread(name: "move-ra")
     defer { loopA.shutdownAndWait() }
-    let loopB = try RunLoopThread(name: "r5-move-rb")
+    let loopB = try RunLoopThread(name: "move-rb")
     defer { loopB.shutdownAndWait() }
     let modeA = self.modeA
     let base = LoopClock.Instant.now  // one instant: the order of the due dates is fixed
@@ -367,7 +367,7 @@ struct TimerChangesFromOtherThreadsTests: SharedTestLoops, TimerCalloutModes {
   /// made before the fire.)
   @Test
   func setFireDateFromAnotherThreadBeforeTheCalloutIsKept() async throws {
-    let loop = try RunLoopThread(name: "r5-set-before")
+    let loop = try RunLoopThread(name: "set-before")
     defer { loop.shutdownAndWait() }
     let modeA = self.modeA
     let base = LoopClock.Instant.now  // one instant: the order of the due dates is fixed
@@ -400,7 +400,7 @@ struct TimerChangesFromOtherThreadsTests: SharedTestLoops, TimerCalloutModes {
   /// starts; afterwards it must still have that date to fire at (valid), or never have fired.
   @Test
   func oneShotSetFireDateFromAnotherThreadBeforeTheCalloutIsKept() async throws {
-    let loop = try RunLoopThread(name: "r5-set-before-1")
+    let loop = try RunLoopThread(name: "set-before-1")
     defer { loop.shutdownAndWait() }
     let modeA = self.modeA
     let base = LoopClock.Instant.now  // one instant: the order of the due dates is fixed
@@ -429,7 +429,7 @@ struct TimerChangesFromOtherThreadsTests: SharedTestLoops, TimerCalloutModes {
   /// A one-shot timer invalidated from another thread while an earlier timer's callout runs:
   /// it never fires, is detached, and its mode finishes.
   @Test func oneShotInvalidatedFromAnotherThreadBeforeItsFireNeverFires() async throws {
-    let loop = try RunLoopThread(name: "r5-invalidate-before")
+    let loop = try RunLoopThread(name: "invalidate-before")
     defer { loop.shutdownAndWait() }
     let modeA = self.modeA
     let base = LoopClock.Instant.now  // one instant: the order of the due dates is fixed
@@ -457,7 +457,7 @@ struct TimerChangesFromOtherThreadsTests: SharedTestLoops, TimerCalloutModes {
   /// fire: it fires once or twice (once more when the call lands during the callout), never
   /// more, and ends invalid.
   @Test func oneShotSetFireDateRacingTheCalloutFiresAtMostTwice() async throws {
-    let loop = try RunLoopThread(name: "r5-race-set")
+    let loop = try RunLoopThread(name: "race-set")
     defer { loop.shutdownAndWait() }
     let counts = try await withWatchdogOnThread { () -> [Int] in
       var counts: [Int] = []

@@ -20,26 +20,26 @@ struct TimerInSeveralModesTests {
         fires.withLock { $0[mode?.rawValue ?? "?", default: 0] += 1 }
         RunLoopThread.current.stop()
       }
-      loop.add(timer, to: r10ModeA)
-      loop.add(timer, to: r10ModeB)
+      loop.add(timer, to: payloadModeA)
+      loop.add(timer, to: payloadModeB)
       loop.add(timer, to: .common)
-      loop.remove(timer, from: r10ModeA)
-      #expect(Set(loop.core.modes(of: timer)) == [r10ModeB, .default])
+      loop.remove(timer, from: payloadModeA)
+      #expect(Set(loop.core.modes(of: timer)) == [payloadModeB, .default])
       func runOnce(_ mode: RunLoopMode) -> RunLoopRunResult {
         running.withLock { $0 = mode }
         return loop.run(mode: mode, until: .now.advanced(by: .seconds(5)))
       }
       // From the loop thread.
       timer.setFireDate(.now)
-      #expect(runOnce(r10ModeB) == .stopped)
+      #expect(runOnce(payloadModeB) == .stopped)
       timer.setFireDate(.now)
       #expect(runOnce(.default) == .stopped)
       // A holds nothing now: the run finds nothing to watch.
       timer.setFireDate(.now)
-      #expect(runOnce(r10ModeA) == .finished)
-      #expect(runOnce(r10ModeB) == .stopped)  // still due there from the last setFireDate
+      #expect(runOnce(payloadModeA) == .finished)
+      #expect(runOnce(payloadModeB) == .stopped)  // still due there from the last setFireDate
       // From another thread, while the loop sleeps in the run.
-      for mode in [r10ModeB, RunLoopMode.default] {
+      for mode in [payloadModeB, RunLoopMode.default] {
         let thread = startThread {
           usleep(20_000)
           timer.setFireDate(.now)
@@ -48,17 +48,17 @@ struct TimerInSeveralModesTests {
         joinThread(thread)
       }
       // Back to A (the record's own entry again) and out of B.
-      loop.add(timer, to: r10ModeA)
-      loop.remove(timer, from: r10ModeB)
+      loop.add(timer, to: payloadModeA)
+      loop.remove(timer, from: payloadModeB)
       timer.setFireDate(.now)
-      #expect(runOnce(r10ModeA) == .stopped)
+      #expect(runOnce(payloadModeA) == .stopped)
       timer.setFireDate(.now)
       #expect(runOnce(.default) == .stopped)
-      #expect(runOnce(r10ModeB) == .finished)
+      #expect(runOnce(payloadModeB) == .finished)
       timer.invalidate()
       return fires.withLock { $0 }
     }
-    #expect(outcome == ["r10-b": 3, "kCFRunLoopDefaultMode": 3, "r10-a": 1])
+    #expect(outcome == ["payload-mode-b": 3, "kCFRunLoopDefaultMode": 3, "payload-mode-a": 1])
   }
 
   /// The timer fires in B (an extra entry) and its callout runs the loop nested in C and in
@@ -88,9 +88,9 @@ struct TimerInSeveralModesTests {
           let current = RunLoopThread.current
           // A keep-alive in C and default, so each nested run sleeps its whole time.
           let keep = LoopTimer(after: .seconds(3600)) { _ in }
-          current.add(keep, to: r10ModeC)
+          current.add(keep, to: payloadModeC)
           current.add(keep, to: .default)
-          for mode in [r10ModeC, RunLoopMode.default] {
+          for mode in [payloadModeC, RunLoopMode.default] {
             let result = current.run(mode: mode, until: .now.advanced(by: .milliseconds(30)))
             nested.withLock { $0.append(result) }
           }
@@ -100,21 +100,21 @@ struct TimerInSeveralModesTests {
         }
         depth.withLock { $0.current -= 1 }
       }
-      loop.add(timer, to: r10ModeA)
-      loop.add(timer, to: r10ModeB)
-      loop.add(timer, to: r10ModeC)
+      loop.add(timer, to: payloadModeA)
+      loop.add(timer, to: payloadModeB)
+      loop.add(timer, to: payloadModeC)
       loop.add(timer, to: .default)
-      loop.remove(timer, from: r10ModeA)
+      loop.remove(timer, from: payloadModeA)
       timer.setFireDate(.now)
       // The first fire (with its nested runs); the run then times out, nothing else due.
-      _ = loop.run(mode: r10ModeB, until: .now.advanced(by: .milliseconds(150)))
+      _ = loop.run(mode: payloadModeB, until: .now.advanced(by: .milliseconds(150)))
       let firesAfterFirst = fires.current
       // Nothing due in C or default either (their parked entries moved to the next date).
-      _ = loop.run(mode: r10ModeC, until: .now.advanced(by: .milliseconds(30)))
+      _ = loop.run(mode: payloadModeC, until: .now.advanced(by: .milliseconds(30)))
       _ = loop.run(mode: .default, until: .now.advanced(by: .milliseconds(30)))
       let firesAfterOthers = fires.current
       var after: [Int] = []
-      for mode in [r10ModeC, RunLoopMode.default, r10ModeB] {
+      for mode in [payloadModeC, RunLoopMode.default, payloadModeB] {
         timer.setFireDate(.now)
         _ = loop.run(mode: mode, until: .now.advanced(by: .seconds(5)))
         after.append(fires.current)
@@ -149,16 +149,16 @@ struct TimerInSeveralModesTests {
         defer { depth.withLock { $0.current -= 1 } }
         guard !nestedCall, fires.current == 1 else { return }
         let current = RunLoopThread.current
-        current.remove(timer, from: r10ModeA)  // its last mode: unbound
-        current.add(timer, to: r10ModeB)  // a new record
+        current.remove(timer, from: payloadModeA)  // its last mode: unbound
+        current.add(timer, to: payloadModeB)  // a new record
         let keep = LoopTimer(after: .seconds(3600)) { _ in }
-        current.add(keep, to: r10ModeB)
-        _ = current.run(mode: r10ModeB, until: .now.advanced(by: .milliseconds(30)))
+        current.add(keep, to: payloadModeB)
+        _ = current.run(mode: payloadModeB, until: .now.advanced(by: .milliseconds(30)))
         keep.invalidate()
       }
-      loop.add(timer, to: r10ModeA)
+      loop.add(timer, to: payloadModeA)
       timer.setFireDate(.now)
-      _ = loop.run(mode: r10ModeA, until: .now.advanced(by: .milliseconds(100)))
+      _ = loop.run(mode: payloadModeA, until: .now.advanced(by: .milliseconds(100)))
       timer.invalidate()
       return (depth.withLock { $0.max }, fires.current)
     }
@@ -171,7 +171,7 @@ struct TimerInSeveralModesTests {
   /// callout runs (callouts never overlap, and `invalidateAndWait` waits for one callout); once
   /// it returns, the other loop fires it.
   @Test func aTimerMovedToAnotherLoopInItsCalloutFiresThereOnlyAfterTheCalloutReturns() async throws {
-    let other = try RunLoopThread(name: "r10-other")
+    let other = try RunLoopThread(name: "other")
     defer { other.shutdown() }
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "moved in callout") {
       () -> (overlapped: Bool, firesDuringCallout: Int, secondFireOnOther: Bool) in
@@ -188,7 +188,7 @@ struct TimerInSeveralModesTests {
         }
         defer { running.withLock { $0.inside -= 1 } }
         guard fire == 1 else { return }
-        RunLoopThread.current.remove(timer, from: r10ModeA)  // its last mode here: unbound
+        RunLoopThread.current.remove(timer, from: payloadModeA)  // its last mode here: unbound
         other.add(timer)
         timer.setFireDate(.now)  // due there at once (and kept after this callout)
         for _ in 0..<3 {  // the other loop applies the add and makes passes meanwhile
@@ -197,9 +197,9 @@ struct TimerInSeveralModesTests {
         }
         running.withLock { $0.duringCallout = fires.current - 1 }
       }
-      loop.add(timer, to: r10ModeA)
+      loop.add(timer, to: payloadModeA)
       timer.setFireDate(.now)
-      _ = loop.run(mode: r10ModeA, until: .now.advanced(by: .milliseconds(100)))
+      _ = loop.run(mode: payloadModeA, until: .now.advanced(by: .milliseconds(100)))
       _ = waitUntil("the second fire, on the other loop") { fires.current >= 2 }
       timer.invalidate()
       return running.withLock { ($0.overlapped, $0.duringCallout, $0.secondOnOther) }
@@ -228,21 +228,21 @@ struct TimerInSeveralModesTests {
           fires.increment()
           let current = RunLoopThread.current
           let keep = LoopTimer(after: .seconds(3600)) { _ in }
-          current.add(keep, to: r10ModeC)
-          _ = current.run(mode: r10ModeC, until: .now.advanced(by: .milliseconds(20)))  // parks C's entry
+          current.add(keep, to: payloadModeC)
+          _ = current.run(mode: payloadModeC, until: .now.advanced(by: .milliseconds(20)))  // parks C's entry
           timer.invalidate()
-          _ = current.run(mode: r10ModeC, until: .now.advanced(by: .milliseconds(20)))
+          _ = current.run(mode: payloadModeC, until: .now.advanced(by: .milliseconds(20)))
           keep.invalidate()
         }
         weakTimer = timer
-        loop.add(timer, to: r10ModeA)
-        loop.add(timer, to: r10ModeB)
-        loop.add(timer, to: r10ModeC)
-        loop.remove(timer, from: r10ModeA)
+        loop.add(timer, to: payloadModeA)
+        loop.add(timer, to: payloadModeB)
+        loop.add(timer, to: payloadModeC)
+        loop.remove(timer, from: payloadModeA)
         timer.setFireDate(.now)
       }
-      _ = loop.run(mode: r10ModeB, until: .now.advanced(by: .milliseconds(100)))
-      for mode in [r10ModeA, r10ModeB, r10ModeC] {
+      _ = loop.run(mode: payloadModeB, until: .now.advanced(by: .milliseconds(100)))
+      for mode in [payloadModeA, payloadModeB, payloadModeC] {
         _ = loop.run(mode: mode, until: .now.advanced(by: .milliseconds(10)))
       }
       return (fires.current, weakTimer == nil, weakCapture == nil)
@@ -270,7 +270,7 @@ struct TimerInSeveralModesTests {
           RunLoopThread.current.stop()
         }
         weakTimer = timer
-        let modes: [RunLoopMode] = [r10ModeA, r10ModeB, r10ModeC, .default]
+        let modes: [RunLoopMode] = [payloadModeA, payloadModeB, payloadModeC, .default]
         rounds = repeatRounds(60, budget: .milliseconds(600)) { round in
           // A rotating set of modes, the first of them removed again.
           let first = modes[round % 4]

@@ -15,8 +15,8 @@ struct TimerMovedByItsCalloutTests {
       () throws -> [String] in
       var wrong: [String] = []
       for round in 0..<4 {
-        let loopA = try RunLoopThread(name: "r12-os-a")
-        let loopB = try RunLoopThread(name: "r12-os-b")
+        let loopA = try RunLoopThread(name: "os-a")
+        let loopB = try RunLoopThread(name: "os-b")
         defer {
           loopA.shutdownAndWait()
           loopB.shutdownAndWait()
@@ -65,14 +65,14 @@ struct TimerMovedByItsCalloutTests {
   func aOneShotTimerMovedToAnotherLoopDoesNotKeepThatLoopsRunAlive() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "one-shot moved, run") {
       () throws -> RunLoopRunResult in
-      let loopA = try RunLoopThread(name: "r12-os2-a")
+      let loopA = try RunLoopThread(name: "os2-a")
       defer { loopA.shutdownAndWait() }
       let loopB = RunLoopThread.current
       defer { loopB.shutdown() }
       let calloutDone = TestGate()
       let timer = LoopTimer(fireAt: .now) { timer in
         loopA.remove(timer)
-        loopB.add(timer, to: r12ModeA)
+        loopB.add(timer, to: movedModeA)
         calloutDone.open()
         usleep(20_000)  // B applies the add (its run below) while this callout runs
       }
@@ -80,7 +80,7 @@ struct TimerMovedByItsCalloutTests {
       _ = calloutDone.wait(timeout: .seconds(10))
       // Applies the add, finds the timer due (busy, or invalid once the callout ended), then has
       // nothing left to watch.
-      return loopB.run(mode: r12ModeA, until: .now.advanced(by: .seconds(1)))
+      return loopB.run(mode: movedModeA, until: .now.advanced(by: .seconds(1)))
     }
     #expect(outcome == .finished, "B's run ended \(String(describing: outcome))")
   }
@@ -94,8 +94,8 @@ extension TimerMovedByItsCalloutTests {
   @Test func aDateSetFromAThirdThreadDuringADeferredCalloutFiresOnceThere() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "deferred, set date") {
       () throws -> (fires: [String], early: Bool, overlapped: Bool, passesB: Int) in
-      let loopA = try RunLoopThread(name: "r12-sfd-a")
-      let loopB = try RunLoopThread(name: "r12-sfd-b")
+      let loopA = try RunLoopThread(name: "sfd-a")
+      let loopB = try RunLoopThread(name: "sfd-b")
       defer {
         loopA.shutdownAndWait()
         loopB.shutdownAndWait()
@@ -143,7 +143,7 @@ extension TimerMovedByItsCalloutTests {
       return (fires.withLock { $0 }, early.withLock { $0 }, overlapped.withLock { $0 }, passes)
     }
     guard let outcome else { return }
-    #expect(outcome.fires == ["r12-sfd-a", "r12-sfd-b"])
+    #expect(outcome.fires == ["sfd-a", "sfd-b"])
     #expect(!outcome.early, "fired before the date set during the callout")
     #expect(!outcome.overlapped)
     #expect(outcome.passesB < 200, "B made \(outcome.passesB) passes while the timer was deferred")
@@ -155,8 +155,8 @@ extension TimerMovedByItsCalloutTests {
   @Test func aOneShotTimerMovedWithANewDateFiresOnceMoreThereAndIsDone() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "one-shot moved with a date") {
       () throws -> (fires: [String], valid: Bool, onB: Int?) in
-      let loopA = try RunLoopThread(name: "r12-osd-a")
-      let loopB = try RunLoopThread(name: "r12-osd-b")
+      let loopA = try RunLoopThread(name: "osd-a")
+      let loopB = try RunLoopThread(name: "osd-b")
       defer {
         loopA.shutdownAndWait()
         loopB.shutdownAndWait()
@@ -183,7 +183,7 @@ extension TimerMovedByItsCalloutTests {
       return (fires.withLock { $0 }, timer.isValid, recordCount(loopB))
     }
     guard let outcome else { return }
-    #expect(outcome.fires == ["r12-osd-a", "r12-osd-b"])
+    #expect(outcome.fires == ["osd-a", "osd-b"])
     #expect(!outcome.valid)
     #expect(outcome.onB == 0, "B still holds the finished one-shot timer")
   }
@@ -194,8 +194,8 @@ extension TimerMovedByItsCalloutTests {
   @Test func aCalloutShuttingDownItsOwnLoopAfterMovingTheTimerLeavesItFiringThere() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "callout shuts down its loop") {
       () throws -> (onB: Int, valid: Bool, overlapped: Bool, after: Int) in
-      let loopA = try RunLoopThread(name: "r12-own-a")
-      let loopB = try RunLoopThread(name: "r12-own-b")
+      let loopA = try RunLoopThread(name: "own-a")
+      let loopB = try RunLoopThread(name: "own-b")
       defer {
         loopA.shutdownAndWait()
         loopB.shutdownAndWait()
@@ -248,23 +248,23 @@ extension TimerMovedByItsCalloutTests {
       defer { loop.shutdown() }
       let fires = AtomicCounter()
       let nestedPasses = AtomicCounter()
-      loop.add(LoopObserver(activities: [.beforeTimers]) { _, _ in nestedPasses.increment() }, to: r12ModeB)
+      loop.add(LoopObserver(activities: [.beforeTimers]) { _, _ in nestedPasses.increment() }, to: movedModeB)
       weak var weakTimer: LoopTimer?
       do {
         let timer = LoopTimer(fireAt: .now) { timer in
           fires.increment()
-          RunLoopThread.current.remove(timer, from: r12ModeA)
-          RunLoopThread.current.add(timer, to: r12ModeB)
-          _ = RunLoopThread.current.run(mode: r12ModeB, until: .now.advanced(by: .milliseconds(20)))
+          RunLoopThread.current.remove(timer, from: movedModeA)
+          RunLoopThread.current.add(timer, to: movedModeB)
+          _ = RunLoopThread.current.run(mode: movedModeB, until: .now.advanced(by: .milliseconds(20)))
         }
         weakTimer = timer
         let keep = LoopTimer(after: .seconds(3600)) { _ in }
-        loop.add(keep, to: r12ModeA)
-        loop.add(timer, to: r12ModeA)
-        _ = loop.run(mode: r12ModeA, until: .now.advanced(by: .milliseconds(40)))
-        _ = loop.run(mode: r12ModeB, until: .now.advanced(by: .milliseconds(10)))
+        loop.add(keep, to: movedModeA)
+        loop.add(timer, to: movedModeA)
+        _ = loop.run(mode: movedModeA, until: .now.advanced(by: .milliseconds(40)))
+        _ = loop.run(mode: movedModeB, until: .now.advanced(by: .milliseconds(10)))
         keep.invalidate()
-        _ = loop.run(mode: r12ModeA, until: .now.advanced(by: .milliseconds(1)))
+        _ = loop.run(mode: movedModeA, until: .now.advanced(by: .milliseconds(1)))
       }
       // Only the observer is left.
       return (fires.current, nestedPasses.current, loop.core.modeTable.allRecords.count - 1, weakTimer == nil)
@@ -287,8 +287,8 @@ struct TimersAndObserversMovedByTheirCalloutsTests {
   @Test func aOneShotTimerHoppingBetweenLoopsFiresOncePerHop() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "one-shot hops") {
       () throws -> (fires: Int, overlaps: Int, wrongLoop: Int, valid: Bool, records: [Int?]) in
-      let loopA = try RunLoopThread(name: "r14c-h1a")
-      let loopB = try RunLoopThread(name: "r14c-h1b")
+      let loopA = try RunLoopThread(name: "h1a")
+      let loopB = try RunLoopThread(name: "h1b")
       defer {
         loopA.shutdownAndWait()
         loopB.shutdownAndWait()
@@ -333,8 +333,8 @@ struct TimersAndObserversMovedByTheirCalloutsTests {
   @Test func aRepeatingTimerMovedByItsCalloutKeepsFiringWithoutOverlap() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "repeating hops") {
       () throws -> (fires: Int, overlaps: Int, wrongLoop: Int, records: [Int?]) in
-      let loopA = try RunLoopThread(name: "r14c-h2a")
-      let loopB = try RunLoopThread(name: "r14c-h2b")
+      let loopA = try RunLoopThread(name: "h2a")
+      let loopB = try RunLoopThread(name: "h2b")
       defer {
         loopA.shutdownAndWait()
         loopB.shutdownAndWait()
@@ -370,8 +370,8 @@ struct TimersAndObserversMovedByTheirCalloutsTests {
   @Test func aRepeatingObserverMovedByItsCalloutNeverOverlaps() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(30), "observer hops") {
       () throws -> (told: Int, overlaps: Int, wrongLoop: Int, records: [Int?]) in
-      let loopA = try RunLoopThread(name: "r14c-h3a")
-      let loopB = try RunLoopThread(name: "r14c-h3b")
+      let loopA = try RunLoopThread(name: "h3a")
+      let loopB = try RunLoopThread(name: "h3b")
       defer {
         loopA.shutdownAndWait()
         loopB.shutdownAndWait()
@@ -414,22 +414,22 @@ struct TimersAndObserversMovedByTheirCalloutsTests {
   @Test func aOneShotObserverReAddedAndNestedInItsCalloutIsToldOnce() async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(20), "one-shot re-add") {
       () throws -> (told: Int, valid: Bool, agreement: BindingAgreement?) in
-      let loop = try RunLoopThread(name: "r14c-h4")
+      let loop = try RunLoopThread(name: "h4")
       defer { loop.shutdownAndWait() }
       let told = AtomicCounter()
       let observer = LoopObserver(activities: [.entry, .beforeTimers, .exit], repeats: false) { observer, _ in
         told.increment()
         let loop = RunLoopThread.current
-        loop.remove(observer, from: r14cModeA)
-        loop.add(observer, to: r14cModeB)
-        _ = loop.run(mode: r14cModeB, for: .milliseconds(5))
+        loop.remove(observer, from: loopThreadModeA)
+        loop.add(observer, to: loopThreadModeB)
+        _ = loop.run(mode: loopThreadModeB, for: .milliseconds(5))
       }
-      loop.add(observer, to: r14cModeA)
+      loop.add(observer, to: loopThreadModeA)
       let keep = LoopTimer(after: .seconds(3600)) { _ in }
-      loop.add(keep, to: r14cModeA)
-      loop.add(keep, to: r14cModeB)
-      runOnLoopAndWait(loop, mode: r14cModeA, for: .milliseconds(10))
-      runOnLoopAndWait(loop, mode: r14cModeB, for: .milliseconds(10))
+      loop.add(keep, to: loopThreadModeA)
+      loop.add(keep, to: loopThreadModeB)
+      runOnLoopAndWait(loop, mode: loopThreadModeA, for: .milliseconds(10))
+      runOnLoopAndWait(loop, mode: loopThreadModeB, for: .milliseconds(10))
       keep.invalidate()
       return (told.current, observer.isValid, bindingAgreement(observer, on: loop))
     }
