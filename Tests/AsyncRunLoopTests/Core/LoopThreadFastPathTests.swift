@@ -49,7 +49,8 @@ struct LoopThreadFastPathTests {
         _ = done.wait(timeout: .seconds(10))
         _ = try? loop.performAndWait {}
         let expected =
-          addsFirst ? ["schedule \(movedModeA)", "cancel"] : ["schedule \(movedModeA)", "cancel", "schedule \(movedModeA)"]
+          addsFirst
+          ? ["schedule \(movedModeA)", "cancel"] : ["schedule \(movedModeA)", "cancel", "schedule \(movedModeA)"]
         let bound = source.isBound(to: loop.shared)
         if log.snapshot != expected || bound != !addsFirst {
           wrong.withLock { $0.append("round \(round): \(log.snapshot), bound \(bound)") }
@@ -389,7 +390,9 @@ struct LoopThreadAddsAfterWaitingChangesTests {
     guard let outcome else { return }
     #expect(outcome.inside?.modes == [.default, loopThreadModeB, loopThreadModeC].sorted { $0.rawValue < $1.rawValue })
     #expect(outcome.inside?.records == 1)
-    #expect(outcome.later?.modes == [.default, loopThreadModeA, loopThreadModeB, loopThreadModeC].sorted { $0.rawValue < $1.rawValue })
+    #expect(
+      outcome.later?.modes
+        == [.default, loopThreadModeA, loopThreadModeB, loopThreadModeC].sorted { $0.rawValue < $1.rawValue })
     #expect(outcome.log == ["schedule other", "cancel other", "schedule member", "cancel member"], "\(outcome.log)")
   }
 
@@ -666,7 +669,8 @@ extension LoopThreadAddsAfterWaitingChangesTests {
     }
     guard let outcome else { return }
     #expect(outcome.inside == [.default, loopThreadModeC].sorted { $0.rawValue < $1.rawValue })
-    #expect(outcome.afterCommon == BindingAgreement(modes: [loopThreadModeC], bound: true, records: 1, registrations: 0))
+    #expect(
+      outcome.afterCommon == BindingAgreement(modes: [loopThreadModeC], bound: true, records: 1, registrations: 0))
     #expect(outcome.fired >= 1)
     #expect(outcome.final == BindingAgreement(modes: [], bound: false, records: 0, registrations: 0))
   }

@@ -301,14 +301,16 @@ extension ExecutorSurfaceTests {
       loop.add(sourceB, to: surfaceModeB)
       let outer = Task { () -> String in
         do {
-          return "\(try await loop.runModal(mode: surfaceModeA, for: .milliseconds(600), returnAfterSourceHandled: true))"
+          return
+            "\(try await loop.runModal(mode: surfaceModeA, for: .milliseconds(600), returnAfterSourceHandled: true))"
         } catch { return "\(error)" }
       }
       _ = await pollEveryMillisecond { enteredA.opened }
       sourceB.signal()
       let inner = Task { () -> String in
         do {
-          return "\(try await loop.runModal(mode: surfaceModeB, for: .milliseconds(100), returnAfterSourceHandled: true))"
+          return
+            "\(try await loop.runModal(mode: surfaceModeB, for: .milliseconds(100), returnAfterSourceHandled: true))"
         } catch { return "\(error)" }
       }
       let innerResult = await inner.value

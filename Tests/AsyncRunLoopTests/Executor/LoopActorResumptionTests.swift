@@ -97,6 +97,7 @@ struct LoopActorResumptionTests {
     guard let result else { return }
     #expect(result.preferredOnLoop == true, "a preferred task did not resume inside its actor")
     #expect(result.unpreferredAfter == true, "the unpreferred task never came back to its actor")
-    print("cooperative-pool probe: unpreferred task resumed while the pool was blocked: \(result.unpreferredWhileBlocked)")
+    print(
+      "cooperative-pool probe: unpreferred task resumed while the pool was blocked: \(result.unpreferredWhileBlocked)")
   }
 }

@@ -69,7 +69,9 @@ extension ModalRunsAndWaitsFromLoopActorsTests {
       let outcome = try await withWatchdog(timeout: .seconds(30), "modal run vs shutdown, round \(round)") {
         () async -> (modal: String, returned: Int, misisolated: Int) in
         let modal = Task { () async -> String in
-          do { return "\(try await actor.modal(mode: loopThreadModeA, until: never).result)" } catch { return "\(error)" }
+          do { return "\(try await actor.modal(mode: loopThreadModeA, until: never).result)" } catch {
+            return "\(error)"
+          }
         }
         _ = await actor.call()
         startThread(detached: true) {

@@ -335,10 +335,18 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
         if round == 750 { loop.addModeToCommonModes(orderModeA) }
         switch random.next(9) {
         case 0 where !place.onOther:
-          if place.inB { loop.remove(commands.source, from: orderModeB) } else { loop.add(commands.source, to: orderModeB) }
+          if place.inB {
+            loop.remove(commands.source, from: orderModeB)
+          } else {
+            loop.add(commands.source, to: orderModeB)
+          }
           place.inB.toggle()
         case 1 where !place.onOther:
-          if place.inC { loop.remove(commands.source, from: orderModeC) } else { loop.add(commands.source, to: orderModeC) }
+          if place.inC {
+            loop.remove(commands.source, from: orderModeC)
+          } else {
+            loop.add(commands.source, to: orderModeC)
+          }
           place.inC.toggle()
         case 2 where !place.onOther:
           if place.inCommon {

@@ -260,7 +260,9 @@ struct DescriptorRegistrationTests {
         problems.append("the new source was refused: \(error)")
       }
       writeByte(fresh.write)
-      if loop.run(mode: payloadModeA, until: .now.advanced(by: .seconds(5))) != .stopped { problems.append("new: no fire") }
+      if loop.run(mode: payloadModeA, until: .now.advanced(by: .seconds(5))) != .stopped {
+        problems.append("new: no fire")
+      }
       writeByte(fresh.write)
       let before = counter.passes.current
       _ = loop.run(mode: payloadModeC, until: .now.advanced(by: .milliseconds(30)))

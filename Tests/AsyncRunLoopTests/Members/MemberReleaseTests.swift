@@ -325,7 +325,8 @@ struct MembersReleasedOnceTheyLeaveTests {
         close(pipe.write)
       }
       let names: [[RunLoopMode]] = [
-        [payloadModeA, payloadModeB, .common], [.common, payloadModeA, payloadModeB], [payloadModeB, .common, payloadModeA],
+        [payloadModeA, payloadModeB, .common], [.common, payloadModeA, payloadModeB],
+        [payloadModeB, .common, payloadModeA],
         [.common, .default, payloadModeA, payloadModeB],
       ]
       loop.addModeToCommonModes(payloadModeC)
