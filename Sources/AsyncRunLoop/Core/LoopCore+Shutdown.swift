@@ -21,7 +21,8 @@ extension LoopCore {
   /// callouts — and only then *terminates*: the jobs left over and held are handed, in order, to
   /// the fallback executor under the lock (later arrivals queue behind them). So no job of the loop
   /// runs elsewhere while this thread still calls out, and from the hand-over on this thread no
-  /// longer counts as isolated to the loop.
+  /// longer counts as isolated to the loop. Last, the loop's stall watch ends, behind the reports
+  /// of every callout made.
   ///
   /// Drains once: called again after the loop terminated (a later `runMainLoop()` on a shut-down
   /// main loop), or from a callout of the drain itself, it does nothing.
@@ -67,6 +68,9 @@ extension LoopCore {
       return !local.isEmpty || !held.isEmpty
     }
     if handedOver { FallbackExecution.warnOnce(for: loop) }
+    // Every callout is made and reported: the stall watch ends behind its reports.
+    monitor.setWatch(nil)
+    shared.endObservation()
   }
 
   /// Invalidates every member on this loop and detaches its record here — also the records of
