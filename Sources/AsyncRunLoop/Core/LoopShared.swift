@@ -258,7 +258,7 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
     var handedJobs = false
     /// The hand-offs to run (see `divertHandOffs`).
     var handOffs: [@Sendable () -> Void] = []
-    /// The jobs left the thread just now: the loop's stall watch ends (`LoopShared.loopEnded`).
+    /// The jobs left the thread just now: the loop's stall watch ends (`LoopShared.endObservation`).
     var endsObservation = false
 
     /// After the inbox lock is released.
