@@ -21,7 +21,8 @@ extension LoopCore {
   /// callouts — and only then *terminates*: the jobs left over and held are handed, in order, to
   /// the fallback executor under the lock (later arrivals queue behind them). So no job of the loop
   /// runs elsewhere while this thread still calls out, and from the hand-over on this thread no
-  /// longer counts as isolated to the loop.
+  /// longer counts as isolated to the loop. Last, the loop's stall watch ends, behind the reports
+  /// of every callout made (the drain's too: they go through `observed` as a pass's do).
   ///
   /// Drains once: called again after the loop terminated (a later `runMainLoop()` on a shut-down
   /// main loop), or from a callout of the drain itself, it does nothing.
@@ -67,6 +68,9 @@ extension LoopCore {
       return !local.isEmpty || !held.isEmpty
     }
     if handedOver { FallbackExecution.warnOnce(for: loop) }
+    // Every callout is made and reported: the stall watch ends behind its reports.
+    monitor.setWatch(nil)
+    shared.endObservation()
   }
 
   /// Invalidates every member on this loop and detaches its record here — also the records of
@@ -82,7 +86,8 @@ extension LoopCore {
   }
 
   /// One drain round: every waiting block (whatever its modes), then the jobs waiting now (new
-  /// arrivals wait for the next round). Signalled sources are dropped (they are detached).
+  /// arrivals wait for the next round), each one callout for the stall watch and the metrics, at
+  /// nesting depth 0 (outside any run). Signalled sources are dropped (they are detached).
   private func runOneDrainRound() {
     let arrived: [PerformRequest] = shared.inboxLock.withLock {
       defer {
@@ -92,7 +97,7 @@ extension LoopCore {
       return shared.inbox.performs.elements
     }
     let requests = blocks.takeAll() + arrived
-    for request in requests { request.block() }
+    for request in requests { observed(.performedBlock) { request.block() } }
     // runJobs takes a new batch only when the local one is used up, so two calls cover what
     // was left over plus what is waiting now, each capped at `jobsPerPass`.
     runJobs()

@@ -227,12 +227,14 @@ final class LoopCore {
   }
 
   /// Runs `job` as one of the loop's jobs (a job the loop runs outside `runCollectedJobs`, such
-  /// as a sleeper's timer resuming it): a run nested in it runs no other job.
+  /// as a sleeper's timer resuming it): a run nested in it runs no other job, and it is one `.job`
+  /// callout for the stall watch and the metrics, as a job `runCollectedJobs` runs (inside a
+  /// timer's handler, nested in the timer's callout).
   @inline(__always)
-  func runAsJob(_ job: () -> Void) {
+  func runAsJob(priority: @autoclosure () -> TaskPriority?, _ job: () -> Void) {
     jobs.depth += 1
     defer { jobs.depth -= 1 }
-    job()
+    observed(.job, priority: priority()) { job() }
   }
 
   /// One work point of a pass: registration changes (when asked), then blocks for `mode`, then

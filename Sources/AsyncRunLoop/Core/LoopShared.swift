@@ -258,11 +258,14 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
     var handedJobs = false
     /// The hand-offs to run (see `divertHandOffs`).
     var handOffs: [@Sendable () -> Void] = []
+    /// The jobs left the thread just now: the loop's stall watch ends (`LoopShared.endObservation`).
+    var endsObservation = false
 
     /// After the inbox lock is released.
     func finish(for loop: RunLoopThread) {
       if handedJobs { FallbackExecution.warnOnce(for: loop) }
       for handOff in handOffs { handOff() }
+      if endsObservation { loop.shared.endObservation() }
     }
   }
 
@@ -280,7 +283,8 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
     }
     // Each `end` loads its sequence weakly, after the lock is released.
     return DivertedJobs(
-      handedJobs: !jobs.isEmpty, handOffs: Array(divertHandOffs.values) + sequenceEndings.map(\.end))
+      handedJobs: !jobs.isEmpty, handOffs: Array(divertHandOffs.values) + sequenceEndings.map(\.end),
+      endsObservation: true)
   }
 
   /// Registers what `owner` (a pending sleep, a blocked caller) does if the jobs are diverted

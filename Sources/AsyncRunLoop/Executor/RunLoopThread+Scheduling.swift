@@ -99,7 +99,8 @@ import Dispatch
         // start: queue it behind the running one.
         guard core.mayRunJobs else { return enqueue(job, role: role) }
         switch role {
-        case .serial, .serialOnTaskExecutor: core.runAsJob { job.runSynchronously(on: asUnownedSerialExecutor()) }
+        case .serial, .serialOnTaskExecutor:
+          core.runAsJob(priority: TaskPriority(job.priority)) { job.runSynchronously(on: asUnownedSerialExecutor()) }
         // A task-role job is usually not the sleeping task but the small task `Task.sleep`
         // creates to resume it, which has no executor preference. Run on this loop's
         // task-executor identity, the runtime moved it to the global pool first (a worker

@@ -25,8 +25,9 @@ struct CalloutStamp {
 /// stall watch, and the stamp of the callout the loop's thread is in, which the stall watcher
 /// reads without the loop thread's help. Any thread.
 final class LoopObservation: @unchecked Sendable {  // Safety: proof below
-  // Safety: `storage`, `watch`, `current`, `reportedCallout` and `reportedAt` are only touched
-  // with `lock` held; `stampsArrivals` is an atomic; `loopName` and `metricsClock` are immutable.
+  // Safety: `storage`, `watch`, `loopHasEnded`, `current`, `reportedCallout`, `reportedAt`,
+  // `watcherDelivering`, `pendingEnd` and `finishAfterDelivery` are only touched with `lock` held;
+  // `stampsArrivals` is an atomic; `loopName` and `metricsClock` are immutable.
 
   let loopName: String
   /// Metrics are on: producers stamp what they hand the loop (a job's enqueue, a source's
@@ -38,6 +39,9 @@ final class LoopObservation: @unchecked Sendable {  // Safety: proof below
   private let lock = PthreadLock.make()
   private var storage: LoopMetricsStorage?
   private var watch: StallWatch?
+  /// The loop terminated (or, a current loop, its jobs left its thread at shutdown): no watch is
+  /// installed from now on.
+  private var loopHasEnded = false
   /// The callout the loop's thread is in, unless a run nested in it is running passes (then the
   /// loop is not stuck); only kept while a watch is on.
   private var current: CalloutStamp?
@@ -50,6 +54,9 @@ final class LoopObservation: @unchecked Sendable {  // Safety: proof below
   /// callout's two reports never arrive in the wrong order, without calling out under a lock).
   private var watcherDelivering: UInt64 = 0
   private var pendingEnd: (report: StallReport, watch: StallWatch)?
+  /// The watch the loop's end took off while the watcher was delivering one of its reports: the
+  /// watcher finishes it after that report (and `pendingEnd`), so the sequence ends behind them.
+  private var finishAfterDelivery: StallWatch?
 
   init(loopName: String) {
     self.loopName = loopName
@@ -75,11 +82,31 @@ final class LoopObservation: @unchecked Sendable {  // Safety: proof below
 
   // MARK: Stall watch
 
-  /// Installs `watch` (nil: none); returns the one it replaces. Any thread.
-  func replaceWatch(with watch: StallWatch?) -> StallWatch? {
+  /// Installs `watch`; returns the one it replaces (for the caller to finish), or nil with
+  /// `installed` false when the loop has ended (the caller finishes `watch` itself). Any thread.
+  func replaceWatch(with watch: StallWatch) -> (installed: Bool, replaced: StallWatch?) {
     lock.withLock {
+      guard !loopHasEnded else { return (false, nil) }
       defer { self.watch = watch }
-      return self.watch
+      return (true, self.watch)
+    }
+  }
+
+  /// The loop ended (see `loopHasEnded`): takes its watch off for good and returns it, for the
+  /// caller to finish once the lock is released, unless the watcher is delivering one of its
+  /// reports right now (then the watcher finishes it after that report, see `watcherDelivered`).
+  /// Any thread; once per loop (later calls return nil).
+  func loopEnded() -> StallWatch? {
+    lock.withLock {
+      loopHasEnded = true
+      current = nil
+      guard let watch else { return nil }
+      self.watch = nil
+      guard watcherDelivering == 0 else {
+        finishAfterDelivery = watch
+        return nil
+      }
+      return watch
     }
   }
 
@@ -122,12 +149,15 @@ final class LoopObservation: @unchecked Sendable {  // Safety: proof below
   }
 
   /// The watcher delivered its report: the `.ended` report the loop's thread left meanwhile, to
-  /// deliver now.
-  func watcherDelivered() -> (report: StallReport, watch: StallWatch)? {
+  /// deliver now, and then the watch to finish, when the loop ended meanwhile.
+  func watcherDelivered() -> (ended: (report: StallReport, watch: StallWatch)?, finish: StallWatch?) {
     lock.withLock {
       watcherDelivering = 0
-      defer { pendingEnd = nil }
-      return pendingEnd
+      defer {
+        pendingEnd = nil
+        finishAfterDelivery = nil
+      }
+      return (pendingEnd, finishAfterDelivery)
     }
   }
 

@@ -29,6 +29,11 @@ extension RunLoopThread {
   /// the loop's thread it applies at once, from another thread on the loop's next pass (send a
   /// `performAndWait` after it to wait for that).
   ///
+  /// The watch ends with its loop: when the loop terminates (after `shutdown()`, or when its
+  /// owner drops it, once its drain has made its last callout; a current loop also when its jobs
+  /// leave its thread at shutdown), `reports` ends after every report already made, and the
+  /// handler is not called again. A watch made on a loop that has ended comes back finished.
+  ///
   /// Cost: while no watch is on, none beyond the one flag test per callout that metrics share.
   /// While one is on, each callout takes two clock reads and two short critical sections, and one
   /// process-wide watcher thread wakes at most once per `threshold` per watched loop.
@@ -51,8 +56,16 @@ extension RunLoopThread {
       StallWatcher.shared.remove(observation)
       shared?.onLoopThread { core in core.monitor.removeWatch(watch) }
     }
-    observation.replaceWatch(with: watch)?.finish()
+    // Watched before the watch is installed: a loop ending in between stops the watcher looking
+    // at it after this, not before (which would leave the loop watched for good).
     StallWatcher.shared.add(observation)
+    let (installed, replaced) = observation.replaceWatch(with: watch)
+    replaced?.finish()
+    guard installed else {  // the loop has ended: the watch comes back finished
+      StallWatcher.shared.remove(observation)
+      watch.finish()
+      return watch
+    }
     if !shared.onLoopThread({ core in core.monitor.setWatch(watch) }) { watch.cancel() }  // terminated
     return watch
   }

@@ -6,8 +6,11 @@ import Synchronization
 public final class StallWatch: Sendable {
   /// The reports, in the order they were made (see `StallReport`). Buffered up to the watch's
   /// `bufferSize`; a report that arrives while the buffer is full is dropped and counted in
-  /// `droppedReports` (the handler saw it all the same). Ends when the watch is cancelled or
-  /// replaced by another watch on the same loop. One consumer.
+  /// `droppedReports` (the handler saw it all the same). Ends when the watch is cancelled, when
+  /// it is replaced by another watch on the same loop, or when the loop ends (see
+  /// `RunLoopThread.watchStalls(threshold:bufferSize:handler:)`): then after every report made
+  /// before, the `.ended` report of a callout that was reported still running included. One
+  /// consumer.
   public let reports: AsyncStream<StallReport>
   /// How long one callout may run before it is reported.
   public let threshold: Duration
@@ -35,7 +38,7 @@ public final class StallWatch: Sendable {
   }
 
   /// How many reports the `reports` buffer dropped because it was full (the oldest are kept; gaps
-  /// in `StallReport.calloutNumber` show where). Any thread.
+  /// in `StallReport.calloutNumber` show where). Any thread; still readable after the watch ended.
   public var droppedReports: Int { dropped.load(ordering: .relaxed) }
 
   /// Stops the watch: no report is made after the loop's thread has seen this (a callout running
@@ -52,7 +55,8 @@ public final class StallWatch: Sendable {
     handler?(report)
   }
 
-  /// Ends `reports` (the watch was cancelled or replaced).
+  /// Ends `reports` (the watch was cancelled or replaced, or its loop ended). Any thread;
+  /// idempotent.
   func finish() {
     continuation.finish()
   }

@@ -69,7 +69,9 @@ final class StallWatcher: @unchecked Sendable {  // Safety: proof below
         next = min(next, nextCheck)
         guard let report, let watch else { continue }
         watch.deliver(report)  // the handler runs here, on this thread
-        if let ended = observation.watcherDelivered() { ended.watch.deliver(ended.report) }
+        let after = observation.watcherDelivered()
+        if let ended = after.ended { ended.watch.deliver(ended.report) }
+        after.finish?.finish()  // the loop ended while this report was on its way: it ends behind it
       }
       lock.lock()
       if !changed { sleep(until: next) }

@@ -40,7 +40,8 @@ struct QuickCalloutsAreNotReportedTests {
       kind: .timer, label: "t", priority: nil, mode: .default, depth: 1, number: 7, started: start, stuckSince: start)
     observation.publish(stamp)
     #expect(observation.check(now: start + 1_000_000).report?.phase == .stillRunning(elapsed: .milliseconds(1)))
-    #expect(observation.watcherDelivered() == nil)
+    let after = observation.watcherDelivered()
+    #expect(after.ended == nil && after.finish == nil)
     #expect(observation.check(now: start + 9_000_000).report == nil)  // once per callout
     let ended = observation.calloutEnded(stamp, now: start + 10_000_000)
     #expect(ended?.report.phase == .ended(duration: .milliseconds(10)))
