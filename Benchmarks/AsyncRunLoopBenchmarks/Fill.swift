@@ -2,8 +2,9 @@ import AsyncRunLoop
 
 // fill (issue 13): whether a loop gets slower as it fills up: wake-rtt and 1 ms timer lateness
 // on loops that also hold 0, 1k, 10k or 100k idle members, and descriptor-rtt on loops that hold
-// 0, 1k or as many idle descriptor sources as the process may open, the sizes interleaved in one
-// process (and 0 again at the end, to show drift). Public API only.
+// 0, 1k or as many idle descriptor sources as the process may open, and signal → handler of one
+// source picked at random among n; the sizes interleaved in one process (and 0 again at the end,
+// to show drift). Public API only.
 
 /// A wake-rtt or timer-lateness peer whose loop also holds `count` idle members: half
 /// never-signalled input sources, the rest far-future timers, added (on the loop thread) before
@@ -68,6 +69,42 @@ final class DescriptorWake: LatencySession {
   }
 }
 
+/// signal-random: a loop holding `count` input sources (at least one) whose handlers ring the
+/// reply; each round trip signals one of them chosen at random, so on a big loop the source, its
+/// record and its handler are cold in the caches (what a server with many connections sees).
+final class RandomSourceWake: LatencySession {
+  private let reply = ReplyDoorbell()
+  let loop: RunLoopThread
+  private let sources: [InputSource]
+  /// xorshift64 state: the same sequence of picks in every run.
+  private var pick: UInt64 = 0x9E37_79B9_7F4A_7C15
+
+  init(pin: PinPlan, count: Int) {
+    loop = try! RunLoopThread(name: "fill-random-server", cpu: pin.serverCPU)
+    let reply = reply
+    let sources = (0..<max(1, count)).map { _ in InputSource { _ in reply.ring() } }
+    self.sources = sources
+    let loop = loop
+    _ = timedOnLoop(loop) { for source in sources { loop.add(source, to: .default) } }
+  }
+
+  func measure(_ count: Int) -> [Double] {
+    sampleRoundTrips(count, settle: reply.waitUntilRingerSleeps) {
+      pick ^= pick << 13
+      pick ^= pick >> 7
+      pick ^= pick << 17
+      sources[Int(pick % UInt64(sources.count))].signal()
+      reply.wait()
+    }
+  }
+
+  func close() {
+    for source in sources { source.invalidate() }
+    loop.shutdownAndWait()
+    reply.close()
+  }
+}
+
 enum FillScenarios {
   /// Idle member counts, in the order the peers are listed (the harness rotates the start).
   static func sizes(_ mode: RunMode) -> [Int] {
@@ -113,6 +150,12 @@ enum FillScenarios {
         }
       },
       samples: mode.timerFires, warmUp: max(10, mode.timerFires / 10), repetitions: mode.repetitions)
+    let random = runLatencyScenario(
+      "fill signal-random", floor: nil, notes: [],
+      peers: zip(names, sizes).map { name, count in
+        PeerSpec(name: name) { RandomSourceWake(pin: pin, count: count) }
+      },
+      mode: mode)
     let budget = DescriptorBudget.raise()
     let descriptorSizes = descriptorSizes(mode, available: budget.available)
     let descriptor = runLatencyScenario(
@@ -131,10 +174,12 @@ enum FillScenarios {
     return ScenarioResult(
       name: "fill", unit: "us", floor: nil,
       peers: prefixed(wake, "wake-rtt") + prefixed(timer, "timer-lateness")
-        + prefixed(descriptor, "descriptor-rtt"),
+        + prefixed(random, "signal-random") + prefixed(descriptor, "descriptor-rtt"),
       notes: [
         "wake-rtt (as in wake-rtt, asyncrunloop peer) and 1 ms LoopTimer lateness (as asyncrunloop-looptimer)"
           + " on loops holding n idle members: n/2 idle input sources, the rest far-future timers",
+        "signal-random: one of n input sources (n at least 1), picked at random, signalled; its handler"
+          + " rings the reply (on a big loop the source and its handler are cold in the caches)",
         "descriptor-rtt: an eventfd write to a DescriptorSource whose handler rings the reply, on loops"
           + " holding n idle descriptor sources (never-written eventfds)",
         "sizes \(sizes.map(ChurnScenarios.label).joined(separator: ", ")) (descriptor-rtt:"
