@@ -147,7 +147,8 @@ enum TargetReport {
   /// Issue 13: a loop does not get slower as it fills up. For each `fill` latency (wake-rtt,
   /// timer-lateness, signal-random, descriptor-rtt), p50 with the most idle members over p50 with 1k, and with 1k
   /// over an empty loop (the step a first thousand members may add).
-  private static let fillTargets: [Target] = ["wake-rtt", "timer-lateness", "signal-random", "descriptor-rtt"].flatMap { latency in
+  private static let fillTargets: [Target] = ["wake-rtt", "timer-lateness", "signal-random", "descriptor-rtt"].flatMap {
+    latency in
     [(true, "largest n / 1k"), (false, "1k / 0")].map { (fromThousand: Bool, name: String) in
       Target(
         label: "fill \(latency) p50 \(name) idle members", bound: .atMost(1.2),
