@@ -10,19 +10,22 @@ private actor PinnedConsumer: LoopActor {
 
   init(loop: RunLoopThread) { self.loop = loop }
 
-  func consume(_ sequence: SourceSequence<Int>, count: Int) async -> (received: Int, offLoop: Int) {
+  func consume(
+    _ sequence: SourceSequence<Int>, count: Int, published: PassCount? = nil
+  ) async -> (received: Int, offLoop: Int) {
     var received = 0
     var offLoop = 0
     for await _ in sequence {
       received += 1
       if !loop.isOnLoopThread { offLoop += 1 }
+      published?.value.store(received, ordering: .releasing)
       if received == count { break }
     }
     return (received, offLoop)
   }
 }
 
-/// The loop's passes, counted by a `beforeTimers` observer.
+/// The loop's passes, counted by a `beforeTimers` observer (or another count).
 private final class PassCount: Sendable {
   let value = Atomic<Int>(0)
 }
@@ -91,5 +94,52 @@ enum PinnedConsumerDriver: String, CaseIterable, Sendable {
     #expect(offLoop == 0)
     #expect(passes < Self.elements / 100, "\(passes) passes for \(Self.elements) elements")
     #expect(jobs < UInt64(Self.elements / 100), "\(jobs) jobs for \(Self.elements) elements")
+  }
+
+  static let suspensions = 200
+
+  /// The loop's jobs while a `PinnedConsumer` takes `suspensions` elements posted one at a time,
+  /// each after the consumer took the one before (so it suspends for every element).
+  private func jobsWhileConsumingOneAtATime(
+    _ driver: PinnedConsumerDriver
+  ) async throws -> (jobs: UInt64, received: Int) {
+    let loop = try RunLoopThread(name: "consumer-suspensions")
+    defer { loop.shutdownAndWait() }
+    let sequence = loop.sourceSequence(of: Int.self)
+    loop.setMetricsEnabled(true)
+    try loop.performAndWait {}
+    let before = loop.metrics.jobs
+    let consumer = PinnedConsumer(loop: loop)
+    let published = PassCount()
+    let count = Self.suspensions
+    let task: Task<(received: Int, offLoop: Int), Never>
+    switch driver {
+    case .detached: task = Task.detached { await consumer.consume(sequence, count: count, published: published) }
+    case .preferringTheLoop, .preferringAnotherLoop:
+      task = Task(executorPreference: loop) { await consumer.consume(sequence, count: count, published: published) }
+    }
+    // Each element waits until the consumer took the one before it (and suspended again: the
+    // element is taken only from the loop's source callout after the consumer found nothing).
+    let outcome = try await withWatchdog("the consumer takes every element") {
+      for element in 0..<count {
+        while published.value.load(ordering: .acquiring) < element { await Task.yield() }
+        #expect(sequence.post(element) == .enqueued)
+      }
+      return await task.value
+    }
+    try loop.performAndWait {}
+    return (loop.metrics.jobs - before, outcome?.received ?? 0)
+  }
+
+  /// A consumer driven by a task that prefers the loop resumes in two of the loop's jobs per
+  /// suspension: the task executor's (where the runtime resumes it) and the actor's, which then
+  /// needs no second trip for its hops (`JobRole.serialOnTaskExecutor`). Detached, it resumes
+  /// through the global pool and then in one loop job.
+  @Test(arguments: [PinnedConsumerDriver.detached, .preferringTheLoop])
+  func suspendedConsumerResumesInAtMostTwoLoopJobs(_ driver: PinnedConsumerDriver) async throws {
+    let (jobs, received) = try await jobsWhileConsumingOneAtATime(driver)
+    #expect(received == Self.suspensions)
+    let perSuspension = driver == .detached ? 1 : 2
+    #expect(jobs <= UInt64(perSuspension * Self.suspensions + 10), "\(jobs) jobs for \(Self.suspensions) suspensions")
   }
 }
