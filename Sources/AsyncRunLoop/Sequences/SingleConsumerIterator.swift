@@ -38,8 +38,7 @@ public struct SingleConsumerIterator<Base: AsyncSequence>: AsyncIteratorProtocol
   /// that prefers another executor than its actor's loop even re-enqueues itself at each switch.
   /// Running in the caller's isolation needs no switch until the batch runs out (Swift 6.3; see
   /// Benchmarks/results/analysis-preference-and-futex.md). `for await` passes its own isolation, so
-  /// the two agree; a caller that passes another one still gets the elements in its own isolation,
-  /// where its iterator lives.
+  /// the two agree.
   ///
   /// `@inlinable`: the per-element path is specialized for the element type in the caller.
   @inlinable

@@ -11,7 +11,7 @@ private actor PinnedConsumer: LoopActor {
   init(loop: RunLoopThread) { self.loop = loop }
 
   func consume(
-    _ sequence: SourceSequence<Int>, count: Int, published: PassCount? = nil
+    _ sequence: SourceSequence<Int>, count: Int, published: SharedCount? = nil
   ) async -> (received: Int, offLoop: Int) {
     var received = 0
     var offLoop = 0
@@ -25,8 +25,9 @@ private actor PinnedConsumer: LoopActor {
   }
 }
 
-/// The loop's passes, counted by a `beforeTimers` observer (or another count).
-private final class PassCount: Sendable {
+/// A count shared between threads: the loop's passes (counted by a `beforeTimers` observer), or
+/// the elements the consumer took so far.
+private final class SharedCount: Sendable {
   let value = Atomic<Int>(0)
 }
 
@@ -62,7 +63,7 @@ enum PinnedConsumerDriver: String, CaseIterable, Sendable {
     }
     let sequence = loop.sourceSequence(of: Int.self)
     for element in 0..<Self.elements { #expect(sequence.post(element) == .enqueued) }
-    let count = PassCount()
+    let count = SharedCount()
     let observer = LoopObserver(activities: .beforeTimers) { _, _ in count.value.add(1, ordering: .relaxed) }
     loop.add(observer, to: .common)
     defer { observer.invalidate() }
@@ -110,7 +111,7 @@ enum PinnedConsumerDriver: String, CaseIterable, Sendable {
     try loop.performAndWait {}
     let before = loop.metrics.jobs
     let consumer = PinnedConsumer(loop: loop)
-    let published = PassCount()
+    let published = SharedCount()
     let count = Self.suspensions
     let task: Task<(received: Int, offLoop: Int), Never>
     switch driver {
