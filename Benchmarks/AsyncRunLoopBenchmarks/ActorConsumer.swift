@@ -85,8 +85,10 @@ final class ActorConsumerThroughput: FigureSession {
     let sequence = loop.sourceSequence(of: Int.self)
     let consumer = SequenceConsumer(loop: loop)
     let counter = counting ? PassCounter(on: loop) : nil
+    if counting { loop.setMetricsEnabled(true) }
     _ = try? loop.performAndWait {}  // the observer is in before the first element
     let (passesBefore, wakeUpsBefore) = (counter?.passes ?? 0, counter?.wakeUps ?? 0)
+    let metricsBefore = counting ? loop.metrics : LoopMetrics()
     let finished = Handoff<Int64>()
     let count = budget.count
     let task: Task<Void, Never>
@@ -122,6 +124,10 @@ final class ActorConsumerThroughput: FigureSession {
       _ = try? loop.performAndWait {}
       extras.append(("passes_per_element", Double(counter.passes - passesBefore) / Double(count)))
       extras.append(("wakeups_per_element", Double(counter.wakeUps - wakeUpsBefore) / Double(count)))
+      let metrics = loop.metrics - metricsBefore
+      extras.append(("jobs_per_element", Double(metrics.jobs) / Double(count)))
+      extras.append(("source_firings_per_element", Double(metrics.sourcesFired) / Double(count)))
+      loop.setMetricsEnabled(false)
       counter.remove()
     }
     return Figure(value: rate, extras: extras)
@@ -143,6 +149,8 @@ enum ConsumerScenarios {
           + " (driven by a task preferring the loop, or a detached task) or by a task preferring the loop",
         "passes_per_element / wakeups_per_element: the loop's passes (beforeTimers) and sleeps ended"
           + " (afterWaiting) per element, counted by an observer (which costs a little)",
+        "jobs_per_element / source_firings_per_element: executor jobs the loop ran and firings of the"
+          + " sequence's source, from the loop's metrics (on while counting: each job and firing is timed)",
       ],
       peers: ConsumerDriver.allCases.map { driver in
         PeerSpec(

@@ -50,8 +50,9 @@ final class LoopCore {
 
   /// Executor jobs taken from the inbox and not run yet, and the jobs on the stack.
   @exclusivity(unchecked) var jobs = LoopJobQueue<LoopJob>()
-  /// The serial-role job `runCollectedJobs` is running now, if any (see `isRunningSerialJob`).
-  @exclusivity(unchecked) var runningSerialJob: UnownedJob?
+  /// The serial- or task-role job `runCollectedJobs` is running now, if any (see
+  /// `isRunningJobThatMayPreferTheLoop`).
+  @exclusivity(unchecked) var runningJob: UnownedJob?
   /// Blocks (`perform`) taken from the inbox and not run yet.
   @exclusivity(unchecked) var blocks = LoopBlockQueue()
   /// Registration changes taken from the inbox and not applied yet, with the ordering rule that
@@ -208,21 +209,25 @@ final class LoopCore {
       observed(.job, priority: TaskPriority(job.job.priority), since: job.enqueuedAt) {
         switch job.role {
         case .serial:
-          runningSerialJob = job.job
+          runningJob = job.job
           job.job.runSynchronously(on: serial)
-          runningSerialJob = nil
+          runningJob = nil
         case .serialOnTaskExecutor: job.job.runSynchronously(isolatedTo: serial, taskExecutor: task)
-        case .task: job.job.runSynchronously(on: task)
+        case .task:
+          runningJob = job.job
+          job.job.runSynchronously(on: task)
+          runningJob = nil
         }
       }
     }
   }
 
-  /// Whether `job` is the serial-role job `runCollectedJobs` is running now: the job enqueues
-  /// itself again, the sign of a task that prefers this loop as its task executor (see `JobRole`).
+  /// Whether `job` is the serial- or task-role job `runCollectedJobs` is running now, enqueueing
+  /// itself on the loop's serial role: the sign of a task that prefers this loop as its task
+  /// executor (see `JobRole`). Loop thread.
   @inline(__always)
-  func isRunningSerialJob(_ job: UnownedJob) -> Bool {
-    guard let running = runningSerialJob else { return false }
+  func isRunningJobThatMayPreferTheLoop(_ job: UnownedJob) -> Bool {
+    guard let running = runningJob else { return false }
     return unsafeBitCast(running, to: UInt.self) == unsafeBitCast(job, to: UInt.self)
   }
 

@@ -11,11 +11,13 @@
 /// An actor's job whose task prefers the loop (`Task(executorPreference: loop)`) wants both: run
 /// as `serial`, each of its hops inside the actor fails the runtime's task-executor check and the
 /// task enqueues itself again on the serial role it is running in. `ExecutorJob` does not say
-/// which task executor its task prefers, so the loop reads it from that re-enqueue: a job that
+/// which task executor its task prefers, so the loop reads it from the enqueue: a job that
 /// enqueues *itself* on the loop's serial role from inside its own run comes back as
 /// `serialOnTaskExecutor` (see `LoopSerialExecutor.enqueue`), and its later hops in the actor run
-/// inline. (A task that prefers another executor alternates between the two serial roles, one
-/// re-enqueue per hop, as it would without this.)
+/// inline. That covers a `serial` job re-enqueueing itself after a failed hop, and a `task` job —
+/// a task the runtime sent to the loop because it prefers it — hopping into an actor on the loop,
+/// which then needs no second trip. (A task that prefers another executor alternates between the
+/// two serial roles, one re-enqueue per hop, as it would without this.)
 enum JobRole {
   /// Enqueued on the loop's serial executor (an actor's job): runs isolated to it.
   case serial

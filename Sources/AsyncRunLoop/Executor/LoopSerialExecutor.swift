@@ -14,8 +14,9 @@ final class LoopSerialExecutor: SerialExecutor {
 
   func enqueue(_ job: consuming ExecutorJob) {
     let job = UnownedJob(job)
-    // The job running on the loop enqueues itself: its task prefers a task executor (see `JobRole`).
-    if loop.isOnLoopThread, loop.core.isRunningSerialJob(job) {
+    // The job running on the loop in the serial or the task role enqueues itself: its task
+    // prefers a task executor, most likely this loop (see `JobRole`).
+    if loop.isOnLoopThread, loop.core.isRunningJobThatMayPreferTheLoop(job) {
       return loop.enqueue(job, role: .serialOnTaskExecutor)
     }
     loop.enqueue(job, role: .serial)

@@ -26,12 +26,25 @@ public struct SingleConsumerIterator<Base: AsyncSequence>: AsyncIteratorProtocol
     self.nextBatch = nextBatch
   }
 
-  /// The next element, or nil once the sequence has ended or the task was cancelled.
+  /// The next element, or nil once the sequence has ended or the task was cancelled. Call it from
+  /// the consuming task, in any isolation: it runs in the caller's isolation, and a suspension for
+  /// the next batch resumes there.
+  ///
+  /// `nonisolated(nonsending)`, and `actor` is not used: an `isolated` parameter would make the
+  /// compiler hop to it on entry and hop back to the caller's actor after the return — for a
+  /// `for await` in an actor, two executor switches per element, even when the element comes from
+  /// the local batch. The runtime reads the task's executor preference at each switch, which for a
+  /// task started with `Task(executorPreference:)` takes the task's status-record lock, and a task
+  /// that prefers another executor than its actor's loop even re-enqueues itself at each switch.
+  /// Running in the caller's isolation needs no switch until the batch runs out (Swift 6.3; see
+  /// Benchmarks/results/analysis-preference-and-futex.md). `for await` passes its own isolation, so
+  /// the two agree.
+  ///
   /// `@inlinable`: the per-element path is specialized for the element type in the caller.
   @inlinable
-  public mutating func next(isolation actor: isolated (any Actor)? = #isolation) async -> Element? {
+  nonisolated(nonsending) public mutating func next(isolation actor: (any Actor)? = #isolation) async -> Element? {
     if let element = batch.popFirst(), !Task.isCancelled { return element }
-    return await nextBatch(&batch, actor)
+    return await nextBatch(&batch, #isolation)
   }
 
   /// The next element, or nil once the sequence has ended or the task was cancelled.
