@@ -7,7 +7,8 @@ extension LoopCore {
   /// - Parameters:
   ///   - label: The member's label.
   ///   - priority: A job's priority.
-  ///   - since: When what the callout answers arrived (`LoopClock`; 0: not known).
+  ///   - since: When what the callout answers arrived (0: not known): a job's enqueue or a
+  ///     source's signal as a `MetricsClock` reading, a timer's fire date as a `LoopClock` time.
   @inline(__always)
   func observed<Result>(
     _ kind: LoopCalloutKind, label: @autoclosure () -> String? = nil,

@@ -28,6 +28,9 @@ final class LoopMonitor {
   /// When the last pass of the innermost run ended (0: no pass ended since a run began or ended):
   /// the next pass of the same run starts then, so one clock read serves both.
   @exclusivity(unchecked) private var passBoundary: Int64 = 0
+  /// Bumped by every switch of the metrics: a pass that began before the last switch is not timed
+  /// (it may have slept while they were off, uncounted).
+  @exclusivity(unchecked) private var switches: UInt32 = 0
 
   /// Whether metrics are on for new loops: on, because the benchmark measures them within 3% of a
   /// wake-up's and an actor hop's round trip (see "Diagnostics" in the DocC catalog).
@@ -45,6 +48,7 @@ final class LoopMonitor {
   func setMetrics(enabled: Bool) {
     metricsOn = enabled
     // A pass or sleep that began with the other setting is not timed.
+    switches &+= 1
     passBoundary = 0
     sleepStarted = 0
     observation.publishMetrics(metrics, enabled: enabled)
@@ -86,24 +90,35 @@ final class LoopMonitor {
     observation.publish(resumed)
   }
 
+  /// What `passBegan` hands `passEnded`.
+  struct PassToken {
+    /// When the pass began (a `clock` reading; 0: metrics were off).
+    let start: Int64
+    /// `slept` then.
+    let slept: Int64
+    /// `switches` then.
+    let switches: UInt32
+  }
+
   /// A pass begins: its start and the sleep counted so far (zero when metrics are off). The
   /// start is the end of the run's previous pass when there was one (nothing runs in between).
   @inline(__always)
-  func passBegan() -> (start: Int64, slept: Int64) {
-    guard metricsOn else { return (0, 0) }
+  func passBegan() -> PassToken {
+    guard metricsOn else { return PassToken(start: 0, slept: 0, switches: switches) }
     let start = passBoundary != 0 ? passBoundary : clock.now()
     passBoundary = 0
-    return (start, slept)
+    return PassToken(start: start, slept: slept, switches: switches)
   }
 
-  /// The pass that `passBegan` returned `pass` for ends: counted, with its busy time.
+  /// The pass that `passBegan` returned `pass` for ends: counted, with its busy time (not when
+  /// metrics were switched meanwhile).
   @inline(__always)
-  func passEnded(_ pass: (start: Int64, slept: Int64)) {
-    guard metricsOn, pass.start != 0 else { return }
+  func passEnded(_ pass: PassToken) {
+    guard metricsOn, pass.start != 0, pass.switches == switches else { return }
     let now = clock.now()
     passBoundary = now
     metrics.count(.passes)
-    metrics.record(.passDuration, clock.nanoseconds(now - pass.start - (slept - pass.slept)))
+    metrics.record(.passDuration, clock.nanoseconds(now &- pass.start &- (slept &- pass.slept)))
   }
 
   /// The thread is about to block.
@@ -118,7 +133,7 @@ final class LoopMonitor {
   func didWake() {
     guard metricsOn, sleepStarted != 0 else { return }
     metrics.count(.wakeUps)
-    slept += clock.now() - sleepStarted
+    slept &+= clock.now() &- sleepStarted
     sleepStarted = 0
   }
 
@@ -191,7 +206,7 @@ final class LoopMonitor {
   /// The callout `token` came from returned.
   @inline(__always)
   func end(_ token: CalloutToken) {
-    if token.start != 0 && metricsOn { metrics.record(.calloutDuration, clock.nanoseconds(clock.now() - token.start)) }
+    if token.start != 0 && metricsOn { metrics.record(.calloutDuration, clock.nanoseconds(clock.now() &- token.start)) }
     if token.number != 0 { unstamp(token, now: LoopClock.monotonicNanoseconds()) }
   }
 

@@ -92,6 +92,9 @@ final class LoopObservation: @unchecked Sendable {  // Safety: proof below
     }
   }
 
+  /// Whether a watch is on. Any thread.
+  var hasWatch: Bool { lock.withLock { watch != nil } }
+
   /// The loop ended (see `loopHasEnded`): takes its watch off for good and returns it, for the
   /// caller to finish once the lock is released, unless the watcher is delivering one of its
   /// reports right now (then the watcher finishes it after that report, see `watcherDelivered`).
@@ -148,16 +151,19 @@ final class LoopObservation: @unchecked Sendable {  // Safety: proof below
     }
   }
 
-  /// The watcher delivered its report: the `.ended` report the loop's thread left meanwhile, to
-  /// deliver now, and then the watch to finish, when the loop ended meanwhile.
+  /// The watcher delivered a report. Returns the `.ended` report the loop's thread left
+  /// meanwhile, if any: the watcher is still delivering (a loop ending now leaves its watch for
+  /// the watcher to finish) and calls this again once it has delivered that one. Otherwise the
+  /// watcher is done, and gets the watch to finish when the loop ended meanwhile.
   func watcherDelivered() -> (ended: (report: StallReport, watch: StallWatch)?, finish: StallWatch?) {
     lock.withLock {
-      watcherDelivering = 0
-      defer {
+      if let pending = pendingEnd {
         pendingEnd = nil
-        finishAfterDelivery = nil
+        return (pending, nil)
       }
-      return (pendingEnd, finishAfterDelivery)
+      watcherDelivering = 0
+      defer { finishAfterDelivery = nil }
+      return (nil, finishAfterDelivery)
     }
   }
 

@@ -11,7 +11,8 @@ import Glibc
 /// timer's fire date, a stall report's start): `CLOCK_MONOTONIC` is slewed by NTP, the counter is
 /// not, so the two drift apart over hours. Two threads' readings compare because the kernel only
 /// keeps its clock on the counter when the counter is constant-rate and synchronized across CPUs
-/// (it checks, and falls back to another clock source when it is not; so do we).
+/// (it checks, and falls back to another clock source when it is not; we check which source it
+/// uses once, when the process first needs the clock, and do not follow a later switch).
 struct MetricsClock: Sendable {
   /// Whether readings come from the cycle counter (else they are `CLOCK_MONOTONIC` nanoseconds).
   let usesCycleCounter: Bool
@@ -45,7 +46,10 @@ struct MetricsClock: Sendable {
     let monotonic = MetricsClock(usesCycleCounter: false, nanosecondsPerTick: 1 << 32)
     guard carl_cycle_counter() != 0, kernelKeepsTimeWithCycleCounter() else { return monotonic }
     guard let start = pairedReading(), let end = pairedReading(after: start.nanoseconds + 200_000),
-      end.ticks > start.ticks
+      end.ticks > start.ticks,
+      // A process stopped in between (a debugger, SIGSTOP, a paused VM) took a long reading:
+      // not trusted (and `<< 32` below would wrap past 4.29 s).
+      end.nanoseconds - start.nanoseconds < 1_000_000_000
     else { return monotonic }
     let elapsedNanoseconds = UInt64(end.nanoseconds - start.nanoseconds)
     let elapsedTicks = end.ticks - start.ticks

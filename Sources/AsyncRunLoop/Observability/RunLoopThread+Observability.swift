@@ -52,20 +52,18 @@ extension RunLoopThread {
     let observation = shared.observation
     let watch = StallWatch(loopName: name, threshold: threshold, bufferSize: bufferSize, handler: handler) {
       [weak observation, weak shared] watch in
+      // (The watcher stops looking at the loop on its next look, which finds no watch.)
       guard let observation, observation.removeWatch(watch) else { return }
-      StallWatcher.shared.remove(observation)
       shared?.onLoopThread { core in core.monitor.removeWatch(watch) }
     }
-    // Watched before the watch is installed: a loop ending in between stops the watcher looking
-    // at it after this, not before (which would leave the loop watched for good).
-    StallWatcher.shared.add(observation)
     let (installed, replaced) = observation.replaceWatch(with: watch)
     replaced?.finish()
     guard installed else {  // the loop has ended: the watch comes back finished
-      StallWatcher.shared.remove(observation)
       watch.finish()
       return watch
     }
+    // After the install: the watcher drops a loop only when it finds no watch on it.
+    StallWatcher.shared.add(observation)
     if !shared.onLoopThread({ core in core.monitor.setWatch(watch) }) { watch.cancel() }  // terminated
     return watch
   }

@@ -6,8 +6,8 @@ import Glibc
 /// and reports the callouts stuck past it — with no help from the stuck threads. Started the first
 /// time a watch is made; it then stays (asleep while no loop is watched).
 ///
-/// It wakes at most once per threshold per watched loop while that loop runs, and not at all
-/// while no loop is watched.
+/// It wakes at most once per threshold per watched loop while that loop runs, once more after a
+/// loop's watch ends (to stop looking at it), and not at all while no loop is watched.
 final class StallWatcher: @unchecked Sendable {  // Safety: proof below
   // Safety: `watched`, `started` and `changed` are only touched with `lock` held; `condition`
   // only through pthread_cond_* with `lock` held or after it (signalling).
@@ -38,9 +38,18 @@ final class StallWatcher: @unchecked Sendable {  // Safety: proof below
     if start { startThread() }
   }
 
-  /// Stops watching `observation`'s loop. Any thread.
-  func remove(_ observation: LoopObservation) {
-    _ = lock.withLock { watched.removeValue(forKey: ObjectIdentifier(observation)) }
+  /// Whether the watcher looks at `observation`'s loop. Any thread.
+  func watches(_ observation: LoopObservation) -> Bool {
+    lock.withLock { watched[ObjectIdentifier(observation)] != nil }
+  }
+
+  /// Stops looking at `observation`'s loop if no watch is on it. Decided under this lock and then
+  /// the loop's (never the other way round): a watch installed before this look keeps the loop
+  /// watched, and one installed after it is followed by its `add`, which comes after this.
+  private func dropIfUnwatched(_ observation: LoopObservation) {
+    lock.withLock {
+      if !observation.hasWatch { watched.removeValue(forKey: ObjectIdentifier(observation)) }
+    }
   }
 
   private func startThread() {
@@ -66,12 +75,26 @@ final class StallWatcher: @unchecked Sendable {  // Safety: proof below
       var next = Int64.max
       for observation in loops {
         let (report, watch, nextCheck) = observation.check(now: now)
+        // A loop whose watch was cancelled, or which ended, is dropped here, not by the cancel
+        // or the end: one of those racing a new watch's `add` could drop the new watch's loop.
+        guard let watch else {
+          dropIfUnwatched(observation)
+          continue
+        }
         next = min(next, nextCheck)
-        guard let report, let watch else { continue }
+        guard let report else { continue }
         watch.deliver(report)  // the handler runs here, on this thread
-        let after = observation.watcherDelivered()
-        if let ended = after.ended { ended.watch.deliver(ended.report) }
-        after.finish?.finish()  // the loop ended while this report was on its way: it ends behind it
+        // The `.ended` report the loop's thread left meanwhile, then (the loop ended while these
+        // were on their way) the end of the watch behind them.
+        while true {
+          let after = observation.watcherDelivered()
+          if let ended = after.ended {
+            ended.watch.deliver(ended.report)
+            continue
+          }
+          after.finish?.finish()
+          break
+        }
       }
       lock.lock()
       if !changed { sleep(until: next) }

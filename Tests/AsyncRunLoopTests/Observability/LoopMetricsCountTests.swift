@@ -85,8 +85,12 @@ struct LoopMetricsCountTests {
     let loop = try RunLoopThread(name: "metrics-default")
     await Task(executorPreference: loop) {}.value
     try loop.performAndWait {}
+    // (A pass is counted when it ends, after the sleep it may go on to: wake the loop.)
+    waitUntil("a pass ends") {
+      loop.wakeUp()
+      return loop.metrics.passes > 0
+    }
     let metrics = loop.metrics
-    #expect(metrics.passes > 0)
     #expect(metrics.jobs >= 1 && metrics.jobQueueDelay.count >= 1)
     #expect(metrics.performedBlocks >= 1)
     loop.shutdownAndWait()
@@ -123,6 +127,41 @@ struct LoopMetricsCountTests {
     // Saturated: later than any bucket but the last holds.
     let lateness = try #require(delta.timerLateness.quantile(1.0))
     #expect(lateness > .seconds(500))
+    loop.shutdownAndWait()
+  }
+
+  /// A pass that began with metrics on, switched them off before its sleep (a beforeWaiting
+  /// observer), and had them switched on again by another thread (applied after the wake, in the
+  /// same pass): its duration must not include the sleep.
+  @Test func aPassDurationNeverCountsASleepTakenWhileMetricsWereOff() throws {
+    let loop = try RunLoopThread(name: "metrics-off-across-sleep")
+    let armed = Guarded(false)
+    let switchedOff = Guarded(false)
+    let observer = LoopObserver(activities: .beforeWaiting) { _, _ in
+      guard armed.snapshot, !switchedOff.snapshot else { return }
+      switchedOff.withLock { $0 = true }
+      loop.setMetricsEnabled(false)  // on the loop's thread: at once, mid-pass, before the sleep
+    }
+    loop.add(observer, to: .default)
+    let before = try loop.performAndWait { loop.metrics }
+    let slept = Guarded(false)
+    let afterObserver = LoopObserver(activities: .afterWaiting) { _, _ in
+      if switchedOff.snapshot { slept.withLock { $0 = true } }
+    }
+    loop.add(afterObserver, to: .default)
+    try loop.performAndWait { armed.withLock { $0 = true } }
+    waitUntil("switched off") { switchedOff.snapshot }
+    usleep(300_000)  // the loop sleeps with metrics off
+    loop.setMetricsEnabled(true)  // applied after the wake-up, in the pass that slept
+    try loop.performAndWait {}
+    try loop.performAndWait {}
+    let after = loop.metrics
+    observer.invalidate()
+    afterObserver.invalidate()
+    #expect(slept.snapshot, "the loop slept after the switch-off")
+    let delta = after - before
+    let longest = delta.passDuration.maximum ?? .zero
+    #expect(longest < .milliseconds(100), "a pass 'busy' for \(longest)")
     loop.shutdownAndWait()
   }
 }

@@ -27,8 +27,28 @@ struct StallWatchEndsWithItsLoopTests {
     let after = observation.watcherDelivered()
     // (No shorter than the watcher saw it: 3 ms.)
     #expect(after.ended?.report.phase == .ended(duration: .milliseconds(3)))
-    #expect(after.finish === watch)
+    #expect(after.finish == nil)  // not yet: the `.ended` report is still on its way
+    let done = observation.watcherDelivered()
+    #expect(done.ended == nil && done.finish === watch)
     #expect(observation.check(now: start + 9_000_000).watch == nil)  // nothing is watched any more
+  }
+
+  /// The loop ends while the watcher is delivering the `.ended` report the loop's thread left for
+  /// it: the watch still ends behind that report (the watcher finishes it), not before it.
+  @Test func aLoopEndingWhileTheWatcherDeliversTheLeftEndedReportEndsTheWatchBehindIt() {
+    let observation = LoopObservation(loopName: "made-up")
+    let watch = StallWatch(loopName: "made-up", threshold: .milliseconds(1), bufferSize: 4, handler: nil) { _ in }
+    #expect(observation.replaceWatch(with: watch).installed)
+    let start: Int64 = 5_000_000
+    let stamp = CalloutStamp(
+      kind: .job, label: nil, priority: nil, mode: .default, depth: 0, number: 4, started: start, stuckSince: start)
+    observation.publish(stamp)
+    #expect(observation.check(now: start + 2_000_000).report != nil)  // the watcher delivers it now
+    #expect(observation.calloutEnded(stamp, now: start + 3_000_000) == nil)  // left for the watcher
+    #expect(observation.watcherDelivered().ended != nil)  // the watcher takes the `.ended` report…
+    #expect(observation.loopEnded() == nil)  // …and the loop ends while it delivers it
+    let done = observation.watcherDelivered()
+    #expect(done.ended == nil && done.finish === watch)
   }
 
   /// The loop ends with no report on its way: the watch is handed back to finish at once, once;
