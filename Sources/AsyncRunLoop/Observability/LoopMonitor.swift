@@ -1,3 +1,5 @@
+import Glibc
+
 /// The loop-thread half of a loop's observability: what the pass hooks call. Not `Sendable`:
 /// only the loop's thread touches it (or the code that creates the loop, before its thread runs).
 ///
@@ -33,8 +35,12 @@ final class LoopMonitor {
   @exclusivity(unchecked) private var switches: UInt32 = 0
 
   /// Whether metrics are on for new loops: on, because the benchmark measures them within 3% of a
-  /// wake-up's and an actor hop's round trip (see "Diagnostics" in the DocC catalog).
-  static let metricsOnByDefault = true
+  /// wake-up's and an actor hop's round trip (see "Diagnostics" in the DocC catalog), unless the
+  /// process's environment sets `ASYNC_RUN_LOOP_METRICS` to `off`, `0` or `false` (read once).
+  static let metricsOnByDefault: Bool = {
+    guard let raw = getenv("ASYNC_RUN_LOOP_METRICS") else { return true }
+    return !["off", "0", "false"].contains(String(cString: raw).lowercased())
+  }()
 
   init(observation: LoopObservation) {
     self.observation = observation

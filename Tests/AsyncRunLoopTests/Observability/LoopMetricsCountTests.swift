@@ -81,7 +81,8 @@ struct LoopMetricsCountTests {
     loop.shutdownAndWait()
   }
 
-  @Test func aNewLoopKeepsMetricsFromItsFirstPass() async throws {
+  @Test(.enabled(if: LoopMonitor.metricsOnByDefault, "ASYNC_RUN_LOOP_METRICS=off in the environment"))
+  func aNewLoopKeepsMetricsFromItsFirstPass() async throws {
     let loop = try RunLoopThread(name: "metrics-default")
     await Task(executorPreference: loop) {}.value
     try loop.performAndWait {}
@@ -98,6 +99,7 @@ struct LoopMetricsCountTests {
 
   @Test func calloutAndPassTimesAreNanoseconds() throws {
     let loop = try RunLoopThread(name: "metrics-units")
+    loop.setMetricsEnabled(true)  // (on by default, unless the environment says otherwise)
     let before = try loop.performAndWait { loop.metrics }
     try loop.performAndWait { _ = usleep(20_000) }
     // The block's pass goes on to sleep (its sleep is not counted) and ends after a wake-up.
@@ -117,6 +119,7 @@ struct LoopMetricsCountTests {
 
   @Test func aTimerDueAtTheEarliestInstantIsRecordedAsLateInsteadOfOverflowing() throws {
     let loop = try RunLoopThread(name: "metrics-earliest-timer")
+    loop.setMetricsEnabled(true)  // (on by default, unless the environment says otherwise)
     let before = try loop.performAndWait { loop.metrics }
     let fired = Guarded(false)
     loop.add(LoopTimer(after: .seconds(-Int64.max)) { _ in fired.withLock { $0 = true } }, to: .default)
@@ -135,6 +138,7 @@ struct LoopMetricsCountTests {
   /// same pass): its duration must not include the sleep.
   @Test func aPassDurationNeverCountsASleepTakenWhileMetricsWereOff() throws {
     let loop = try RunLoopThread(name: "metrics-off-across-sleep")
+    loop.setMetricsEnabled(true)  // (on by default, unless the environment says otherwise)
     let armed = Guarded(false)
     let switchedOff = Guarded(false)
     let observer = LoopObserver(activities: .beforeWaiting) { _, _ in
