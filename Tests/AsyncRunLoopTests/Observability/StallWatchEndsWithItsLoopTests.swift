@@ -10,10 +10,9 @@ import Testing
 struct StallWatchEndsWithItsLoopTests {
   // MARK: The loop's end, as a value (no threads)
 
-  /// The loop ends while the watcher is delivering a `.stillRunning` report, with the callout's
-  /// `.ended` report left for the watcher: the watch is not handed back to finish at once, but
-  /// to the watcher, after both reports, so the sequence ends behind them.
-  @Test func aLoopEndingWhileTheWatcherDeliversEndsTheWatchBehindItsReports() {
+  /// A watched callout that the watcher reports still running (2 ms in) and that ends (3 ms in)
+  /// while the watcher is delivering that report: its `.ended` report is left for the watcher.
+  private func calloutEndedWhileTheWatcherDelivers() -> (LoopObservation, StallWatch, start: Int64) {
     let observation = LoopObservation(loopName: "made-up")
     let watch = StallWatch(loopName: "made-up", threshold: .milliseconds(1), bufferSize: 4, handler: nil) { _ in }
     #expect(observation.replaceWatch(with: watch).installed)
@@ -23,6 +22,14 @@ struct StallWatchEndsWithItsLoopTests {
     observation.publish(stamp)
     #expect(observation.check(now: start + 2_000_000).report != nil)  // the watcher delivers it now
     #expect(observation.calloutEnded(stamp, now: start + 3_000_000) == nil)  // left for the watcher
+    return (observation, watch, start)
+  }
+
+  /// The loop ends while the watcher is delivering a `.stillRunning` report, with the callout's
+  /// `.ended` report left for the watcher: the watch is not handed back to finish at once, but
+  /// to the watcher, after both reports, so the sequence ends behind them.
+  @Test func aLoopEndingWhileTheWatcherDeliversEndsTheWatchBehindItsReports() {
+    let (observation, watch, start) = calloutEndedWhileTheWatcherDelivers()
     #expect(observation.loopEnded() == nil)  // left for the watcher too
     let after = observation.watcherDelivered()
     // (No shorter than the watcher saw it: 3 ms.)
@@ -36,15 +43,7 @@ struct StallWatchEndsWithItsLoopTests {
   /// The loop ends while the watcher is delivering the `.ended` report the loop's thread left for
   /// it: the watch still ends behind that report (the watcher finishes it), not before it.
   @Test func aLoopEndingWhileTheWatcherDeliversTheLeftEndedReportEndsTheWatchBehindIt() {
-    let observation = LoopObservation(loopName: "made-up")
-    let watch = StallWatch(loopName: "made-up", threshold: .milliseconds(1), bufferSize: 4, handler: nil) { _ in }
-    #expect(observation.replaceWatch(with: watch).installed)
-    let start: Int64 = 5_000_000
-    let stamp = CalloutStamp(
-      kind: .job, label: nil, priority: nil, mode: .default, depth: 0, number: 4, started: start, stuckSince: start)
-    observation.publish(stamp)
-    #expect(observation.check(now: start + 2_000_000).report != nil)  // the watcher delivers it now
-    #expect(observation.calloutEnded(stamp, now: start + 3_000_000) == nil)  // left for the watcher
+    let (observation, watch, _) = calloutEndedWhileTheWatcherDelivers()
     #expect(observation.watcherDelivered().ended != nil)  // the watcher takes the `.ended` report…
     #expect(observation.loopEnded() == nil)  // …and the loop ends while it delivers it
     let done = observation.watcherDelivered()
