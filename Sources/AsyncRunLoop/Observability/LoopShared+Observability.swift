@@ -7,6 +7,8 @@ extension LoopShared {
   /// Metrics stay readable. Any thread, with no lock held; later calls do nothing more.
   func endObservation() {
     // (The watcher stops looking at the loop on its next look, which finds no watch.)
-    observation.loopEnded()?.finish()
+    guard let watch = observation.loopEnded() else { return }
+    watch.finish()
+    StallWatcher.shared.lookAgain()
   }
 }

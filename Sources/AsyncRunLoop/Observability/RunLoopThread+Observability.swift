@@ -54,6 +54,7 @@ extension RunLoopThread {
       [weak observation, weak shared] watch in
       // (The watcher stops looking at the loop on its next look, which finds no watch.)
       guard let observation, observation.removeWatch(watch) else { return }
+      StallWatcher.shared.lookAgain()
       shared?.onLoopThread { core in core.monitor.removeWatch(watch) }
     }
     let (installed, replaced) = observation.replaceWatch(with: watch)

@@ -67,39 +67,54 @@ final class StallWatcher: @unchecked Sendable {  // Safety: proof below
   /// The watcher's life: look, report (outside the lock), sleep until the next possible stall.
   private func run() -> Never {
     while true {
-      let loops: [LoopObservation] = lock.withLock {
-        changed = false
-        return Array(watched.values)
-      }
-      let now = LoopClock.monotonicNanoseconds()
-      var next = Int64.max
-      for observation in loops {
-        let (report, watch, nextCheck) = observation.check(now: now)
-        // A loop whose watch was cancelled, or which ended, is dropped here, not by the cancel
-        // or the end: one of those racing a new watch's `add` could drop the new watch's loop.
-        guard let watch else {
-          dropIfUnwatched(observation)
-          continue
-        }
-        next = min(next, nextCheck)
-        guard let report else { continue }
-        watch.deliver(report)  // the handler runs here, on this thread
-        // The `.ended` report the loop's thread left meanwhile, then (the loop ended while these
-        // were on their way) the end of the watch behind them.
-        while true {
-          let after = observation.watcherDelivered()
-          if let ended = after.ended {
-            ended.watch.deliver(ended.report)
-            continue
-          }
-          after.finish?.finish()
-          break
-        }
-      }
+      let next = lookAtEveryWatchedLoop()
       lock.lock()
       if !changed { sleep(until: next) }
       lock.unlock()
     }
+  }
+
+  /// One look at every watched loop: reports what is stuck, drops the loops with no watch, and
+  /// returns when the next stall could be due. A function of its own, so the loops it looked at
+  /// are released before the watcher sleeps (a dropped loop is not kept alive by a sleeping look).
+  private func lookAtEveryWatchedLoop() -> Int64 {
+    let loops: [LoopObservation] = lock.withLock {
+      changed = false
+      return Array(watched.values)
+    }
+    let now = LoopClock.monotonicNanoseconds()
+    var next = Int64.max
+    for observation in loops {
+      let (report, watch, nextCheck) = observation.check(now: now)
+      // A loop whose watch was cancelled, or which ended, is dropped here, not by the cancel
+      // or the end: one of those racing a new watch's `add` could drop the new watch's loop.
+      guard let watch else {
+        dropIfUnwatched(observation)
+        continue
+      }
+      next = min(next, nextCheck)
+      guard let report else { continue }
+      watch.deliver(report)  // the handler runs here, on this thread
+      // The `.ended` report the loop's thread left meanwhile, then (the loop ended while these
+      // were on their way) the end of the watch behind them.
+      while true {
+        let after = observation.watcherDelivered()
+        if let ended = after.ended {
+          ended.watch.deliver(ended.report)
+          continue
+        }
+        after.finish?.finish()
+        break
+      }
+    }
+    return next
+  }
+
+  /// A watch was cancelled or its loop ended: look again now (and drop that loop), instead of at
+  /// the next time a stall could have been due. Any thread.
+  func lookAgain() {
+    lock.withLock { changed = true }
+    pthread_cond_signal(condition)
   }
 
   /// With `lock` held: waits on the condition until `deadline` (`LoopClock`; `Int64.max`: until
