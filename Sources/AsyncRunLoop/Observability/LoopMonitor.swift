@@ -10,10 +10,10 @@ import Glibc
 final class LoopMonitor {
   /// Whether metrics are on or a stall watch is (`watch` non-nil).
   @exclusivity(unchecked) private(set) var isActive = false
-  /// Whether metrics are on. The storage is allocated once, with the monitor: a `let`, so the
+  /// Whether metrics are on. The storage is the observation's, made with the loop: a `let`, so the
   /// hooks touch it without retaining it, and counts kept while off resume when switched on.
   @exclusivity(unchecked) private var metricsOn = false
-  private let metrics = LoopMetricsStorage()
+  private let metrics: LoopMetricsStorage
   /// What the metrics time with (pass, sleep and callout times below are its readings).
   private let clock: MetricsClock
   @exclusivity(unchecked) private var watch: StallWatch?
@@ -45,6 +45,7 @@ final class LoopMonitor {
   init(observation: LoopObservation) {
     self.observation = observation
     clock = observation.metricsClock
+    metrics = observation.metrics
     runModes.reserveCapacity(4)
     setMetrics(enabled: Self.metricsOnByDefault)
   }
@@ -57,7 +58,7 @@ final class LoopMonitor {
     switches &+= 1
     passBoundary = 0
     sleepStarted = 0
-    observation.publishMetrics(metrics, enabled: enabled)
+    observation.setStampsArrivals(enabled)
     isActive = metricsOn || watch != nil
   }
 

@@ -25,9 +25,10 @@ struct CalloutStamp {
 /// stall watch, and the stamp of the callout the loop's thread is in, which the stall watcher
 /// reads without the loop thread's help. Any thread.
 final class LoopObservation: @unchecked Sendable {  // Safety: proof below
-  // Safety: `storage`, `watch`, `loopHasEnded`, `current`, `reportedCallout`, `reportedAt`,
+  // Safety: `watch`, `loopHasEnded`, `current`, `reportedCallout`, `reportedAt`,
   // `watcherDelivering`, `pendingEnd` and `finishAfterDelivery` are only touched with `lock` held;
-  // `stampsArrivals` is an atomic; `loopName` and `metricsClock` are immutable.
+  // `stampsArrivals` is an atomic; `loopName`, `metricsClock` and
+  // `metrics` are immutable (the storage is safe to share: see `LoopMetricsStorage`).
 
   let loopName: String
   /// Metrics are on: producers stamp what they hand the loop (a job's enqueue, a source's
@@ -37,7 +38,6 @@ final class LoopObservation: @unchecked Sendable {  // Safety: proof below
   let metricsClock = MetricsClock.shared
 
   private let lock = PthreadLock.make()
-  private var storage: LoopMetricsStorage?
   private var watch: StallWatch?
   /// The loop terminated (or, a current loop, its jobs left its thread at shutdown): no watch is
   /// installed from now on.
@@ -71,12 +71,12 @@ final class LoopObservation: @unchecked Sendable {  // Safety: proof below
     stampsArrivals.load(ordering: .relaxed) ? metricsClock.now() : 0
   }
 
-  /// The metrics storage, once metrics were first switched on. Any thread.
-  var metricsStorage: LoopMetricsStorage? { lock.withLock { storage } }
+  /// The loop's metrics: written by its thread (`LoopMonitor`), snapshot by any thread. Made with
+  /// the loop, so reading it takes no lock.
+  let metrics = LoopMetricsStorage()
 
-  /// Loop thread (or before it starts): publishes the storage and whether producers stamp.
-  func publishMetrics(_ storage: LoopMetricsStorage, enabled: Bool) {
-    lock.withLock { self.storage = storage }
+  /// Loop thread (or before it starts): whether producers stamp what they hand the loop.
+  func setStampsArrivals(_ enabled: Bool) {
     stampsArrivals.store(enabled, ordering: .relaxed)
   }
 

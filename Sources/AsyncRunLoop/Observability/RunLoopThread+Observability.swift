@@ -8,7 +8,7 @@ extension RunLoopThread {
   /// Subtract an earlier snapshot (`now - before`) to see what happened in between; print one
   /// (`description`) for a table.
   public var metrics: LoopMetrics {
-    shared.observation.metricsStorage?.snapshot() ?? LoopMetrics()
+    shared.observation.metrics.snapshot()
   }
 
   /// Switches the loop's metrics on or off (new loops start with them on: the benchmark holds
