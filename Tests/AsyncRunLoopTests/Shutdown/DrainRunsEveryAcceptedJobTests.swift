@@ -9,10 +9,12 @@ import Testing
 @Suite(.timeLimit(.minutes(5)))
 struct DrainRunsEveryAcceptedJobTests {
   /// More jobs than two batches of `jobsPerPass` wait when the loop is shut down: none is handed
-  /// to the fallback queue (each runs on the loop's thread).
+  /// to the fallback queue (each runs on the loop's thread). (Three batches, the last of one job:
+  /// enough to need more than one round, few enough to finish well inside the drain's one-second
+  /// cap on a slow, sanitized run.)
   @Test func everyJobAcceptedBeforeShutdownRunsOnTheLoopsThread() async throws {
     let loop = try RunLoopThread(name: "drain-every-job")
-    let count = 6 * LoopCore.jobsPerPass
+    let count = 2 * LoopCore.jobsPerPass + 1
     let outcome = try await withWatchdog(timeout: .seconds(60), "draining \(count) jobs") { () -> (Int, Int) in
       let inBlock = TestGate()
       let release = TestGate()

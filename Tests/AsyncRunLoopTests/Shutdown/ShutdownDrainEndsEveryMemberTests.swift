@@ -127,14 +127,30 @@ struct ShutdownDrainEndsEveryMemberTests: PassTestModes {
     let pairs = PairLog()
     let sources = Guarded<[InputSource]>([])
     let stopAdding = Guarded(false)
+    // The adder keeps pace with the loop: it adds the next source once the loop scheduled the
+    // last one or refused it (or after 2 ms), so the adds race the drain without piling up a
+    // backlog that a slow loop (a sanitizer, a loaded machine) could never work off; the
+    // spinner's yields queue behind the changes sent before them.
     let adder = startThread {
+      var previous: (source: InputSource, scheduled: AtomicCounter)?
       while !stopAdding.snapshot {
+        if let (source, scheduled) = previous {
+          var waited = 0
+          while scheduled.current == 0 && source.isValid && waited < 40 {
+            usleep(50)
+            waited += 1
+          }
+        }
+        let scheduled = AtomicCounter()
         let source = InputSource(
-          schedule: { _, loop, _ in pairs.schedule(loop) }, cancel: { _, loop in pairs.cancel(loop) },
-          perform: { _ in })
+          schedule: { _, loop, _ in
+            scheduled.increment()
+            pairs.schedule(loop)
+          }, cancel: { _, loop in pairs.cancel(loop) }, perform: { _ in })
         sources.withLock { $0.append(source) }
         loop.add(source, to: .default)
         source.signal()
+        previous = (source, scheduled)
         usleep(50)
       }
     }
