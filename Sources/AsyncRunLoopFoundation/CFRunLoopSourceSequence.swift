@@ -142,14 +142,17 @@ public final class CFRunLoopSourceSequence: AsyncSequence, @unchecked Sendable {
     }
 
     /// The next performance; nil once the sequence ended or the consuming task was cancelled.
-    public mutating func next(isolation actor: isolated (any Actor)? = #isolation) async
+    /// Runs in the caller's isolation (`nonisolated(nonsending)`; `actor` is not used): an
+    /// `isolated` parameter would make the compiler hop to it on entry and back to the caller's
+    /// actor after the return, two executor switches per element for a `for await` in an actor.
+    nonisolated(nonsending) public mutating func next(isolation actor: (any Actor)? = #isolation) async
       -> CFRunLoopSourcePerformance?
     {
-      await token.storage.next(isolation: actor)
+      await token.storage.next()
     }
 
     public mutating func next() async -> CFRunLoopSourcePerformance? {
-      await token.storage.next(isolation: nil)
+      await next(isolation: nil)
     }
   }
 }

@@ -114,12 +114,17 @@ public final class CFRunLoopTimerSequence: AsyncSequence, @unchecked Sendable { 
     }
 
     /// The next tick; nil once the sequence ended or the consuming task was cancelled.
-    public mutating func next(isolation actor: isolated (any Actor)? = #isolation) async -> CFRunLoopTimerTick? {
-      await token.storage.next(isolation: actor)
+    /// Runs in the caller's isolation (`nonisolated(nonsending)`; `actor` is not used): an
+    /// `isolated` parameter would make the compiler hop to it on entry and back to the caller's
+    /// actor after the return, two executor switches per element for a `for await` in an actor.
+    nonisolated(nonsending) public mutating func next(isolation actor: (any Actor)? = #isolation) async
+      -> CFRunLoopTimerTick?
+    {
+      await token.storage.next()
     }
 
     public mutating func next() async -> CFRunLoopTimerTick? {
-      await token.storage.next(isolation: nil)
+      await next(isolation: nil)
     }
   }
 }

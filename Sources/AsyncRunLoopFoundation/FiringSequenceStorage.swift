@@ -54,10 +54,10 @@ final class FiringSequenceStorage<Element: FoldableFiring>: @unchecked Sendable 
   }
 
   /// The consumer's `next()`: an element, or nil once the sequence ended or the task was
-  /// cancelled (which ends the sequence).
-  func next(isolation actor: isolated (any Actor)?) async -> Element? {
+  /// cancelled (which ends the sequence). Runs, and resumes, in the caller's isolation.
+  nonisolated(nonsending) func next() async -> Element? {
     await withTaskCancellationHandler {
-      await withUnsafeContinuation(isolation: actor) { (continuation: UnsafeContinuation<Element?, Never>) in
+      await withUnsafeContinuation(isolation: #isolation) { (continuation: UnsafeContinuation<Element?, Never>) in
         switch state.withLock({ $0.next(continuation) }) {
         case .return(let element): continuation.resume(returning: element)
         case .suspended: break

@@ -219,3 +219,57 @@ private func collect<S: AsyncSequence & Sendable>(
     #expect(machine.buffered == [.init(signals: 2, performances: 1), .init(signals: 1, performances: 0)])
   }
 }
+
+/// An actor pinned to a Foundation run-loop thread.
+private actor PinnedToCFRunLoop {
+  let executor: CFRunLoopExecutor
+  nonisolated var unownedExecutor: UnownedSerialExecutor { executor.asUnownedSerialExecutor() }
+  init(executor: CFRunLoopExecutor) { self.executor = executor }
+
+  /// Takes `count` ticks, checking after each that it still runs isolated to itself.
+  func takeTicks(_ ticks: CFRunLoopTimerSequence, count: Int) async -> Int {
+    var taken = 0
+    for await _ in ticks {
+      preconditionIsolated("a tick resumed the actor outside its isolation")
+      taken += 1
+      if taken == count { break }
+    }
+    return taken
+  }
+
+  /// Takes performances until `signals` were counted, checking isolation after each.
+  func takeSignals(_ performances: CFRunLoopSourceSequence, signals: Int) async -> Int {
+    var counted = 0
+    for await performance in performances {
+      preconditionIsolated("a performance resumed the actor outside its isolation")
+      counted += performance.signals
+      if counted >= signals { break }
+    }
+    return counted
+  }
+}
+
+/// The sequences' iterators run in the caller's isolation: a `for await` in an actor (pinned to
+/// the run loop's thread, or on the default executor) gets every element inside that actor.
+@Suite struct CFRunLoopSequenceIsolationTests {
+  @Test func anActorPinnedToTheRunLoopConsumesTicksInItsIsolation() async {
+    let executor = CFRunLoopExecutor.startThread(name: "cf-actor-ticks")
+    defer { executor.shutdown() }
+    let actor = PinnedToCFRunLoop(executor: executor)
+    let ticks = executor.timer(every: .milliseconds(1))
+    #expect(await actor.takeTicks(ticks, count: 5) == 5)
+  }
+
+  @Test func anActorConsumesSignalsInItsIsolation() async {
+    let executor = CFRunLoopExecutor.startThread(name: "cf-actor-signals")
+    defer { executor.shutdown() }
+    let actor = PinnedToCFRunLoop(executor: executor)
+    let performances = executor.sourceSequence()
+    let consumer = Task { await actor.takeSignals(performances, signals: 50) }
+    for _ in 0..<50 {
+      #expect(performances.signal())
+      usleep(100)
+    }
+    #expect(await consumer.value == 50)
+  }
+}
