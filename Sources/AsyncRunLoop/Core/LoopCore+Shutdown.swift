@@ -12,7 +12,7 @@ extension LoopCore {
   /// in rounds, until a round leaves the inbox empty. Blocks are refused once shutdown has begun;
   /// jobs and registration changes are still accepted (an awaiting task must not hang; a member
   /// added now is detached in the next round), and if producers outpace the drain for
-  /// `shutdownDrainRounds` rounds or `shutdownDrainNanoseconds` the drain ends anyway: it refuses
+  /// `shutdownDrainRounds` rounds or `drainCapNanoseconds` the drain ends anyway: it refuses
   /// later changes (but invalidations, see `LoopInbox.control`).
   ///
   /// Then the loop is *finishing* (`LoopLifecycle`): in the same critical section that found the
@@ -35,7 +35,7 @@ extension LoopCore {
     let start = LoopClock.monotonicNanoseconds()
     // From the cap on, other threads' changes are refused as they arrive, also in the middle of
     // a round (which may take long: it applies what arrived during the round before).
-    shared.inboxLock.withLock { shared.inbox.refusesChangesFrom = start + Self.shutdownDrainNanoseconds }
+    shared.inboxLock.withLock { shared.inbox.refusesChangesFrom = start + drainCapNanoseconds }
     while true {
       applyControls()
       detachEveryMember()
@@ -43,7 +43,7 @@ extension LoopCore {
       round += 1
       let force =
         round >= Self.shutdownDrainRounds
-        || LoopClock.monotonicNanoseconds() - start >= Self.shutdownDrainNanoseconds
+        || LoopClock.monotonicNanoseconds() - start >= drainCapNanoseconds
       // Jobs this thread collected and has not run yet count as work left (a round runs at most
       // two batches of `jobsPerPass`).
       let localJobsLeft = jobs.hasLeft

@@ -45,6 +45,9 @@ final class LoopCore {
   @exclusivity(unchecked) var hasTerminated = false
   /// `drainForShutdown` is running (a callout of the drain that drains again is a no-op).
   @exclusivity(unchecked) var isDraining = false
+  /// How long this loop's shutdown drain accepts new jobs and changes (see `drainForShutdown`):
+  /// `shutdownDrainNanoseconds`, unless a test raised it to see an uncut drain on a slow run.
+  @exclusivity(unchecked) var drainCapNanoseconds = LoopCore.shutdownDrainNanoseconds
 
   // MARK: The work other threads sent, by concern
 
