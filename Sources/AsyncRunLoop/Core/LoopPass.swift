@@ -285,8 +285,17 @@ extension LoopCore {
       mechanism = sleepMechanism
       sleeps = !mustNotSleep(run) && decideToSleep(on: mechanism, ticket: &ticket)
     }
-    // A virtual clock moves here: the "sleep" until the next timer is a jump of its time.
-    if sleeps, case .manual(let clock) = shared.timeSource { sleeps = clock.loopWouldSleep() }
+    // A virtual clock moves here: the "sleep" until the next timer is a jump of its time. Under
+    // the inbox lock, and only if nothing arrived since the decision above (a change, a job, a
+    // wake-up): a timer added from another thread just before an `advance` is then on the loop
+    // before the time jumps past its date, instead of firing late.
+    if sleeps, case .manual(let clock) = shared.timeSource {
+      let (virtualSleeps, idle) = shared.inboxLock.withLock {
+        shared.inbox.wakePending ? (false, []) : clock.loopWouldSleep()
+      }
+      for waiter in idle { waiter.resume() }
+      sleeps = virtualSleeps
+    }
     var fired = false
     // The owned thread's own run lets go of its handle while it sleeps (see `LoopCore+Thread`).
     let letsGo = sleeps && run.keepsAlive

@@ -67,13 +67,14 @@ package final class VirtualClock: @unchecked Sendable {  // Safety: proof below
     lock.withLock { state.nextWake = deadline }
   }
 
-  /// Loop thread, step 7, when the loop has decided to sleep. Returns whether it may really sleep;
-  /// false when the time jumped (the pass polls, then fires what came due) or a waiter was resumed
-  /// (its continuation may have sent work here).
-  func loopWouldSleep() -> Bool {
-    let (sleeps, idle) = lock.withLock { state.loopWouldSleep() }
-    for continuation in idle { continuation.resume() }
-    return sleeps
+  /// Loop thread, step 7, when the loop has decided to sleep; called with the inbox lock held, so
+  /// that nothing another thread sends can slip in between the inbox's "nothing waits" and a jump
+  /// of the time (see `LoopCore.waitAndHandleReadiness`). Returns whether the loop may really
+  /// sleep — false when the time jumped (the pass polls, then fires what came due) or a waiter
+  /// was resumed (its continuation may send work here) — and the waiters to resume, which the
+  /// caller resumes once it released the inbox lock (a resumed task may enqueue on the loop).
+  func loopWouldSleep() -> (sleeps: Bool, idle: [CheckedContinuation<Void, Never>]) {
+    lock.withLock { state.loopWouldSleep() }
   }
 
   /// `delay` rounded up to whole milliseconds (never shorter; saturates). Pure.
