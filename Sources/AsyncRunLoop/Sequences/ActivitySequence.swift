@@ -36,13 +36,16 @@ public final class ActivitySequence: AsyncSequence, SingleConsumerStorage, @unch
   public typealias Iterator = SingleConsumerIterator<ActivitySequence>
   // Safety: `loop`, `observer` and `lock` are immutable after init. `machine` is only touched with
   // `lock` held, here and in `SingleConsumerStorage`'s shared consumer code; continuations are resumed after the lock is released.
+  // No dynamic exclusivity checks on `machine` (a thread-local lookup per access, on every
+  // element): each access is one call of the pure state machine under the lock, which never
+  // reaches `machine` again.
 
   /// The observed loop.
   public let loop: RunLoopThread
   /// The underlying observer.
   let observer: LoopObserver
   @usableFromInline let lock = PthreadLock.make()
-  @usableFromInline var machine: ActivitySequenceStateMachine<UnsafeContinuation<Void, Never>>
+  @exclusivity(unchecked) @usableFromInline var machine: ActivitySequenceStateMachine<UnsafeContinuation<Void, Never>>
 
   init(loop: RunLoopThread, activities: LoopActivity, order: Int, bufferLimit: Int) {
     let owner = WeakOwner<ActivitySequence>()

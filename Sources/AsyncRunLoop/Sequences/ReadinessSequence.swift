@@ -24,13 +24,18 @@ public final class ReadinessSequence:
   // Safety: `loop`, `source` and `lock` are immutable after init. `machine` is only touched with
   // `lock` held, here and in `SingleConsumerStorage`'s shared consumer code; continuations are resumed and the registration paused or resumed (on the loop
   // thread) after the lock is released.
+  // No dynamic exclusivity checks on `machine` (a thread-local lookup per access, on every
+  // element): each access is one call of the pure state machine under the lock, which never
+  // reaches `machine` again.
 
   /// The loop that watches the descriptor.
   public let loop: RunLoopThread
   /// The underlying readiness source.
   let source: DescriptorSource
   @usableFromInline let lock = PthreadLock.make()
-  @usableFromInline var machine = ReadinessSequenceStateMachine<UnsafeContinuation<Void, Never>>()
+  @exclusivity(unchecked) @usableFromInline var machine = ReadinessSequenceStateMachine<
+    UnsafeContinuation<Void, Never>
+  >()
 
   init(loop: RunLoopThread, descriptor: Int32, events: DescriptorEvents, order: Int) {
     let owner = WeakOwner<ReadinessSequence>()

@@ -19,12 +19,15 @@ public final class SignalSequence: AsyncSequence, InputSourceSequence, @unchecke
   public typealias Iterator = SingleConsumerIterator<SignalSequence>
   // Safety: `loop`, `source` and `lock` are immutable after init. `machine` is only touched with
   // `lock` held, here and in `SingleConsumerStorage`'s shared consumer code; continuations are resumed and the source signalled after the lock is released.
+  // No dynamic exclusivity checks on `machine` (a thread-local lookup per access, on every
+  // element): each access is one call of the pure state machine under the lock, which never
+  // reaches `machine` again.
 
   /// The loop the source is scheduled on.
   public let loop: RunLoopThread
   @usableFromInline let source: InputSource
   @usableFromInline let lock = PthreadLock.make()
-  @usableFromInline var machine = SignalSequenceStateMachine<UnsafeContinuation<Void, Never>>()
+  @exclusivity(unchecked) @usableFromInline var machine = SignalSequenceStateMachine<UnsafeContinuation<Void, Never>>()
 
   init(
     loop: RunLoopThread, order: Int, onSchedule: (@Sendable (RunLoopThread, RunLoopMode) -> Void)?,

@@ -40,6 +40,9 @@ public final class SourceSequence<Element: Sendable>:  // Safety: proof below
   // `lock` held, here and in `SingleConsumerStorage`'s shared consumer code (every access below is between `lock.lock()` and `lock.unlock()` or inside
   // `lock.withLock`); continuations are resumed and the source signalled after the lock is
   // released.
+  // No dynamic exclusivity checks on `machine` (a thread-local lookup per access, on every
+  // element): each access is one call of the pure state machine under the lock, which never
+  // reaches `machine` again.
 
   /// The loop the source is scheduled on.
   public let loop: RunLoopThread
@@ -47,7 +50,7 @@ public final class SourceSequence<Element: Sendable>:  // Safety: proof below
   @usableFromInline let source: InputSource
   // `@usableFromInline`: `post` and the iterator's fast path are inlined into the client.
   @usableFromInline let lock = PthreadLock.make()
-  @usableFromInline var machine: Machine
+  @exclusivity(unchecked) @usableFromInline var machine: Machine
 
   @usableFromInline typealias Machine = SourceSequenceStateMachine<
     Element, UnsafeContinuation<Void, Never>, SourceProducer

@@ -21,13 +21,16 @@ public final class TimerSequence: AsyncSequence, SingleConsumerStorage, @uncheck
   public typealias Iterator = SingleConsumerIterator<TimerSequence>
   // Safety: `loop`, `timer` and `lock` are immutable after init. `machine` is only touched with
   // `lock` held, here and in `SingleConsumerStorage`'s shared consumer code; continuations are resumed and the timer rescheduled after the lock is released.
+  // No dynamic exclusivity checks on `machine` (a thread-local lookup per access, on every
+  // element): each access is one call of the pure state machine under the lock, which never
+  // reaches `machine` again.
 
   /// The loop whose timer this is.
   public let loop: RunLoopThread
   /// The underlying timer (its handler turns fires into ticks).
   let timer: LoopTimer
   @usableFromInline let lock = PthreadLock.make()
-  @usableFromInline var machine: TimerSequenceStateMachine<UnsafeContinuation<Void, Never>>
+  @exclusivity(unchecked) @usableFromInline var machine: TimerSequenceStateMachine<UnsafeContinuation<Void, Never>>
 
   init(
     loop: RunLoopThread, firstDue: LoopClock.Instant, interval: Duration?, tolerance: Duration,
