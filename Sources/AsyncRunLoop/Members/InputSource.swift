@@ -1,3 +1,5 @@
+import Synchronization
+
 /// A custom ("version 0", signal-based) input source.
 ///
 /// The owner keeps whatever state the source needs (usually a command buffer, see
@@ -19,7 +21,7 @@
 /// once removed from its last mode it may be added to any loop at once, from any thread.
 public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: proof below
   // Safety: `order` is immutable. `state` (which also holds the routines) and `binding` are only
-  // touched with `lock` held.
+  // touched with `lock` held. `invalidated` is atomic.
 
   static var kindName: String { "InputSource" }
 
@@ -35,6 +37,11 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
   @exclusivity(unchecked) private var binding = MemberBinding()
   /// When the pending signal was sent (a `MetricsClock` reading), if its loop keeps metrics; else 0.
   @exclusivity(unchecked) private var signalledAt: Int64 = 0
+  /// Whether `invalidate()` was called: `!binding.isValid`, kept apart so that `isValid` reads it
+  /// without the lock (a `CommandSource` post asks on every command, under its own buffer's lock:
+  /// one lock per command, not two). Set once, under `lock`, with a releasing store before
+  /// `invalidate()` returns; never reset.
+  private let invalidated = Atomic<Bool>(false)
 
   /// Creates a source. The routines are called on the thread of the loop it is added to, and
   /// released once the source is invalidated.
@@ -107,6 +114,7 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
     let target: (loop: LoopShared?, record: MemberRecord?, released: SignalState.Routines?) = lock.withLock {
       let (loop, record, first) = binding.invalidate()
       guard first else { return (nil, nil, nil) }
+      invalidated.store(true, ordering: .releasing)
       // The loop's detach hands out cancel.
       let released = state.invalidate(keepingRoutines: loop != nil, pendingJoins: binding.pendingJoins)
       return (loop, record, released)
@@ -130,7 +138,7 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
   }
 
   /// False once `invalidate()` was called. Any thread.
-  public var isValid: Bool { lock.withLock { binding.isValid } }
+  public var isValid: Bool { !invalidated.load(ordering: .acquiring) }
 
   /// Whether the source is signalled and waiting for its loop to fire it. Any thread.
   public var isSignalled: Bool { lock.withLock { binding.isValid && state.isSignalled } }

@@ -1,4 +1,5 @@
 import Glibc
+import Synchronization
 import Testing
 
 @testable import AsyncRunLoop
@@ -1360,5 +1361,53 @@ struct CommandSourceUnderRacesTests {
     }
     #expect(outcome?.log == ["0", "1", "2", "3", "4", "cancel"])
     #expect(outcome?.refused == true)
+  }
+
+  /// `CommandSource.post`: "false when the source has been invalidated". A post that another
+  /// thread begins once `invalidate()` has returned is refused, whether the source was on a loop
+  /// or on none (the source's validity is read without its lock), and every command accepted
+  /// before is delivered exactly once, in order — or, on no loop, dropped and counted.
+  @Test func aPostBegunAfterInvalidateReturnedOnAnotherThreadIsRefused() throws {
+    let loop = try RunLoopThread(name: "late-post")
+    defer { loop.shutdownAndWait() }
+    for round in 0..<200 {
+      let delivered = Guarded<[Int]>([])
+      let command = CommandSource<Int> { value in delivered.withLock { $0.append(value) } }
+      let onLoop = round % 2 == 0
+      if onLoop { loop.add(command.source) }
+      let invalidateReturned = Atomic<Bool>(false)
+      let accepted = Guarded<[Int]>([])
+      let lateAccepted = Guarded<[Int]>([])
+      let poster = startThread {
+        var next = 0
+        while true {
+          let after = invalidateReturned.load(ordering: .acquiring)
+          if command.post(next) {
+            accepted.withLock { $0.append(next) }
+            if after { lateAccepted.withLock { $0.append(next) } }
+          } else if after {
+            return  // refused after the invalidation: done
+          }
+          next += 1
+        }
+      }
+      usleep(UInt32(round % 7) * 50)
+      command.source.invalidate()
+      invalidateReturned.store(true, ordering: .releasing)
+      joinThread(poster)
+      #expect(lateAccepted.snapshot.isEmpty, "round \(round): posts begun after invalidate() returned were accepted")
+      let expected = accepted.snapshot
+      if onLoop {
+        let all = waitUntil(timeout: .seconds(10), "every accepted command delivered") {
+          delivered.snapshot.count >= expected.count
+        }
+        #expect(
+          all && delivered.snapshot == expected,
+          "round \(round): delivered \(delivered.snapshot.count) of \(expected.count)")
+      } else {
+        #expect(delivered.snapshot.isEmpty)
+        #expect(command.droppedCount == expected.count, "round \(round): nothing can deliver them: each one dropped")
+      }
+    }
   }
 }
