@@ -38,6 +38,11 @@ func concurrentNextViolation(_ sequence: String) -> String {
 /// (the state changed since the consumer looked). `onCancel` runs if the task is cancelled (at once
 /// if it already is) and must end the wait. Runs in `actor`'s isolation: no hop. Neither closure
 /// escapes, so a wait allocates nothing on the heap.
+///
+/// An `isolated` parameter, not `nonisolated(nonsending)`: the operation closure handed to
+/// `withTaskCancellationHandler` is then isolated to `actor` too. Formed in a
+/// `nonisolated(nonsending)` function, it is not (Swift 6.3), and an actor's consumer resumed in
+/// three of its loop's jobs per suspension instead of two.
 @usableFromInline
 func waitForConsumerWake(
   isolation actor: isolated (any Actor)?,

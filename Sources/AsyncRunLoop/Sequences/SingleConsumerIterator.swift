@@ -13,7 +13,8 @@ public struct SingleConsumerIterator<Base: AsyncSequence>: AsyncIteratorProtocol
   public typealias Element = Base.Element
   /// The sequence's `nextBatch`, made where the sequence's type is known (for `SourceSequence`,
   /// in the client: it is then specialized for the element type).
-  @usableFromInline typealias NextBatch = (inout ElementBatch<Element>, isolated (any Actor)?) async -> Element?
+  /// Runs in the caller's isolation, as `next` does (see there).
+  @usableFromInline typealias NextBatch = nonisolated(nonsending) (inout ElementBatch<Element>) async -> Element?
 
   @usableFromInline let lifetime: ConsumerLifetime
   @usableFromInline let nextBatch: NextBatch
@@ -44,7 +45,7 @@ public struct SingleConsumerIterator<Base: AsyncSequence>: AsyncIteratorProtocol
   @inlinable
   nonisolated(nonsending) public mutating func next(isolation actor: (any Actor)? = #isolation) async -> Element? {
     if let element = batch.popFirst(), !Task.isCancelled { return element }
-    return await nextBatch(&batch, #isolation)
+    return await nextBatch(&batch)
   }
 
   /// The next element, or nil once the sequence has ended or the task was cancelled.
@@ -90,9 +91,10 @@ extension SingleConsumerStorage where Machine.Leftovers == Void {
 extension SingleConsumerStorage {
   /// The consumer's batch ran out: takes the next batch, suspending until there is one. Returns
   /// its first element, or nil once the sequence has ended or the task was cancelled. The
-  /// consumer's task.
+  /// consumer's task, in its isolation (`nonisolated(nonsending)`: with an `isolated` parameter
+  /// here and in the iterator's closure, each cost an executor switch per suspension).
   @inlinable
-  func nextBatch(_ batch: inout ElementBatch<Element>, isolation actor: isolated (any Actor)?) async -> Element? {
+  nonisolated(nonsending) func nextBatch(_ batch: inout ElementBatch<Element>) async -> Element? {
     batch.removeAll()  // release the consumed values outside the lock
     while true {
       if Task.isCancelled {
@@ -110,7 +112,7 @@ extension SingleConsumerStorage {
         return nil
       case .suspend:
         await waitForConsumerWake(
-          isolation: actor,
+          isolation: #isolation,
           register: { continuation in
             lock.lock()
             defer { lock.unlock() }
@@ -162,7 +164,7 @@ extension SingleConsumerStorage {
   func makeSingleConsumerIterator<Base: AsyncSequence>() -> SingleConsumerIterator<Base>
   where Base.Element == Element {
     claimSingleConsumer()
-    return SingleConsumerIterator(self) { batch, actor in await self.nextBatch(&batch, isolation: actor) }
+    return SingleConsumerIterator(self) { batch in await self.nextBatch(&batch) }
   }
 
   /// Traps unless this is the first iterator.
