@@ -37,7 +37,8 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
   @exclusivity(unchecked) private var binding = MemberBinding()
   /// When the pending signal was sent (a `MetricsClock` reading), if its loop keeps metrics; else 0.
   @exclusivity(unchecked) private var signalledAt: Int64 = 0
-  /// Whether `invalidate()` was called: `!binding.isValid`, kept apart so that `isValid` reads it
+  /// Whether `invalidate()` was called: `!binding.isValid` (both change in one critical section of
+  /// `lock`, the binding first), kept apart so that `isValid` reads it
   /// without the lock (a `CommandSource` post asks on every command, under its own buffer's lock:
   /// one lock per command, not two). Set once, under `lock`, with a releasing store before
   /// `invalidate()` returns; never reset.

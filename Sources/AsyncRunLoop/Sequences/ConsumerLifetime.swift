@@ -36,8 +36,9 @@ func concurrentNextViolation(_ sequence: String) -> String {
 /// Suspends the consumer until something resumes it: `register` runs synchronously with the
 /// continuation and stores it (under the sequence's lock) or answers false to be resumed at once
 /// (the state changed since the consumer looked). `onCancel` runs if the task is cancelled (at once
-/// if it already is) and must end the wait. Runs in `actor`'s isolation: no hop. Neither closure
-/// escapes, so a wait allocates nothing on the heap.
+/// if it already is) and must end the wait. Runs in `actor`'s isolation, so it never leaves the
+/// caller's executor (the call still costs the runtime one executor switch check). Neither
+/// closure escapes, so a wait allocates nothing on the heap.
 ///
 /// An `isolated` parameter, not `nonisolated(nonsending)`: the operation closure handed to
 /// `withTaskCancellationHandler` is then isolated to `actor` too. Formed in a
