@@ -36,9 +36,7 @@ public final class ActivitySequence: AsyncSequence, SingleConsumerStorage, @unch
   public typealias Iterator = SingleConsumerIterator<ActivitySequence>
   // Safety: `loop`, `observer` and `lock` are immutable after init. `machine` is only touched with
   // `lock` held, here and in `SingleConsumerStorage`'s shared consumer code; continuations are resumed after the lock is released.
-  // No dynamic exclusivity checks on `machine` (a thread-local lookup per access, on every
-  // element): each access is one call of the pure state machine under the lock, which never
-  // reaches `machine` again.
+  // No dynamic exclusivity checks on `machine`: see `SingleConsumerStorage.machine`.
 
   /// The observed loop.
   public let loop: RunLoopThread

@@ -24,9 +24,7 @@ public final class ReadinessSequence:
   // Safety: `loop`, `source` and `lock` are immutable after init. `machine` is only touched with
   // `lock` held, here and in `SingleConsumerStorage`'s shared consumer code; continuations are resumed and the registration paused or resumed (on the loop
   // thread) after the lock is released.
-  // No dynamic exclusivity checks on `machine` (a thread-local lookup per access, on every
-  // element): each access is one call of the pure state machine under the lock, which never
-  // reaches `machine` again.
+  // No dynamic exclusivity checks on `machine`: see `SingleConsumerStorage.machine`.
 
   /// The loop that watches the descriptor.
   public let loop: RunLoopThread

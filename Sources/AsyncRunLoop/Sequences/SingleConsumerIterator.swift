@@ -67,7 +67,12 @@ protocol SingleConsumerStorage: StoppableConsumption {
 
   /// Guards `machine`.
   var lock: PthreadLock { get }
-  /// Only touched with `lock` held.
+  /// Only touched with `lock` held. Conformers declare it `@exclusivity(unchecked)`: the
+  /// per-element paths are inlined into the client, where whole-module optimization cannot drop
+  /// the dynamic checks, and each check is a thread-local lookup. No access can overlap another:
+  /// each is one call of the pure state machine under the lock, which never reaches `machine`
+  /// again and releases no element (what it drops goes out through its results, freed after the
+  /// lock is released).
   var machine: Machine { get set }
 
   /// After the consumer took a batch (the consumer's task, lock released).

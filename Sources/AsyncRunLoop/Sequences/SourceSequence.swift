@@ -40,9 +40,7 @@ public final class SourceSequence<Element: Sendable>:  // Safety: proof below
   // `lock` held, here and in `SingleConsumerStorage`'s shared consumer code (every access below is between `lock.lock()` and `lock.unlock()` or inside
   // `lock.withLock`); continuations are resumed and the source signalled after the lock is
   // released.
-  // No dynamic exclusivity checks on `machine` (a thread-local lookup per access, on every
-  // element): each access is one call of the pure state machine under the lock, which never
-  // reaches `machine` again.
+  // No dynamic exclusivity checks on `machine`: see `SingleConsumerStorage.machine`.
 
   /// The loop the source is scheduled on.
   public let loop: RunLoopThread

@@ -21,9 +21,7 @@ public final class TimerSequence: AsyncSequence, SingleConsumerStorage, @uncheck
   public typealias Iterator = SingleConsumerIterator<TimerSequence>
   // Safety: `loop`, `timer` and `lock` are immutable after init. `machine` is only touched with
   // `lock` held, here and in `SingleConsumerStorage`'s shared consumer code; continuations are resumed and the timer rescheduled after the lock is released.
-  // No dynamic exclusivity checks on `machine` (a thread-local lookup per access, on every
-  // element): each access is one call of the pure state machine under the lock, which never
-  // reaches `machine` again.
+  // No dynamic exclusivity checks on `machine`: see `SingleConsumerStorage.machine`.
 
   /// The loop whose timer this is.
   public let loop: RunLoopThread
