@@ -71,6 +71,13 @@ final class LoopCore {
   /// Sequence numbers for timer-heap entries (equal deadlines fire in scheduling order).
   @exclusivity(unchecked) var timerSequence: UInt64 = 0
 
+  // MARK: Early fires (see `LoopCore+EarlyFire`)
+
+  /// The innermost run on the stack, nil outside every run.
+  @exclusivity(unchecked) var innermostRun: InnermostRun?
+  /// When the job on the stack first fired a source early (0: it has not).
+  @exclusivity(unchecked) var earlyFireWindowStart: Int64 = 0
+
   /// The most executor jobs one work point runs before the pass looks at timers and sources again.
   static let jobsPerPass = 1024
 
@@ -209,6 +216,7 @@ final class LoopCore {
     // waits too.
     while let job = jobs.takeNext(before: changes.barrier, end: end) {
       // Each job runs in the role it was enqueued in, so its awaits do not hop (see `JobRole`).
+      earlyFireWindowStart = 0
       observed(.job, priority: TaskPriority(job.job.priority), since: job.enqueuedAt) {
         switch job.role {
         case .serial:
@@ -242,6 +250,7 @@ final class LoopCore {
   func runAsJob(priority: @autoclosure () -> TaskPriority?, _ job: () -> Void) {
     jobs.depth += 1
     defer { jobs.depth -= 1 }
+    earlyFireWindowStart = 0
     observed(.job, priority: priority()) { job() }
   }
 

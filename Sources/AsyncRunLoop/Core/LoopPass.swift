@@ -46,6 +46,9 @@ extension LoopCore {
     // No entry/exit told. A shutdown ends every run `.stopped`, also one that a block of its
     // drain starts in a mode it emptied.
     if isFinished(run) { return shared.isShutDown ? .stopped : .finished }
+    let outerRun = innermostRun
+    innermostRun = InnermostRun(contents: contents, returnsAfterSource: returnAfterSourceHandled)
+    defer { innermostRun = outerRun }
     monitor.runBegan(mode)
     defer { monitor.runEnded() }
     notifyObservers(contents, .entry)  // 1

@@ -180,6 +180,26 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
     defer { signalledAt = 0 }
     return (perform, signalledAt)
   }
+
+  /// Fires the source now if it is signalled and step 4 of the loop's innermost run would fire it
+  /// next with nothing in between (see `LoopCore+EarlyFire`), from inside one of the loop's jobs:
+  /// a sequence's consumer running on the source's own loop takes what was posted while it ran,
+  /// instead of suspending until the next pass. The signal is consumed, as a fire in step 4 would.
+  /// Returns whether it fired. Any thread; off the source's loop thread, or outside a job there,
+  /// it does nothing.
+  func fireEarlyFromJob() -> Bool {
+    lock.lock()
+    guard binding.isValid, let (loop, record) = binding.loopAndRecord, loop.isOnLoopThread, state.isSignalled,
+      loop.core.mayFireEarly(record), let perform = state.consumeSignal()
+    else {
+      lock.unlock()
+      return false
+    }
+    signalledAt = 0
+    lock.unlock()
+    perform(self)
+    return true
+  }
 }
 
 /// The cross-thread state of an `InputSource` besides its binding: its routines and signal. A

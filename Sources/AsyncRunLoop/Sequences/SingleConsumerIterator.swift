@@ -81,6 +81,17 @@ protocol SingleConsumerStorage: StoppableConsumption {
   func dispose(_ leftovers: Machine.Leftovers)
   /// The consumer stopped while the member was still on its loop: take it off (any thread).
   func detachMember()
+  /// The consumer found nothing to take: when it runs in one of the member's loop's jobs and the
+  /// loop would fire the member next anyway, fires it now and returns true (what was posted meanwhile
+  /// is then there to take); otherwise false, and the consumer suspends. Consumer's task, lock
+  /// released.
+  func fireEarly() -> Bool
+}
+
+extension SingleConsumerStorage {
+  /// Members that only the loop fires (timers, descriptors, observers): the consumer waits.
+  @inlinable
+  func fireEarly() -> Bool { false }
 }
 
 extension SingleConsumerStorage where Machine.TakeEffect == Void {
@@ -116,6 +127,7 @@ extension SingleConsumerStorage {
       case .end:
         return nil
       case .suspend:
+        if fireEarly() { continue }
         await waitForConsumerWake(
           isolation: #isolation,
           register: { continuation in

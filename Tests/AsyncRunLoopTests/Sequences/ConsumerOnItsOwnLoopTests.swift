@@ -1,0 +1,203 @@
+import Synchronization
+import Testing
+
+@testable import AsyncRunLoop
+
+/// A `SourceSequence` consumer that runs on the source's own loop and finds nothing to take fires
+/// the source itself when the loop would fire it next anyway, so it takes what was posted while it
+/// ran without waiting for a pass — but only then: in a mode the source is in, never inside a run
+/// that must see the source fire, and never for so long that the loop's timers and other jobs wait.
+@Suite struct ConsumerOnItsOwnLoopTests {
+  /// A consumer that posts its own next element: every element arrives once and in order, and each
+  /// job of the consumer takes at least two (the one it was resumed for, then one posted while it
+  /// ran), so the loop makes at most about one pass for two elements, not one per element.
+  @Test func aConsumerTakesWhatWasPostedWhileItRanWithoutAPassPerElement() async throws {
+    let loop = try RunLoopThread(name: "early-self")
+    defer { loop.shutdownAndWait() }
+    let passes = Atomic<Int>(0)
+    let observer = LoopObserver(activities: .beforeTimers) { _, _ in passes.wrappingAdd(1, ordering: .relaxed) }
+    loop.add(observer, to: .common)
+    defer { observer.invalidate() }
+    let sequence = loop.sourceSequence(of: Int.self)
+    let count = 2_000
+    try loop.performAndWait {}  // the observer is in
+    let before = passes.load(ordering: .relaxed)
+    #expect(sequence.post(0) == .enqueued)
+    let received = try await withWatchdog(timeout: .seconds(60), "self-posting consumer") {
+      await consumeOnLoop(loop) { () async -> [Int] in
+        var received: [Int] = []
+        for await value in sequence {
+          received.append(value)
+          if value + 1 == count { break }
+          #expect(sequence.post(value + 1) == .enqueued)
+        }
+        return received
+      }
+    }
+    let used = passes.load(ordering: .relaxed) - before
+    #expect(received == Array(0..<count))
+    #expect(used <= count * 3 / 4, "one pass per element means the consumer waited for the loop each time: \(used)")
+  }
+
+  /// Posts from other threads and from the consumer itself, early fires and the loop's own fires
+  /// interleaved: every accepted element is delivered exactly once, in each producer's order.
+  @Test func elementsPostedFromEverywhereArriveOnceInEachProducersOrder() async throws {
+    let loop = try RunLoopThread(name: "early-mixed")
+    defer { loop.shutdownAndWait() }
+    let sequence = loop.sourceSequence(of: (producer: Int, index: Int).self)
+    let perProducer = 5_000
+    let selfPosts = 5_000
+    let producers = (1...2).map { producer in
+      startThread {
+        for index in 0..<perProducer { #expect(sequence.post((producer, index)) == .enqueued) }
+      }
+    }
+    let total = 2 * perProducer + selfPosts
+    let byProducer = try await withWatchdog(timeout: .seconds(60), "mixed consumer") {
+      await consumeOnLoop(loop) { () async -> [Int: [Int]] in
+        var byProducer: [Int: [Int]] = [:]
+        var selfPosted = 0
+        var received = 0
+        if selfPosted < selfPosts {
+          #expect(sequence.post((0, selfPosted)) == .enqueued)
+          selfPosted += 1
+        }
+        for await (producer, index) in sequence {
+          byProducer[producer, default: []].append(index)
+          received += 1
+          if received == total { break }
+          if producer == 0, selfPosted < selfPosts {
+            #expect(sequence.post((0, selfPosted)) == .enqueued)
+            selfPosted += 1
+          }
+        }
+        return byProducer
+      }
+    }
+    for producer in producers { joinThread(producer) }
+    #expect(byProducer?[0] == Array(0..<selfPosts))
+    #expect(byProducer?[1] == Array(0..<perProducer))
+    #expect(byProducer?[2] == Array(0..<perProducer))
+  }
+
+  /// The consumer resumes inside a run of a mode its source is not in (a nested run started by a
+  /// performed block; jobs run in every mode) and posts its next element there: it does not take it
+  /// until the loop runs one of the source's modes again.
+  @Test func aConsumerTakesNothingEarlyInAModeItsSourceIsNotIn() async throws {
+    let loop = try RunLoopThread(name: "early-modes")
+    defer { loop.shutdownAndWait() }
+    let other = RunLoopMode("early-other")
+    let sequence = loop.sourceSequence(of: Int.self, modes: [.default])
+    struct State {
+      var inOtherMode = false
+      var postedInOtherMode = false
+      var receivedInOtherMode: [Int] = []
+      var received: [Int] = []
+    }
+    let state = Locked(State())
+    #expect(sequence.post(1) == .enqueued)
+    try await withWatchdog(timeout: .seconds(30), "consumer in another mode") {
+      await consumeOnLoop(loop) {
+        for await value in sequence {
+          state.withLock {
+            $0.received.append(value)
+            if $0.inOtherMode { $0.receivedInOtherMode.append(value) }
+          }
+          if value == 2 { break }
+          loop.perform(inModes: [.default]) {
+            state.withLock { $0.inOtherMode = true }
+            // Nested runs of `other` until the consumer has posted there, and 50 ms longer.
+            while !state.withLock({ $0.postedInOtherMode }) { loop.run(mode: other, for: .milliseconds(5)) }
+            loop.run(mode: other, for: .milliseconds(50))
+            state.withLock { $0.inOtherMode = false }
+          }
+          try? await Task.sleep(for: .milliseconds(20))  // resumes inside the nested run
+          let inOtherMode = state.withLock { $0.inOtherMode }
+          #expect(sequence.post(2) == .enqueued)
+          state.withLock { $0.postedInOtherMode = true }
+          #expect(inOtherMode, "the consumer should have resumed inside the nested run of the other mode")
+        }
+      }
+    }
+    let final = state.withLock { $0 }
+    #expect(final.received == [1, 2])
+    #expect(final.receivedInOtherMode.isEmpty, "released in a mode the source is not in")
+  }
+
+  /// A nested run that returns after a handled source, with the source's consumer running inside
+  /// it: the consumer does not fire the source itself, so the run sees the fire and returns
+  /// `.handledSource` (instead of running on to its time limit).
+  @Test func aRunThatReturnsAfterASourceStillSeesItFireWhenTheConsumerRunsInside() async throws {
+    let loop = try RunLoopThread(name: "early-handled")
+    defer { loop.shutdownAndWait() }
+    let sequence = loop.sourceSequence(of: Int.self)
+    let result = Locked<RunLoopRunResult?>(nil)
+    #expect(sequence.post(1) == .enqueued)
+    let received = try await withWatchdog(timeout: .seconds(30), "consumer in a handled-source run") {
+      await consumeOnLoop(loop) { () async -> [Int] in
+        var received: [Int] = []
+        for await value in sequence {
+          received.append(value)
+          if value == 2 { break }
+          loop.perform(inModes: [.default]) {
+            let ended = loop.run(mode: .default, for: .seconds(10), returnAfterSourceHandled: true)
+            result.withLock { $0 = ended }
+          }
+          try? await Task.sleep(for: .milliseconds(20))  // resumes inside the nested run
+          #expect(sequence.post(2) == .enqueued)
+        }
+        return received
+      }
+    }
+    #expect(received == [1, 2])
+    await eventually("the nested run ended") { result.withLock { $0 } != nil }
+    #expect(result.withLock { $0 } == .handledSource)
+  }
+
+  /// A consumer that keeps finding elements posted while it ran (it posts them itself) still lets
+  /// the loop fire its timers and run its other tasks' jobs: it takes early only for a while per
+  /// job, then waits for a pass.
+  @Test func aConsumerFedFromItsOwnLoopLeavesTheLoopToItsTimersAndOtherTasks() async throws {
+    let loop = try RunLoopThread(name: "early-fair")
+    defer { loop.shutdownAndWait() }
+    let timerFires = Atomic<Int>(0)
+    let timer = LoopTimer(after: .milliseconds(1), repeatingEvery: .milliseconds(1)) { _ in
+      timerFires.wrappingAdd(1, ordering: .relaxed)
+    }
+    loop.add(timer, to: .common)
+    defer { timer.invalidate() }
+    let otherTaskTurns = Atomic<Int>(0)
+    let stop = Atomic<Bool>(false)
+    let other = Task(executorPreference: loop) {
+      while !stop.load(ordering: .relaxed) {
+        otherTaskTurns.wrappingAdd(1, ordering: .relaxed)
+        await Task.yield()
+      }
+    }
+    let sequence = loop.sourceSequence(of: Int.self)
+    #expect(sequence.post(0) == .enqueued)
+    let enough = 5
+    let consumed = try await withWatchdog(timeout: .seconds(60), "self-fed consumer") {
+      await consumeOnLoop(loop) { () async -> Int in
+        let firesBefore = timerFires.load(ordering: .relaxed)
+        let turnsBefore = otherTaskTurns.load(ordering: .relaxed)
+        var consumed = 0
+        for await value in sequence {
+          consumed += 1
+          // Only this consumer's own posts keep it busy: the loop gets a pass only when it waits.
+          if timerFires.load(ordering: .relaxed) - firesBefore >= enough
+            && otherTaskTurns.load(ordering: .relaxed) - turnsBefore >= enough
+          {
+            break
+          }
+          #expect(sequence.post(value + 1) == .enqueued)
+        }
+        return consumed
+      }
+    }
+    stop.store(true, ordering: .relaxed)
+    await other.value
+    #expect((consumed ?? 0) > 0)
+    #expect(timerFires.load(ordering: .relaxed) >= enough)
+  }
+}
