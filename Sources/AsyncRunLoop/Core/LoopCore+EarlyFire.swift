@@ -1,37 +1,60 @@
 /// Firing a signalled source from inside one of the loop's jobs, instead of in step 4 of the next
 /// pass: what lets a sequence's consumer that runs on its own loop take the elements posted while
-/// it ran, without suspending and waiting for a pass (see `InputSource.fireEarlyFromJob`). Loop
+/// it ran without suspending and waiting for a pass (see `InputSource.fireEarlyFromJob`). Loop
 /// thread only.
 ///
-/// The source fires only when step 4 of this run would fire it and nothing would come between: it
-/// is signalled, in the mode of the innermost run, no registration change sent from any thread
-/// waits (a signal fires only after the changes sent before it), and the run does not return
-/// after a handled source (it must see the fire). To keep the loop fair to its timers,
-/// descriptors, other sources and jobs, a job fires early only during the first
-/// `earlyFireWindowNanoseconds` after its first early fire; then the consumer waits for a pass
-/// as usual. Never on a virtual-time loop, whose tests must not depend on the real clock.
+/// The source fires early only when the loop has nothing else to do before that step 4 would fire
+/// it, so that nobody can tell the order apart from a pass's (only the pass is saved):
+/// - the run goes on (its time limit is ahead, it is not asked to end) and does not return after a
+///   handled source (it must see the fire); the source is in its mode;
+/// - nothing else waits: no registration change, job or stop, no block that may run in the mode
+///   (collected; in the inbox, no block at all),
+///   no other source's signal, no timer or sleeping task due; no observer of the mode is told of
+///   a pass's steps (`beforeTimers`, `beforeSources`, `beforeWaiting`, `afterWaiting`);
+/// - not on a virtual-time loop (its tests must not depend on the real clock).
+/// The source's signals still queued are dropped with the fire (they were for it). To stay fair to
+/// what arrives meanwhile (a descriptor's readiness, which only a pass sees), a job fires early
+/// only within `earlyFireWindowNanoseconds` of its first early fire; then the consumer waits for
+/// a pass as usual.
 extension LoopCore {
-  /// How long one job may keep firing sources early (see above).
+  /// How long after its first early fire one job may fire early again (see above).
   static let earlyFireWindowNanoseconds: Int64 = 20_000
+
+  /// What observers of a mode are told between a job and the next pass's step 4.
+  static let passActivities: LoopActivity = [.beforeTimers, .beforeSources, .beforeWaiting, .afterWaiting]
 
   /// The innermost run: entered by `run`, restored when it returns. Loop thread.
   struct InnermostRun {
     let contents: ModeContents
+    /// CLOCK_MONOTONIC nanoseconds; `Int64.max` for no limit.
+    let deadline: Int64
     let returnsAfterSource: Bool
+    let shouldEnd: (@Sendable () -> Bool)?
   }
 
-  /// Whether `record` may fire now, from inside the job that runs on the stack. Loop thread; the
-  /// caller holds the source's lock (nothing here takes a lock or calls out).
-  func mayFireEarly(_ record: MemberRecord) -> Bool {
-    guard !jobs.mayRun, let run = innermostRun, !run.returnsAfterSource, !changes.hasWaiting,
-      !shared.changesWaiting.load(ordering: .acquiring), record.isIn(run.contents)
+  /// Whether `record` may fire now, from inside the job on the stack (see above); if so, drops
+  /// its queued signals, and the caller must fire it. Loop thread; no member's lock held.
+  func claimEarlyFire(of record: MemberRecord) -> Bool {
+    guard !jobs.mayRun, !jobs.hasLeft, !changes.hasWaiting, let run = innermostRun, !run.returnsAfterSource,
+      case .system = shared.timeSource, !hasRunnablePerform(in: run.contents.mode),
+      run.contents.observedActivities.isDisjoint(with: Self.passActivities), record.isIn(run.contents),
+      signalled.onlySignalled(record, in: run.contents, sourceJoins: modeTable.sourceJoins)
     else { return false }
-    guard case .system = shared.timeSource else { return false }
     let now = LoopClock.monotonicNanoseconds()
-    if earlyFireWindowStart == 0 {
-      earlyFireWindowStart = now
-      return true
-    }
-    return now - earlyFireWindowStart <= Self.earlyFireWindowNanoseconds
+    guard run.deadline > now,
+      earlyFireWindowStart == 0 || now - earlyFireWindowStart <= Self.earlyFireWindowNanoseconds,
+      !hasTimerDue(at: now, in: run.contents), !(run.shouldEnd?() ?? false)
+    else { return false }
+    guard shared.inboxLock.withLock({ shared.inbox.dropSignalsIfAlone(record) }) else { return false }
+    signalled.dropCollected()
+    if earlyFireWindowStart == 0 { earlyFireWindowStart = now }
+    return true
+  }
+
+  /// Whether a timer of `contents`, or a sleeping task's wake-up, is due at `now`.
+  private func hasTimerDue(at now: Int64, in contents: ModeContents) -> Bool {
+    if let first = contents.timers.firstDeadline, first <= now { return true }
+    if let first = modeTable.everyModeContents?.timers.firstDeadline, first <= now { return true }
+    return false
   }
 }

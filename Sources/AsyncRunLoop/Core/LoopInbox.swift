@@ -151,6 +151,19 @@ struct LoopInbox {
     return requestWake()
   }
 
+  /// A loop-thread job is about to fire `record` early (see `LoopCore+EarlyFire`): true when
+  /// nothing but `record`'s signals waits here (no change, block, job or stop, no other source's
+  /// signal; a block for another mode counts too, to keep this short), and then those signals are
+  /// dropped (the fire consumes them; left here, they would let a later signal of the same source
+  /// pass changes sent before it).
+  mutating func dropSignalsIfAlone(_ record: MemberRecord) -> Bool {
+    guard controls.isEmpty, jobs.isEmpty, performs.isEmpty, !stopRequested,
+      signalled.allSatisfy({ $0.record === record })
+    else { return false }
+    signalled.removeAll(keepingCapacity: true)
+    return true
+  }
+
   /// `stop()`: remembered until a run consumes it.
   mutating func stop() -> WakeAction {
     stopRequested = true

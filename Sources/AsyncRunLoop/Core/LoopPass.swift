@@ -47,7 +47,8 @@ extension LoopCore {
     // drain starts in a mode it emptied.
     if isFinished(run) { return shared.isShutDown ? .stopped : .finished }
     let outerRun = innermostRun
-    innermostRun = InnermostRun(contents: contents, returnsAfterSource: returnAfterSourceHandled)
+    innermostRun = InnermostRun(
+      contents: contents, deadline: deadline, returnsAfterSource: returnAfterSourceHandled, shouldEnd: shouldEnd)
     defer { innermostRun = outerRun }
     monitor.runBegan(mode)
     defer { monitor.runEnded() }

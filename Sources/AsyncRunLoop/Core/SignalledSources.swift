@@ -134,6 +134,18 @@ struct SignalledSources {
     return true
   }
 
+  /// Whether `record` is the only source with a signal waiting here for `contents`' mode: every
+  /// collected signal is its own, no step 4 on the stack has sources left to fire, and `deferred`
+  /// holds neither `record` nor a source of that mode (see `LoopCore+EarlyFire`).
+  func onlySignalled(_ record: MemberRecord, in contents: ModeContents, sourceJoins: UInt64) -> Bool {
+    unfired.isEmpty && collected.allSatisfy { $0.record === record }
+      && !deferred.contains { $0 === record } && !hasDeferred(in: contents, sourceJoins: sourceJoins)
+  }
+
+  /// Drops the collected signals: they were all the one source's that fired early (see
+  /// `onlySignalled`).
+  mutating func dropCollected() { collected.removeAll(keepingCapacity: true) }
+
   /// Drops every signal (the loop has terminated: its sources are detached).
   mutating func removeAll() {
     deferred.removeAll()

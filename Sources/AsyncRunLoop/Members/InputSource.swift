@@ -181,23 +181,25 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
     return (perform, signalledAt)
   }
 
-  /// Fires the source now if it is signalled and step 4 of the loop's innermost run would fire it
-  /// next with nothing in between (see `LoopCore+EarlyFire`), from inside one of the loop's jobs:
-  /// a sequence's consumer running on the source's own loop takes what was posted while it ran,
-  /// instead of suspending until the next pass. The signal is consumed, as a fire in step 4 would.
-  /// Returns whether it fired. Any thread; off the source's loop thread, or outside a job there,
-  /// it does nothing.
+  /// Fires the source now if it is signalled and the loop has nothing else to do before its next
+  /// step 4 would fire it (see `LoopCore+EarlyFire`), from inside one of the loop's jobs: a
+  /// sequence's consumer running on the source's own loop takes what was posted while it ran,
+  /// instead of suspending until the next pass. The fire consumes the signal and its queued
+  /// entries, and counts as a handler callout, as in step 4. Returns whether it fired. Call it on
+  /// the loop's thread; elsewhere, or outside a job there, it does nothing.
   func fireEarlyFromJob() -> Bool {
     lock.lock()
-    guard binding.isValid, let (loop, record) = binding.loopAndRecord, loop.isOnLoopThread, state.isSignalled,
-      loop.core.mayFireEarly(record), let perform = state.consumeSignal()
-    else {
+    guard binding.isValid, state.isSignalled, let (loop, record) = binding.loopAndRecord, loop.isOnLoopThread else {
       lock.unlock()
       return false
     }
-    signalledAt = 0
     lock.unlock()
-    perform(self)
+    // (No lock held: the claim takes the inbox lock. Another thread can only invalidate the source
+    // meanwhile, which `consumeSignal` sees; a new signal coalesces with the pending one.)
+    guard loop.core.claimEarlyFire(of: record), let (perform, signalledAt) = consumeSignal(on: loop) else {
+      return false
+    }
+    loop.core.observed(.sourceHandler, label: label, since: signalledAt) { perform(self) }
     return true
   }
 }

@@ -82,9 +82,9 @@ protocol SingleConsumerStorage: StoppableConsumption {
   /// The consumer stopped while the member was still on its loop: take it off (any thread).
   func detachMember()
   /// The consumer found nothing to take: when it runs in one of the member's loop's jobs and the
-  /// loop would fire the member next anyway, fires it now and returns true (what was posted meanwhile
-  /// is then there to take); otherwise false, and the consumer suspends. Consumer's task, lock
-  /// released.
+  /// loop has nothing else to do before it would fire the member (see `LoopCore+EarlyFire`), fires
+  /// it now and returns true (what was posted meanwhile is then there to take); otherwise false,
+  /// and the consumer suspends. Consumer's task, lock released.
   func fireEarly() -> Bool
 }
 

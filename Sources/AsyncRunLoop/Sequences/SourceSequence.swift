@@ -13,11 +13,10 @@
 /// costs the consumer one lock per batch, not per element. A consumer that runs on the source's
 /// own loop (a task under `withTaskExecutorPreference(loop)`, or a `LoopActor` of that loop) is
 /// resumed from the loop thread itself, which enqueues on that thread without waking anything.
-/// Such a consumer that finds nothing to take, while elements posted since it was resumed wait for
-/// the source to fire, fires the source itself when the loop would fire it next anyway (in a mode
-/// of the source, with no registration change waiting, and not inside a run that returns after a
-/// handled source), and takes them without waiting for a pass; for at most 20 µs per loop job,
-/// then it waits for the loop (see "One pass of the loop").
+/// Such a consumer that finds nothing to take, while elements posted since it was resumed wait
+/// for the source to fire, fires the source itself when the loop has nothing else to do before
+/// it would fire it (see "One pass of the loop"), and takes them without suspending, for up to
+/// 20 µs after the first such fire in a loop job; then it waits for the loop.
 ///
 /// Every element that was accepted (`.enqueued`, `.enqueuedDroppingOldest`) is delivered exactly
 /// once and in order (per producer; posts from different threads interleave in the order they
@@ -186,9 +185,10 @@ public final class SourceSequence<Element: Sendable>:  // Safety: proof below
   }
 
   /// A consumer on the source's own loop takes what was posted while it ran, without waiting for
-  /// the next pass, when the loop would fire the source next anyway (`InputSource.fireEarlyFromJob`).
+  /// the next pass, when the loop has nothing else to do first (`InputSource.fireEarlyFromJob`).
+  /// Off the loop's thread: false at once, without the source's lock.
   @usableFromInline
-  func fireEarly() -> Bool { source.fireEarlyFromJob() }
+  func fireEarly() -> Bool { loop.isOnLoopThread && source.fireEarlyFromJob() }
 
   /// Producers that still waited learn that their element was not taken; discarded elements are
   /// released here, after the lock.

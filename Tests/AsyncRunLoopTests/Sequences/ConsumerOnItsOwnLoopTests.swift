@@ -4,9 +4,10 @@ import Testing
 @testable import AsyncRunLoop
 
 /// A `SourceSequence` consumer that runs on the source's own loop and finds nothing to take fires
-/// the source itself when the loop would fire it next anyway, so it takes what was posted while it
-/// ran without waiting for a pass — but only then: in a mode the source is in, never inside a run
-/// that must see the source fire, and never for so long that the loop's timers and other jobs wait.
+/// the source itself when the loop has nothing else to do before it would fire it, so it takes
+/// what was posted while it ran without waiting for a pass — but only then: in a mode the source
+/// is in, never ahead of work sent before the element, never inside a run that must see the source
+/// fire, and never for so long that the loop's timers and other jobs wait.
 @Suite struct ConsumerOnItsOwnLoopTests {
   /// A consumer that posts its own next element: every element arrives once and in order, and each
   /// job of the consumer takes at least two (the one it was resumed for, then one posted while it
@@ -14,14 +15,13 @@ import Testing
   @Test func aConsumerTakesWhatWasPostedWhileItRanWithoutAPassPerElement() async throws {
     let loop = try RunLoopThread(name: "early-self")
     defer { loop.shutdownAndWait() }
-    let passes = Atomic<Int>(0)
-    let observer = LoopObserver(activities: .beforeTimers) { _, _ in passes.wrappingAdd(1, ordering: .relaxed) }
-    loop.add(observer, to: .common)
-    defer { observer.invalidate() }
+    // Passes counted by the loop's metrics: an observer told of a pass's steps would itself keep
+    // the consumer waiting for the pass (it must be told before the source fires).
+    loop.setMetricsEnabled(true)
     let sequence = loop.sourceSequence(of: Int.self)
     let count = 2_000
-    try loop.performAndWait {}  // the observer is in
-    let before = passes.load(ordering: .relaxed)
+    try loop.performAndWait {}  // the sequence's source is in
+    let before = loop.metrics.passes
     #expect(sequence.post(0) == .enqueued)
     let received = try await withWatchdog(timeout: .seconds(60), "self-posting consumer") {
       await consumeOnLoop(loop) { () async -> [Int] in
@@ -34,7 +34,7 @@ import Testing
         return received
       }
     }
-    let used = passes.load(ordering: .relaxed) - before
+    let used = Int(loop.metrics.passes - before)
     #expect(received == Array(0..<count))
     #expect(used <= count * 3 / 4, "one pass per element means the consumer waited for the loop each time: \(used)")
   }
@@ -74,7 +74,7 @@ import Testing
         return byProducer
       }
     }
-    for producer in producers { joinThread(producer) }
+    await execOnNewThread { for producer in producers { joinThread(producer) } }
     #expect(byProducer?[0] == Array(0..<selfPosts))
     #expect(byProducer?[1] == Array(0..<perProducer))
     #expect(byProducer?[2] == Array(0..<perProducer))
@@ -88,6 +88,10 @@ import Testing
     defer { loop.shutdownAndWait() }
     let other = RunLoopMode("early-other")
     let sequence = loop.sourceSequence(of: Int.self, modes: [.default])
+    // Something to watch in `other`, so that each nested run there sleeps out its time limit.
+    let idleTimer = LoopTimer(after: .seconds(3_600)) { _ in }
+    loop.add(idleTimer, to: other)
+    defer { idleTimer.invalidate() }
     struct State {
       var inOtherMode = false
       var postedInOtherMode = false
@@ -106,7 +110,7 @@ import Testing
           if value == 2 { break }
           loop.perform(inModes: [.default]) {
             state.withLock { $0.inOtherMode = true }
-            // Nested runs of `other` until the consumer has posted there, and 50 ms longer.
+            // Nested runs of `other` (5 ms each) until the consumer has posted there, then 50 ms more.
             while !state.withLock({ $0.postedInOtherMode }) { loop.run(mode: other, for: .milliseconds(5)) }
             loop.run(mode: other, for: .milliseconds(50))
             state.withLock { $0.inOtherMode = false }
@@ -132,6 +136,7 @@ import Testing
     defer { loop.shutdownAndWait() }
     let sequence = loop.sourceSequence(of: Int.self)
     let result = Locked<RunLoopRunResult?>(nil)
+    let inNestedRun = Atomic<Bool>(false)
     #expect(sequence.post(1) == .enqueued)
     let received = try await withWatchdog(timeout: .seconds(30), "consumer in a handled-source run") {
       await consumeOnLoop(loop) { () async -> [Int] in
@@ -140,10 +145,14 @@ import Testing
           received.append(value)
           if value == 2 { break }
           loop.perform(inModes: [.default]) {
+            inNestedRun.store(true, ordering: .relaxed)
             let ended = loop.run(mode: .default, for: .seconds(10), returnAfterSourceHandled: true)
+            inNestedRun.store(false, ordering: .relaxed)
             result.withLock { $0 = ended }
           }
           try? await Task.sleep(for: .milliseconds(20))  // resumes inside the nested run
+          let resumedInside = inNestedRun.load(ordering: .relaxed)
+          #expect(resumedInside, "the consumer should have resumed inside the nested run")
           #expect(sequence.post(2) == .enqueued)
         }
         return received
@@ -177,27 +186,82 @@ import Testing
     let sequence = loop.sourceSequence(of: Int.self)
     #expect(sequence.post(0) == .enqueued)
     let enough = 5
-    let consumed = try await withWatchdog(timeout: .seconds(60), "self-fed consumer") {
-      await consumeOnLoop(loop) { () async -> Int in
+    let outcome = try await withWatchdog(timeout: .seconds(60), "self-fed consumer") {
+      await consumeOnLoop(loop) { () async -> (timerFires: Int, otherTurns: Int) in
         let firesBefore = timerFires.load(ordering: .relaxed)
         let turnsBefore = otherTaskTurns.load(ordering: .relaxed)
-        var consumed = 0
+        let giveUp = ContinuousClock.now.advanced(by: .seconds(20))
+        var outcome = (timerFires: 0, otherTurns: 0)
         for await value in sequence {
-          consumed += 1
+          outcome = (
+            timerFires.load(ordering: .relaxed) - firesBefore, otherTaskTurns.load(ordering: .relaxed) - turnsBefore
+          )
           // Only this consumer's own posts keep it busy: the loop gets a pass only when it waits.
-          if timerFires.load(ordering: .relaxed) - firesBefore >= enough
-            && otherTaskTurns.load(ordering: .relaxed) - turnsBefore >= enough
-          {
-            break
-          }
+          if (outcome.timerFires >= enough && outcome.otherTurns >= enough) || ContinuousClock.now > giveUp { break }
           #expect(sequence.post(value + 1) == .enqueued)
         }
-        return consumed
+        return outcome
       }
     }
     stop.store(true, ordering: .relaxed)
     await other.value
-    #expect((consumed ?? 0) > 0)
-    #expect(timerFires.load(ordering: .relaxed) >= enough)
+    #expect((outcome?.timerFires ?? 0) >= enough, "the timer did not get its turn: \(String(describing: outcome))")
+    #expect((outcome?.otherTurns ?? 0) >= enough, "the other task did not get its turn: \(String(describing: outcome))")
   }
+
+  /// What was sent to the loop before an element — a block for the mode, another source's signal,
+  /// an executor job, a registration change — takes effect before the consumer gets the element,
+  /// even though the consumer is running on the loop when the element arrives (as in a pass: work
+  /// point A and step 2 come before step 4, and a lower order fires first).
+  @Test(arguments: EarlierWork.allCases)
+  func workSentBeforeAnElementComesBeforeTheConsumerGetsIt(_ earlier: EarlierWork) async throws {
+    let loop = try RunLoopThread(name: "early-order")
+    defer { loop.shutdownAndWait() }
+    let sequence = loop.sourceSequence(of: Int.self, order: 0)
+    let log = Locked<[String]>([])
+    let other = InputSource(order: -1) { _ in log.withLock { $0.append("earlier") } }
+    loop.add(other, to: .default)
+    defer { other.invalidate() }
+    let added = InputSource(schedule: { _, _, _ in log.withLock { $0.append("earlier") } }) { _ in }
+    defer { added.invalidate() }
+    let inBody = TestGate()
+    let proceed = TestGate()
+    let rounds = 20
+    #expect(sequence.post(0) == .enqueued)
+    let consumer = Task(executorPreference: loop) {
+      for await value in sequence {
+        log.withLock { $0.append("element \(value)") }
+        if value == rounds { break }
+        if value == 1 {
+          // Busy on the loop while another thread sends work, then the next element.
+          inBody.open()
+          _ = proceed.wait(timeout: .seconds(30))
+        } else {
+          #expect(sequence.post(value + 1) == .enqueued)  // keeps the consumer running early
+        }
+      }
+    }
+    _ = await execOnNewThread { inBody.wait(timeout: .seconds(30)) }
+    switch earlier {
+    case .block: #expect(loop.perform(inModes: [.default]) { log.withLock { $0.append("earlier") } })
+    case .lowerOrderSource: other.signal()
+    case .job: Task(executorPreference: loop) { log.withLock { $0.append("earlier") } }
+    case .registrationChange: loop.add(added, to: .default)
+    }
+    #expect(sequence.post(2) == .enqueued)
+    proceed.open()
+    _ = try await withWatchdog(timeout: .seconds(30), "consumer") { await consumer.value }
+    let entries = log.withLock { $0 }
+    let earlierAt = entries.firstIndex(of: "earlier")
+    let elementAt = entries.firstIndex(of: "element 2")
+    #expect(earlierAt != nil && elementAt != nil && earlierAt! < elementAt!, "\(entries.prefix(6))")
+  }
+}
+
+/// Work another thread sends to the loop before posting an element.
+enum EarlierWork: String, CaseIterable, Sendable {
+  case block
+  case lowerOrderSource
+  case job
+  case registrationChange
 }
