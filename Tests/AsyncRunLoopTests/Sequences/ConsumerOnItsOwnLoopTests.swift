@@ -81,8 +81,8 @@ import Testing
   }
 
   /// The consumer resumes inside a run of a mode its source is not in (a nested run started by a
-  /// performed block; jobs run in every mode) and posts its next element there: it does not take it
-  /// until the loop runs one of the source's modes again.
+  /// performed block, which resumes it; jobs run in every mode) and posts its next element there:
+  /// it does not take it until the loop runs one of the source's modes again.
   @Test func aConsumerTakesNothingEarlyInAModeItsSourceIsNotIn() async throws {
     let loop = try RunLoopThread(name: "early-modes")
     defer { loop.shutdownAndWait() }
@@ -108,14 +108,17 @@ import Testing
             if $0.inOtherMode { $0.receivedInOtherMode.append(value) }
           }
           if value == 2 { break }
-          loop.perform(inModes: [.default]) {
-            state.withLock { $0.inOtherMode = true }
-            // Nested runs of `other` (5 ms each) until the consumer has posted there, then 50 ms more.
-            while !state.withLock({ $0.postedInOtherMode }) { loop.run(mode: other, for: .milliseconds(5)) }
-            loop.run(mode: other, for: .milliseconds(50))
-            state.withLock { $0.inOtherMode = false }
+          // Resumed by the block from inside its nested run: the consumer's next job runs there.
+          await withCheckedContinuation { (resume: CheckedContinuation<Void, Never>) in
+            loop.perform(inModes: [.default]) {
+              state.withLock { $0.inOtherMode = true }
+              resume.resume()
+              // Nested runs of `other` (5 ms each) until the consumer has posted there, then 50 ms more.
+              while !state.withLock({ $0.postedInOtherMode }) { loop.run(mode: other, for: .milliseconds(5)) }
+              loop.run(mode: other, for: .milliseconds(50))
+              state.withLock { $0.inOtherMode = false }
+            }
           }
-          try? await Task.sleep(for: .milliseconds(20))  // resumes inside the nested run
           let inOtherMode = state.withLock { $0.inOtherMode }
           #expect(sequence.post(2) == .enqueued)
           state.withLock { $0.postedInOtherMode = true }
@@ -144,13 +147,16 @@ import Testing
         for await value in sequence {
           received.append(value)
           if value == 2 { break }
-          loop.perform(inModes: [.default]) {
-            inNestedRun.store(true, ordering: .relaxed)
-            let ended = loop.run(mode: .default, for: .seconds(10), returnAfterSourceHandled: true)
-            inNestedRun.store(false, ordering: .relaxed)
-            result.withLock { $0 = ended }
+          // Resumed by the block from inside its nested run: the consumer's next job runs there.
+          await withCheckedContinuation { (resume: CheckedContinuation<Void, Never>) in
+            loop.perform(inModes: [.default]) {
+              inNestedRun.store(true, ordering: .relaxed)
+              resume.resume()
+              let ended = loop.run(mode: .default, for: .seconds(10), returnAfterSourceHandled: true)
+              inNestedRun.store(false, ordering: .relaxed)
+              result.withLock { $0 = ended }
+            }
           }
-          try? await Task.sleep(for: .milliseconds(20))  // resumes inside the nested run
           let resumedInside = inNestedRun.load(ordering: .relaxed)
           #expect(resumedInside, "the consumer should have resumed inside the nested run")
           #expect(sequence.post(2) == .enqueued)
