@@ -4,18 +4,22 @@
 /// thread only.
 ///
 /// The source fires early only when the loop has nothing else to do before that step 4 would fire
-/// it, so that nobody can tell the order apart from a pass's (only the pass is saved):
+/// it, so that the order of everything sent to the loop is as a pass would give it:
 /// - the run goes on (its time limit is ahead, it is not asked to end) and does not return after a
 ///   handled source (it must see the fire); the source is in its mode;
 /// - nothing else waits: no registration change, job or stop, no block that may run in the mode
-///   (collected; in the inbox, no block at all),
-///   no other source's signal, no timer or sleeping task due; no observer of the mode is told of
-///   a pass's steps (`beforeTimers`, `beforeSources`, `beforeWaiting`, `afterWaiting`);
+///   (collected; in the inbox, no block at all), no other source's signal, no timer or sleeping
+///   task due; no observer of the mode is told of a pass's steps (`beforeTimers`, `beforeSources`,
+///   `beforeWaiting`, `afterWaiting`);
+/// - the source's signal has reached the loop (its entry is queued), and those entries are dropped
+///   with the fire;
 /// - not on a virtual-time loop (its tests must not depend on the real clock).
-/// The source's signals still queued are dropped with the fire (they were for it). To stay fair to
-/// what arrives meanwhile (a descriptor's readiness, which only a pass sees), a job fires early
-/// only within `earlyFireWindowNanoseconds` of its first early fire; then the consumer waits for
-/// a pass as usual.
+/// What the loop learns of only in steps 5–8 (a descriptor's readiness, the main queue's work on
+/// the main loop) is not known here: an element may be taken before a readiness that arrived just
+/// before it, as in any pass whose step 4 fires the element's signal before steps 5–8 see the
+/// readiness. So that such work is not held back, a job fires early only within
+/// `earlyFireWindowNanoseconds` of its first early fire; then the consumer waits for a pass as
+/// usual.
 extension LoopCore {
   /// How long after its first early fire one job may fire early again (see above).
   static let earlyFireWindowNanoseconds: Int64 = 20_000
@@ -45,8 +49,13 @@ extension LoopCore {
       earlyFireWindowStart == 0 || now - earlyFireWindowStart <= Self.earlyFireWindowNanoseconds,
       !hasTimerDue(at: now, in: run.contents), !(run.shouldEnd?() ?? false)
     else { return false }
-    guard shared.inboxLock.withLock({ shared.inbox.dropSignalsIfAlone(record) }) else { return false }
-    signalled.dropCollected()
+    guard let droppedFromInbox = shared.inboxLock.withLock({ shared.inbox.dropSignalsIfAlone(record) }) else {
+      return false
+    }
+    // No entry anywhere: the signal is still on its way to the inbox (set on the source, not queued
+    // yet). Firing now would leave that entry to arrive stale, numbered before changes sent after
+    // it, and let the source's next signal fire ahead of them: the consumer waits for a pass.
+    guard droppedFromInbox + signalled.dropCollected() > 0 else { return false }
     if earlyFireWindowStart == 0 { earlyFireWindowStart = now }
     return true
   }

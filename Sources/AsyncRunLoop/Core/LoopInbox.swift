@@ -151,17 +151,18 @@ struct LoopInbox {
     return requestWake()
   }
 
-  /// A loop-thread job is about to fire `record` early (see `LoopCore+EarlyFire`): true when
-  /// nothing but `record`'s signals waits here (no change, block, job or stop, no other source's
-  /// signal; a block for another mode counts too, to keep this short), and then those signals are
-  /// dropped (the fire consumes them; left here, they would let a later signal of the same source
-  /// pass changes sent before it).
-  mutating func dropSignalsIfAlone(_ record: MemberRecord) -> Bool {
+  /// A loop-thread job is about to fire `record` early (see `LoopCore+EarlyFire`): when nothing but
+  /// `record`'s signals waits here (no change, block, job or stop, no other source's signal; a
+  /// block for another mode counts too, to keep this short), drops those signals and returns how
+  /// many there were (the fire consumes them; left here, they would let a later signal of the same
+  /// source pass changes sent before it); otherwise nil.
+  mutating func dropSignalsIfAlone(_ record: MemberRecord) -> Int? {
     guard controls.isEmpty, jobs.isEmpty, performs.isEmpty, !stopRequested,
       signalled.allSatisfy({ $0.record === record })
-    else { return false }
+    else { return nil }
+    let dropped = signalled.count
     signalled.removeAll(keepingCapacity: true)
-    return true
+    return dropped
   }
 
   /// `stop()`: remembered until a run consumes it.

@@ -142,9 +142,13 @@ struct SignalledSources {
       && !deferred.contains { $0 === record } && !hasDeferred(in: contents, sourceJoins: sourceJoins)
   }
 
-  /// Drops the collected signals: they were all the one source's that fired early (see
-  /// `onlySignalled`).
-  mutating func dropCollected() { collected.removeAll(keepingCapacity: true) }
+  /// Drops the collected signals (they were all the one source's that fired early; see
+  /// `onlySignalled`) and returns how many there were.
+  mutating func dropCollected() -> Int {
+    let dropped = collected.count
+    collected.removeAll(keepingCapacity: true)
+    return dropped
+  }
 
   /// Drops every signal (the loop has terminated: its sources are detached).
   mutating func removeAll() {

@@ -182,7 +182,8 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
   }
 
   /// Fires the source now if it is signalled and the loop has nothing else to do before its next
-  /// step 4 would fire it (see `LoopCore+EarlyFire`), from inside one of the loop's jobs: a
+  /// step 4 would fire it (see `LoopCore+EarlyFire` for what that means), from inside one of the
+  /// loop's jobs: a
   /// sequence's consumer running on the source's own loop takes what was posted while it ran,
   /// instead of suspending until the next pass. The fire consumes the signal and its queued
   /// entries, and counts as a handler callout, as in step 4. Returns whether it fired. Call it on
@@ -194,8 +195,9 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
       return false
     }
     lock.unlock()
-    // (No lock held: the claim takes the inbox lock. Another thread can only invalidate the source
-    // meanwhile, which `consumeSignal` sees; a new signal coalesces with the pending one.)
+    // (No lock held: the claim takes the inbox lock. Meanwhile another thread may invalidate the
+    // source, or take it off its modes or move it: `consumeSignal` then answers nil and the signal
+    // stays with the source, for the loop it joins next. A new signal coalesces with this one.)
     guard loop.core.claimEarlyFire(of: record), let (perform, signalledAt) = consumeSignal(on: loop) else {
       return false
     }

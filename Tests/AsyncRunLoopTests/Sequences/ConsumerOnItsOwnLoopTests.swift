@@ -1,3 +1,4 @@
+import Glibc
 import Synchronization
 import Testing
 
@@ -170,8 +171,8 @@ import Testing
   }
 
   /// A consumer that keeps finding elements posted while it ran (it posts them itself) still lets
-  /// the loop fire its timers and run its other tasks' jobs: it takes early only for a while per
-  /// job, then waits for a pass.
+  /// the loop fire its timers and run its other tasks' jobs. (A job or a due timer waiting keeps
+  /// the consumer from firing early at all; the readiness test below covers the time limit.)
   @Test func aConsumerFedFromItsOwnLoopLeavesTheLoopToItsTimersAndOtherTasks() async throws {
     let loop = try RunLoopThread(name: "early-fair")
     defer { loop.shutdownAndWait() }
@@ -213,6 +214,42 @@ import Testing
     await other.value
     #expect((outcome?.timerFires ?? 0) >= enough, "the timer did not get its turn: \(String(describing: outcome))")
     #expect((outcome?.otherTurns ?? 0) >= enough, "the other task did not get its turn: \(String(describing: outcome))")
+  }
+
+  /// A consumer that keeps finding elements posted while it ran (it posts them itself) on a loop
+  /// that has nothing else waiting: a descriptor that becomes ready meanwhile, which only a pass's
+  /// wait sees, still gets its handler called soon, because each job fires early only for a
+  /// while before the consumer waits for a pass again.
+  @Test func aConsumerFedFromItsOwnLoopLeavesTheLoopToADescriptorThatBecameReady() async throws {
+    let loop = try RunLoopThread(name: "early-readiness")
+    defer { loop.shutdownAndWait() }
+    let pipe = makePipe()
+    defer {
+      close(pipe.read)
+      close(pipe.write)
+    }
+    let handled = Atomic<Bool>(false)
+    let source = DescriptorSource(descriptor: pipe.read) { _, _ in
+      drainDescriptor(pipe.read)
+      handled.store(true, ordering: .releasing)
+    }
+    try loop.add(source, to: .default)
+    defer { source.invalidate() }
+    let sequence = loop.sourceSequence(of: Int.self)
+    #expect(sequence.post(0) == .enqueued)
+    let handledInTime = try await withWatchdog(timeout: .seconds(60), "self-fed consumer") {
+      await consumeOnLoop(loop) { () async -> Bool in
+        let giveUp = ContinuousClock.now.advanced(by: .seconds(20))
+        for await value in sequence {
+          if value == 100 { writeByte(pipe.write) }  // ready from now on; only a pass's wait can see it
+          if handled.load(ordering: .acquiring) { return true }
+          if ContinuousClock.now > giveUp { return false }
+          #expect(sequence.post(value + 1) == .enqueued)
+        }
+        return false
+      }
+    }
+    #expect(handledInTime == true, "the descriptor's handler never ran while the consumer fed itself")
   }
 
   /// What was sent to the loop before an element — a block for the mode, another source's signal,
