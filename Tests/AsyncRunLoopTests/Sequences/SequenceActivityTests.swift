@@ -59,7 +59,10 @@ struct SequenceActivityTests {
   @Test func wakeUpsAreObservedInOrderWithTimestamps() async throws {
     let loop = try RunLoopThread(name: "seq-activity")
     defer { loop.shutdownAndWait() }
-    let activities = loop.activities([.beforeWaiting, .afterWaiting])
+    // Room for every event even if the consumer stalls for minutes (under a sanitizer, beside
+    // other tests, it stalled 5 s while the loop woke 500 times a second: the default 4,096
+    // dropped the oldest, and the first event left was an afterWaiting after an afterWaiting).
+    let activities = loop.activities([.beforeWaiting, .afterWaiting], bufferLimit: 1_000_000)
     let waking = Atomic<Bool>(true)
     let waker = SequenceTestThread.start {
       // A wake-up that finds the loop awake is coalesced (no sleep, no afterWaiting): keep waking.
@@ -79,6 +82,7 @@ struct SequenceActivityTests {
     waking.store(false, ordering: .relaxed)
     waker.join()
     let observed = try #require(events)
+    #expect(activities.droppedCount == 0)
     for (earlier, later) in zip(observed, observed.dropFirst()) {
       #expect(earlier.instant <= later.instant)
       #expect(earlier.activity != later.activity, "sleep and wake alternate: \(observed)")
