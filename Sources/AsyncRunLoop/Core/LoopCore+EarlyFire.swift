@@ -27,19 +27,10 @@ extension LoopCore {
   /// What observers of a mode are told between a job and the next pass's step 4.
   static let passActivities: LoopActivity = [.beforeTimers, .beforeSources, .beforeWaiting, .afterWaiting]
 
-  /// The innermost run: entered by `run`, restored when it returns. Loop thread.
-  struct InnermostRun {
-    let contents: ModeContents
-    /// CLOCK_MONOTONIC nanoseconds; `Int64.max` for no limit.
-    let deadline: Int64
-    let returnsAfterSource: Bool
-    let shouldEnd: (@Sendable () -> Bool)?
-  }
-
   /// Whether `record` may fire now, from inside the job on the stack (see above); if so, drops
   /// its queued signals, and the caller must fire it. Loop thread; no member's lock held.
   func claimEarlyFire(of record: MemberRecord) -> Bool {
-    guard !jobs.mayRun, !jobs.hasLeft, !changes.hasWaiting, let run = innermostRun, !run.returnsAfterSource,
+    guard !jobs.mayRun, !jobs.hasLeft, !changes.hasWaiting, let run = innermostRun, !run.returnAfterSourceHandled,
       case .system = shared.timeSource, !hasRunnablePerform(in: run.contents.mode),
       run.contents.observedActivities.isDisjoint(with: Self.passActivities), record.isIn(run.contents),
       signalled.onlySignalled(record, in: run.contents, sourceJoins: modeTable.sourceJoins)

@@ -73,8 +73,8 @@ final class LoopCore {
 
   // MARK: Early fires (see `LoopCore+EarlyFire`)
 
-  /// The innermost run on the stack, nil outside every run.
-  @exclusivity(unchecked) var innermostRun: InnermostRun?
+  /// The terms of the innermost run on the stack, nil outside every run.
+  @exclusivity(unchecked) var innermostRun: RunTerms?
   /// When the job on the stack first fired a source early (0: it has not).
   @exclusivity(unchecked) var earlyFireWindowStart: Int64 = 0
 

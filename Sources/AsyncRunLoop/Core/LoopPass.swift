@@ -1,14 +1,21 @@
-/// What one run of the loop carries through its passes. Each run (nested ones too) has its own,
-/// so a nested run cannot disturb the run it is nested in.
-struct RunContext {
+/// What a run was asked for, the same in each of its passes: its mode's contents, time limit,
+/// whether it returns after a handled source, and when to end early. The innermost run publishes
+/// its own as `LoopCore.innermostRun` (early fires ask it).
+struct RunTerms {
   let contents: ModeContents
   /// CLOCK_MONOTONIC nanoseconds; `Int64.max` for no limit.
   let deadline: Int64
   let returnAfterSourceHandled: Bool
-  /// The owned thread's top-level run: stays alive with nothing to watch (jobs can still arrive).
-  let keepsAlive: Bool
   /// Asked between passes: true ends the run as `.stopped` (an async run whose task was cancelled).
   let shouldEnd: (@Sendable () -> Bool)?
+}
+
+/// What one run of the loop carries through its passes. Each run (nested ones too) has its own,
+/// so a nested run cannot disturb the run it is nested in.
+struct RunContext {
+  let terms: RunTerms
+  /// The owned thread's top-level run: stays alive with nothing to watch (jobs can still arrive).
+  let keepsAlive: Bool
   /// This run's ready sources (step 4), a reused buffer.
   var readySources: [MemberRecord]
 }
@@ -39,16 +46,15 @@ extension LoopCore {
     // (Up to a signal collected and not fired yet, as step 2: it fires in this run's first pass.)
     applyControls(bounded: true, stoppingAtSignals: true)
     let contents = modeTable.contents(for: mode)
-    var run = RunContext(
-      contents: contents, deadline: deadline, returnAfterSourceHandled: returnAfterSourceHandled,
-      keepsAlive: keepsAlive, shouldEnd: shouldEnd, readySources: signalled.takeReadyBuffer())
+    let terms = RunTerms(
+      contents: contents, deadline: deadline, returnAfterSourceHandled: returnAfterSourceHandled, shouldEnd: shouldEnd)
+    var run = RunContext(terms: terms, keepsAlive: keepsAlive, readySources: signalled.takeReadyBuffer())
     defer { signalled.returnReadyBuffer(run.readySources) }
     // No entry/exit told. A shutdown ends every run `.stopped`, also one that a block of its
     // drain starts in a mode it emptied.
     if isFinished(run) { return shared.isShutDown ? .stopped : .finished }
     let outerRun = innermostRun
-    innermostRun = InnermostRun(
-      contents: contents, deadline: deadline, returnsAfterSource: returnAfterSourceHandled, shouldEnd: shouldEnd)
+    innermostRun = terms
     defer { innermostRun = outerRun }
     monitor.runBegan(mode)
     defer { monitor.runEnded() }
@@ -91,18 +97,18 @@ extension LoopCore {
     // still signalled; consider them here too, instead of leaving them until the nested run ends.
     let outerUnfired = signalled.beginNestedRun()
     defer { signalled.endNestedRun(restoring: outerUnfired) }
-    let mode = run.contents.mode
+    let mode = run.terms.contents.mode
     while true {
       let pass = monitor.passBegan()
       beginPass(run)  // 2
-      notifyObservers(run.contents, .beforeSources)  // 3
+      notifyObservers(run.terms.contents, .beforeSources)  // 3
       runWork(in: mode, applyingControls: false)  // work point A: blocks and jobs sent so far
       var handledSource = fireSignalledSources(&run)  // 4
       runWork(in: mode, applyingControls: true)  // work point B: what the sources released
       handledSource = waitAndHandleReadiness(run, handledSource: handledSource) || handledSource  // 5–8
       // 9; work point C: what the timers released lands now, not a pass later.
-      let firedTimers = fireDueTimers(in: run.contents)
-      let firedScheduledJobs = fireEveryModeTimers(besides: run.contents)
+      let firedTimers = fireDueTimers(in: run.terms.contents)
+      let firedScheduledJobs = fireEveryModeTimers(besides: run.terms.contents)
       runWork(in: mode, applyingControls: firedTimers || firedScheduledJobs)
       monitor.passEnded(pass)
       if let result = endOfPass(run, handledSource: handledSource) { return result }
@@ -115,18 +121,18 @@ extension LoopCore {
   @inline(__always)
   private func beginPass(_ run: RunContext) {
     applyControls(bounded: true, stoppingAtSignals: true)
-    armDescriptors(for: run.contents)
-    notifyObservers(run.contents, .beforeTimers)
+    armDescriptors(for: run.terms.contents)
+    notifyObservers(run.terms.contents, .beforeTimers)
   }
 
   /// End of pass, in CF's order: handled a source, timed out, stopped (or asked to end, or the
   /// loop is shutting down), finished. nil: another pass.
   @inline(__always)
   private func endOfPass(_ run: RunContext, handledSource: Bool) -> RunLoopRunResult? {
-    if run.returnAfterSourceHandled && handledSource { return .handledSource }
-    if run.deadline != Int64.max && run.deadline <= shared.nowNanoseconds { return .timedOut }
+    if run.terms.returnAfterSourceHandled && handledSource { return .handledSource }
+    if run.terms.deadline != Int64.max && run.terms.deadline <= shared.nowNanoseconds { return .timedOut }
     if consumeStop() { return .stopped }
-    if let shouldEnd = run.shouldEnd, shouldEnd() { return .stopped }
+    if let shouldEnd = run.terms.shouldEnd, shouldEnd() { return .stopped }
     if isFinished(run) { return .finished }
     return nil
   }
@@ -138,10 +144,10 @@ extension LoopCore {
   /// after step 4 (the next pass fires it); a block for this mode that a nested run collected; a
   /// run that was asked to end.
   private func mustNotSleep(_ run: RunContext) -> Bool {
-    run.deadline != Int64.max && run.deadline <= shared.nowNanoseconds
-      || changes.hasWaiting || hasRunnableJobs || isFinished(run) || hasDeferredSource(in: run.contents)
-      || signalled.hasCollected || hasRunnablePerform(in: run.contents.mode)
-      || (run.shouldEnd?() ?? false)
+    run.terms.deadline != Int64.max && run.terms.deadline <= shared.nowNanoseconds
+      || changes.hasWaiting || hasRunnableJobs || isFinished(run) || hasDeferredSource(in: run.terms.contents)
+      || signalled.hasCollected || hasRunnablePerform(in: run.terms.contents.mode)
+      || (run.terms.shouldEnd?() ?? false)
   }
 
   /// Whether a signalled source waits among the deferred ones although it is in this mode: it
@@ -165,14 +171,14 @@ extension LoopCore {
   /// Nothing to watch in the mode, and no jobs (that may run here) or blocks for this mode
   /// waiting (CF counts pending blocks too). A loop that serves as an executor never finishes.
   private func isFinished(_ run: RunContext) -> Bool {
-    guard run.contents.hasNothingToWatch, !run.keepsAlive, !hasRunnableJobs, !changes.hasWaiting,
+    guard run.terms.contents.hasNothingToWatch, !run.keepsAlive, !hasRunnableJobs, !changes.hasWaiting,
       !sleepsKeepRunAlive
     else {
       return false
     }
     // Only blocks that can run in this mode keep it alive (as in CF): one waiting for another
     // mode would otherwise keep an empty run asleep with nothing to wake it.
-    let mode = run.contents.mode
+    let mode = run.terms.contents.mode
     if hasRunnablePerform(in: mode) { return false }
     let inCommon = modeTable.commonModes.contains(mode)
     let countsJobs = mayRunJobs
@@ -224,7 +230,7 @@ extension LoopCore {
     // thread does not hold every source back.
     guard
       signalled.sortOut(
-        for: run.contents, sourceJoins: modeTable.sourceJoins, barrier: changes.barrier, into: &run.readySources)
+        for: run.terms.contents, sourceJoins: modeTable.sourceJoins, barrier: changes.barrier, into: &run.readySources)
     else { return false }
     var fired = false
     let ready = run.readySources
@@ -234,7 +240,7 @@ extension LoopCore {
       // Detached by an earlier handler of this step: not here any more.
       guard let source = record.source else { continue }
       // Taken out of this mode by an earlier handler, still in another: its signal waits there.
-      guard record.isIn(run.contents) else {
+      guard record.isIn(run.terms.contents) else {
         signalled.deferSource(record)
         continue
       }
@@ -250,9 +256,9 @@ extension LoopCore {
 
   /// Arms the timerfd for the earlier of the mode's next timer (delayed by at most its
   /// tolerance, never past the next timer's date) and the run's deadline.
-  func armTimerfd(_ run: RunContext) {
-    var wake = run.deadline == Int64.max ? nil : run.deadline as Int64?
-    for contents in [run.contents, modeTable.everyModeContents] {
+  func armTimerfd(_ terms: RunTerms) {
+    var wake = terms.deadline == Int64.max ? nil : terms.deadline as Int64?
+    for contents in [terms.contents, modeTable.everyModeContents] {
       guard let contents, let first = contents.timers.first else { continue }
       var timerWake = first.deadline.addingSaturating(first.element.timer.toleranceNanoseconds)
       if let next = contents.timers.deadlineAfterFirst { timerWake = min(timerWake, max(next, first.deadline)) }
@@ -269,23 +275,23 @@ extension LoopCore {
   /// A loop that watches no descriptor and no timer can only be woken by another thread: it
   /// sleeps on its futex word instead of in `epoll_wait`, and a poll asks the kernel nothing.
   private func waitAndHandleReadiness(_ run: RunContext, handledSource: Bool) -> Bool {
-    let mayBlock = !(handledSource && run.returnAfterSourceHandled) && !mustNotSleep(run)
+    let mayBlock = !(handledSource && run.terms.returnAfterSourceHandled) && !mustNotSleep(run)
     // A nested run in another mode (from a handler, block or job above) may have silenced this
     // mode's registrations: listen to them again before sleeping. (Free unless it did.)
-    armDescriptors(for: run.contents)
-    armTimerfd(run)
+    armDescriptors(for: run.terms.contents)
+    armTimerfd(run.terms)
     var mechanism = sleepMechanism
     var ticket: UInt32 = 0
     var sleeps = mayBlock && decideToSleep(on: mechanism, ticket: &ticket)
     let announcesSleep = sleeps
-    if sleeps && run.contents.observedActivities.contains(.beforeWaiting) {
-      notifyObservers(run.contents, .beforeWaiting)  // 6
+    if sleeps && run.terms.contents.observedActivities.contains(.beforeWaiting) {
+      notifyObservers(run.terms.contents, .beforeWaiting)  // 6
       // The callouts may have added a timer or a descriptor, or moved a timer: watch them in
       // this sleep. They may also have sent work, or run the loop nested, which took work into
       // the loop's own hands or woke it up in the inbox's eyes (producers would then stay
       // silent): decide again, everything step 5 checks, with a fresh ticket.
-      armDescriptors(for: run.contents)
-      armTimerfd(run)
+      armDescriptors(for: run.terms.contents)
+      armTimerfd(run.terms)
       mechanism = sleepMechanism
       sleeps = !mustNotSleep(run) && decideToSleep(on: mechanism, ticket: &ticket)
     }
@@ -319,12 +325,12 @@ extension LoopCore {
           if letsGo { reacquireHandleAfterSleep() }
         }
       ) { token, events in  // 7
-        fired = handleReadiness(token: token, events: events, contents: run.contents) || fired
+        fired = handleReadiness(token: token, events: events, contents: run.terms.contents) || fired
       }
       noteUnknownTokensAfterWait()
     }
     applyControls(afterWake: true, bounded: true)  // awake again; this pass is the one a wake-up asked for
-    if announcesSleep { notifyObservers(run.contents, .afterWaiting) }  // 8
+    if announcesSleep { notifyObservers(run.terms.contents, .afterWaiting) }  // 8
     return fired
   }
 

@@ -101,13 +101,11 @@ extension LoopCore {
   func prepareForHostWait(mode: RunLoopMode) -> Int64?? {
     let contents = modeTable.contents(for: mode)
     armDescriptors(for: contents)
-    let run = RunContext(
-      contents: contents, deadline: Int64.max, returnAfterSourceHandled: false, keepsAlive: false,
-      shouldEnd: nil, readySources: [])
+    let terms = RunTerms(contents: contents, deadline: Int64.max, returnAfterSourceHandled: false, shouldEnd: nil)
     // A run about to sleep (this is called from its `beforeWaiting` observer) armed the timerfd
     // for its own time limit too: keep that if it comes first. A stale one costs one extra pass.
     let armedByRun = poller.timerDeadline.flatMap { $0 > LoopClock.monotonicNanoseconds() ? $0 : nil }
-    armTimerfd(run)
+    armTimerfd(terms)
     if let armedByRun, armedByRun < poller.timerDeadline ?? Int64.max { poller.setTimer(deadline: armedByRun) }
     // What the loop holds that the inbox does not know about (as `mustNotSleep`, without the
     // "mode is empty" case: an empty mode waits for work like any other).
