@@ -28,7 +28,7 @@ extension LoopCore {
   static let passActivities: LoopActivity = [.beforeTimers, .beforeSources, .beforeWaiting, .afterWaiting]
 
   /// Whether `record` may fire now, from inside the job on the stack (see above); if so, drops
-  /// its queued signals, and the caller must fire it. Loop thread; no member's lock held.
+  /// its queued signals, and the caller must fire it. Loop thread, under the source's lock.
   func claimEarlyFire(of record: MemberRecord) -> Bool {
     guard !jobs.mayRun, !jobs.hasLeft, !changes.hasWaiting, let run = innermostRun, !run.returnAfterSourceHandled,
       case .system = shared.timeSource, !hasRunnablePerform(in: run.contents.mode),

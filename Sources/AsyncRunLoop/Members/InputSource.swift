@@ -189,18 +189,20 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
   /// entries, and counts as a handler callout, as in step 4. Returns whether it fired. Call it on
   /// the loop's thread; elsewhere, or outside a job there, it does nothing.
   func fireEarlyFromJob() -> Bool {
+    // One critical section from the check to the consumed signal: no other thread can invalidate
+    // the source, move it or take it off its modes between the loop's claim (which drops the
+    // signal's queued entries) and the consumed signal. The claim takes the inbox lock inside
+    // this one; nothing takes a member's lock while it holds the inbox lock.
     lock.lock()
-    guard binding.isValid, state.isSignalled, let (loop, record) = binding.loopAndRecord, loop.isOnLoopThread else {
+    guard binding.isValid, state.isSignalled, let (loop, record) = binding.loopAndRecord, loop.isOnLoopThread,
+      loop.core.claimEarlyFire(of: record), let perform = state.consumeSignal()
+    else {
       lock.unlock()
       return false
     }
+    let signalledAt = self.signalledAt
+    self.signalledAt = 0
     lock.unlock()
-    // (No lock held: the claim takes the inbox lock. Meanwhile another thread may invalidate the
-    // source, or take it off its modes or move it: `consumeSignal` then answers nil and the signal
-    // stays with the source, for the loop it joins next. A new signal coalesces with this one.)
-    guard loop.core.claimEarlyFire(of: record), let (perform, signalledAt) = consumeSignal(on: loop) else {
-      return false
-    }
     loop.core.observed(.sourceHandler, label: label, since: signalledAt) { perform(self) }
     return true
   }
