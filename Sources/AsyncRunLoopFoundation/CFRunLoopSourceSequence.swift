@@ -151,7 +151,7 @@ public final class CFRunLoopSourceSequence: AsyncSequence, @unchecked Sendable {
       await token.storage.next()
     }
 
-    public mutating func next() async -> CFRunLoopSourcePerformance? {
+    nonisolated(nonsending) public mutating func next() async -> CFRunLoopSourcePerformance? {
       await next(isolation: nil)
     }
   }

@@ -123,7 +123,7 @@ public final class CFRunLoopTimerSequence: AsyncSequence, @unchecked Sendable { 
       await token.storage.next()
     }
 
-    public mutating func next() async -> CFRunLoopTimerTick? {
+    nonisolated(nonsending) public mutating func next() async -> CFRunLoopTimerTick? {
       await next(isolation: nil)
     }
   }

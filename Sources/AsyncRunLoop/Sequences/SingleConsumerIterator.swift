@@ -48,9 +48,11 @@ public struct SingleConsumerIterator<Base: AsyncSequence>: AsyncIteratorProtocol
     return await nextBatch(&batch)
   }
 
-  /// The next element, or nil once the sequence has ended or the task was cancelled.
+  /// The next element, or nil once the sequence has ended or the task was cancelled. Runs in the
+  /// caller's isolation, as `next(isolation:)` (an actor that calls `next()` itself does not leave
+  /// its executor for it).
   @inlinable
-  public mutating func next() async -> Element? {
+  nonisolated(nonsending) public mutating func next() async -> Element? {
     await next(isolation: nil)
   }
 }

@@ -132,6 +132,25 @@ import Testing
     #expect(final.receivedInOtherMode.isEmpty, "released in a mode the source is not in")
   }
 
+  /// The window for early fires is per job, also for a job that the loop runs outside its job
+  /// queue (an actor's wake-up from `Task.sleep`, run by the loop's timer for it): a consumer that
+  /// sleeps between elements takes the element it posted after each wake-up in the same job,
+  /// without waiting for a pass, although its last early fire was long before.
+  @Test func aConsumerResumedFromASleepTakesWhatItPostedWithoutWaitingForAPass() async throws {
+    let loop = try RunLoopThread(name: "early-after-sleep")
+    defer { loop.shutdownAndWait() }
+    loop.setMetricsEnabled(true)
+    let sequence = loop.sourceSequence(of: Int.self)
+    try loop.performAndWait {}  // the sequence's source is in
+    let rounds = 20
+    let consumer = SleepingConsumer(loop: loop)
+    let withoutAPass = try await withWatchdog(timeout: .seconds(60), "sleeping consumer") {
+      await consumer.consume(sequence, rounds: rounds)
+    }
+    // (Not every round: a pass may begin between the post and the fire, as the loop pleases.)
+    #expect((withoutAPass ?? 0) >= rounds / 2, "each element waited for a pass: \(String(describing: withoutAPass))")
+  }
+
   /// A nested run that returns after a handled source, with the source's consumer running inside
   /// it: the consumer does not fire the source itself, so the run sees the fire and returns
   /// `.handledSource` (instead of running on to its time limit).
@@ -298,6 +317,28 @@ import Testing
     let earlierAt = entries.firstIndex(of: "earlier")
     let elementAt = entries.firstIndex(of: "element 2")
     #expect(earlierAt != nil && elementAt != nil && earlierAt! < elementAt!, "\(entries.prefix(6))")
+  }
+}
+
+/// A consumer on its loop's thread that sleeps before each element it posts itself.
+private actor SleepingConsumer: LoopActor {
+  let loop: RunLoopThread
+  init(loop: RunLoopThread) { self.loop = loop }
+
+  /// Sleeps, posts, takes the element; `rounds` times. Returns in how many rounds the element came
+  /// without a pass of the loop in between.
+  func consume(_ sequence: SourceSequence<Int>, rounds: Int) async -> Int {
+    var iterator = sequence.makeAsyncIterator()
+    var withoutAPass = 0
+    for index in 0..<rounds {
+      try? await Task.sleep(for: .milliseconds(2))  // resumed by the loop's timer for it
+      let passesBefore = loop.metrics.passes
+      #expect(sequence.post(index) == .enqueued)
+      let value = await iterator.next()
+      #expect(value == index)
+      if loop.metrics.passes == passesBefore { withoutAPass += 1 }
+    }
+    return withoutAPass
   }
 }
 

@@ -23,6 +23,19 @@ private actor PinnedConsumer: LoopActor {
     }
     return (received, offLoop)
   }
+
+  /// As `consume`, calling the iterator's `next()` itself instead of `for await` (which passes its
+  /// isolation to `next(isolation:)`).
+  func consumeCallingNext(_ sequence: SourceSequence<Int>, count: Int) async -> (received: Int, offLoop: Int) {
+    var iterator = sequence.makeAsyncIterator()
+    var received = 0
+    var offLoop = 0
+    while received < count, await iterator.next() != nil {
+      received += 1
+      if !loop.isOnLoopThread { offLoop += 1 }
+    }
+    return (received, offLoop)
+  }
 }
 
 /// A count shared between threads: the loop's passes (counted by a `beforeTimers` observer), or
@@ -53,7 +66,7 @@ enum PinnedConsumerDriver: String, CaseIterable, Sendable {
   /// The loop's passes and jobs while a `PinnedConsumer` takes `elements` elements that were all
   /// posted (and released) before it started, driven as `driver` says.
   private func countsWhileConsuming(
-    _ driver: PinnedConsumerDriver
+    _ driver: PinnedConsumerDriver, callingNext: Bool = false
   ) async throws -> (passes: Int, jobs: UInt64, received: Int, offLoop: Int) {
     let loop = try RunLoopThread(name: "consumer-passes")
     let other = try RunLoopThread(name: "consumer-passes-other")
@@ -73,12 +86,16 @@ enum PinnedConsumerDriver: String, CaseIterable, Sendable {
     let before = (passes: count.value.load(ordering: .relaxed), jobs: loop.metrics.jobs)
     let consumer = PinnedConsumer(loop: loop)
     let elements = Self.elements
+    let consume: @Sendable () async -> (received: Int, offLoop: Int) = {
+      callingNext
+        ? await consumer.consumeCallingNext(sequence, count: elements)
+        : await consumer.consume(sequence, count: elements)
+    }
     let task: Task<(received: Int, offLoop: Int), Never>
     switch driver {
-    case .detached: task = Task.detached { await consumer.consume(sequence, count: elements) }
-    case .preferringTheLoop: task = Task(executorPreference: loop) { await consumer.consume(sequence, count: elements) }
-    case .preferringAnotherLoop:
-      task = Task(executorPreference: other) { await consumer.consume(sequence, count: elements) }
+    case .detached: task = Task.detached { await consume() }
+    case .preferringTheLoop: task = Task(executorPreference: loop) { await consume() }
+    case .preferringAnotherLoop: task = Task(executorPreference: other) { await consume() }
     }
     let outcome = try await withWatchdog("the consumer takes every element") { await task.value }
     try loop.performAndWait {}
@@ -91,6 +108,18 @@ enum PinnedConsumerDriver: String, CaseIterable, Sendable {
   @Test(arguments: PinnedConsumerDriver.allCases)
   func actorTakesABatchInAFewPassesAndJobsWhateverItsTaskPrefers(_ driver: PinnedConsumerDriver) async throws {
     let (passes, jobs, received, offLoop) = try await countsWhileConsuming(driver)
+    #expect(received == Self.elements)
+    #expect(offLoop == 0)
+    #expect(passes < Self.elements / 100, "\(passes) passes for \(Self.elements) elements")
+    #expect(jobs < UInt64(Self.elements / 100), "\(jobs) jobs for \(Self.elements) elements")
+  }
+
+  /// The same when the actor calls the iterator's `next()` itself: it runs in the actor's
+  /// isolation as `for await`'s `next(isolation:)` does, so taking an element from the batch does
+  /// not leave the loop and come back in a job.
+  @Test(arguments: PinnedConsumerDriver.allCases)
+  func actorCallingNextItselfTakesABatchInAFewPassesAndJobs(_ driver: PinnedConsumerDriver) async throws {
+    let (passes, jobs, received, offLoop) = try await countsWhileConsuming(driver, callingNext: true)
     #expect(received == Self.elements)
     #expect(offLoop == 0)
     #expect(passes < Self.elements / 100, "\(passes) passes for \(Self.elements) elements")
