@@ -15,16 +15,27 @@ extension RunLoopThread {
 
   /// Suspends the calling task until `deadline` on a one-shot timer of this loop (in its common
   /// modes). Any task. Never returns early.
+  ///
+  /// Runs in the caller's isolation (`actor`, `#isolation` by default): an actor pinned to this
+  /// loop adds the timer on the loop's thread. As a plain `async` function it left for the global
+  /// pool first and sent the timer from there, which woke the loop once more per sleep. (The
+  /// resumption of a task without an executor preference still goes through the pool in Swift
+  /// 6.3, then hops back to the actor. An `isolated` parameter rather than
+  /// `nonisolated(nonsending)`, as in `waitForConsumerWake`: the cancellation handler's operation
+  /// is then isolated too.)
   /// - Throws: `CancellationError` when the task is cancelled, or the loop shuts down, before
   ///   the deadline.
-  func sleep(until deadline: LoopClock.Instant, tolerance: Duration?) async throws {
+  func sleep(
+    until deadline: LoopClock.Instant, tolerance: Duration?, isolation actor: isolated (any Actor)? = #isolation
+  ) async throws {
     let waiter = SleepWaiter()
     // A current loop's thread drains its timers only when it exits: the shutdown ends the sleep
     // when the loop's jobs leave for the fallback (see `LoopShared.divertHandOffs`).
     let handsOff = shared.divertsJobsAtShutdown
     let shared = shared
     try await withTaskCancellationHandler {
-      try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+      try await withCheckedThrowingContinuation(isolation: actor) {
+        (continuation: CheckedContinuation<Void, any Error>) in
         let timer = LoopTimer(
           fireAt: deadline, tolerance: tolerance ?? .zero,
           handler: { _ in
