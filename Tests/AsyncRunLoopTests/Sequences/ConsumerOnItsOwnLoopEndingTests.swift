@@ -10,7 +10,7 @@ import Testing
 /// too: the ending keeps the promises it makes for any consumer.
 @Suite struct ConsumerOnItsOwnLoopEndingTests {
   /// Rounds per test; the ending comes after the consumer got `step` more of its own elements
-  /// each round.
+  /// each round (`step` in the first).
   static let rounds = 24
   static let step = 7
 
@@ -36,25 +36,33 @@ import Testing
   @Test func invalidatingDeliversEveryAcceptedElementOnceThenEnds() async throws {
     let loop = try RunLoopThread(name: "early-invalidate")
     defer { loop.shutdownAndWait() }
+    var fed = FedTally()
     for round in 0..<Self.rounds {
-      let seen = try await runRound(on: loop, endingAt: round * Self.step) { sequence, _ in sequence.invalidate() }
+      let seen = try await runRound(on: loop, endingAt: (round + 1) * Self.step) { sequence, _ in
+        sequence.invalidate()
+      }
       #expect(seen.round.fromSelf == seen.round.selfAccepted, "round \(round)")
       #expect(seen.round.fromThread == seen.round.threadAccepted, "round \(round)")
       #expect(seen.cancels == 1, "round \(round): onCancel ran \(seen.cancels) times")
+      fed.add(seen)
     }
+    fed.expectEarlyFires()
   }
 
   /// The loop shuts down from another thread: as `invalidate()` (every accepted element delivered
   /// exactly once and in order, then the end; `onCancel` once).
   @Test func shuttingTheLoopDownDeliversEveryAcceptedElementOnceThenEnds() async throws {
+    var fed = FedTally()
     for round in 0..<Self.rounds {
       let loop = try RunLoopThread(name: "early-shutdown")
       defer { loop.shutdownAndWait() }
-      let seen = try await runRound(on: loop, endingAt: round * Self.step) { _, _ in loop.shutdown() }
+      let seen = try await runRound(on: loop, endingAt: (round + 1) * Self.step) { _, _ in loop.shutdown() }
       #expect(seen.round.fromSelf == seen.round.selfAccepted, "round \(round)")
       #expect(seen.round.fromThread == seen.round.threadAccepted, "round \(round)")
       #expect(seen.cancels == 1, "round \(round): onCancel ran \(seen.cancels) times")
+      fed.add(seen)
     }
+    fed.expectEarlyFires()
   }
 
   /// The consumer's task is cancelled from another thread: the sequence ends at once, so what the
@@ -63,11 +71,33 @@ import Testing
   @Test func cancellingTheConsumerEndsTheSequenceOnceWithNothingDeliveredTwice() async throws {
     let loop = try RunLoopThread(name: "early-cancel")
     defer { loop.shutdownAndWait() }
+    var fed = FedTally()
     for round in 0..<Self.rounds {
-      let seen = try await runRound(on: loop, endingAt: round * Self.step) { _, consumer in consumer.cancel() }
+      let seen = try await runRound(on: loop, endingAt: (round + 1) * Self.step) { _, consumer in consumer.cancel() }
       #expect(seen.round.selfAccepted.starts(with: seen.round.fromSelf), "round \(round)")
       #expect(seen.round.threadAccepted.starts(with: seen.round.fromThread), "round \(round)")
       #expect(seen.cancels == 1, "round \(round): onCancel ran \(seen.cancels) times")
+      fed.add(seen)
+    }
+    fed.expectEarlyFires()
+  }
+
+  /// Passes of the loop against elements the consumer fed itself, over all rounds: without early
+  /// fires each of those elements needs a pass of its own (measured: passes within one of the
+  /// elements, every round; about a third as many with them), so clearly fewer passes than
+  /// elements show that the endings met a consumer that was firing early.
+  struct FedTally {
+    var passes = 0
+    var selfFed = 0
+
+    mutating func add(_ seen: (round: Round, cancels: Int, passes: Int)) {
+      passes += seen.passes
+      selfFed += seen.round.fromSelf.count
+    }
+
+    func expectEarlyFires(sourceLocation: SourceLocation = #_sourceLocation) {
+      #expect(
+        passes * 10 < selfFed * 9, "\(passes) passes for \(selfFed) self-fed elements", sourceLocation: sourceLocation)
     }
   }
 
@@ -78,12 +108,14 @@ import Testing
   private func runRound(
     on loop: RunLoopThread, endingAt endAt: Int,
     _ end: @escaping @Sendable (SourceSequence<Tagged>, Task<Round, Never>) -> Void
-  ) async throws -> (round: Round, cancels: Int) {
+  ) async throws -> (round: Round, cancels: Int, passes: Int) {
+    loop.setMetricsEnabled(true)
     let cancels = Locked(0)
     let sequence = loop.sourceSequence(of: Tagged.self, onCancel: { _ in cancels.withLock { $0 += 1 } })
     let threadAccepted = Locked<[Int]>([])
     let selfReceived = Locked(0)
     #expect(sequence.post(Tagged(producer: 0, index: 0)) == .enqueued)
+    let passesBefore = loop.metrics.passes
     let consumer = Task(executorPreference: loop) { () -> Round in
       var round = Round(selfAccepted: [0])
       for await element in sequence {
@@ -120,10 +152,11 @@ import Testing
     let ended = try await withWatchdog(timeout: .seconds(30), "self-fed consumer") { await consumer.value }
     var round = try #require(ended, "the consumer never ended")
     await execOnNewThread { joinThread(producer) }
+    let passes = Int(loop.metrics.passes - passesBefore)
     round.threadAccepted = threadAccepted.withLock { $0 }
     #expect(sequence.post(Tagged(producer: 1, index: -1)) == .terminated, "a post after the end was taken")
     await eventually("onCancel ran") { cancels.withLock { $0 } > 0 }
     await loopBarrier(loop)  // a second onCancel would have had its chance (a shut-down loop runs none)
-    return (round, cancels.withLock { $0 })
+    return (round, cancels.withLock { $0 }, passes)
   }
 }

@@ -132,10 +132,9 @@ import Testing
     #expect(final.receivedInOtherMode.isEmpty, "released in a mode the source is not in")
   }
 
-  /// The window for early fires is per job, also for a job that the loop runs outside its job
-  /// queue (an actor's wake-up from `Task.sleep`, run by the loop's timer for it): a consumer that
-  /// sleeps between elements takes the element it posted after each wake-up in the same job,
-  /// without waiting for a pass, although its last early fire was long before.
+  /// The window for early fires is per job: a consumer that sleeps between elements (each time
+  /// resumed in a new job, long after its last early fire) takes the element it posted after each
+  /// wake-up in that job, without waiting for a pass.
   @Test func aConsumerResumedFromASleepTakesWhatItPostedWithoutWaitingForAPass() async throws {
     let loop = try RunLoopThread(name: "early-after-sleep")
     defer { loop.shutdownAndWait() }
@@ -147,7 +146,8 @@ import Testing
     let withoutAPass = try await withWatchdog(timeout: .seconds(60), "sleeping consumer") {
       await consumer.consume(sequence, rounds: rounds)
     }
-    // (Not every round: a pass may begin between the post and the fire, as the loop pleases.)
+    // (Not every round need be: a consumer never fires ahead of another job of its loop, and the
+    // sleep's own small task may still wait behind the consumer's job.)
     #expect((withoutAPass ?? 0) >= rounds / 2, "each element waited for a pass: \(String(describing: withoutAPass))")
   }
 
@@ -331,7 +331,7 @@ private actor SleepingConsumer: LoopActor {
     var iterator = sequence.makeAsyncIterator()
     var withoutAPass = 0
     for index in 0..<rounds {
-      try? await Task.sleep(for: .milliseconds(2))  // resumed by the loop's timer for it
+      try? await Task.sleep(for: .milliseconds(2))  // resumed in a new job of the loop
       let passesBefore = loop.metrics.passes
       #expect(sequence.post(index) == .enqueued)
       let value = await iterator.next()
