@@ -125,6 +125,7 @@ extension LoopCore {
       let leave = source.left(loop)
       leave.close?(source)
       leave.cancel?(source, loop)
+      withExtendedLifetime(leave) {}  // the released routines go here, outside the source's lock
     case .descriptor(let registration):  // (the record, detached now, no longer reaches it)
       descriptors.unlistSilenced(registration)
       let source = registration.source

@@ -224,6 +224,10 @@ struct SignalState {
   struct LeaveRoutines {
     var close: (@Sendable (InputSource) -> Void)?
     var cancel: (@Sendable (InputSource, RunLoopThread) -> Void)?
+    /// The routines given up (the last loop let go of an invalid source): held here so that what
+    /// they captured is freed with this value, after the source's lock is released (a captured
+    /// object's deinit may reach the source again).
+    var released: Routines?
   }
 
   /// nil once released (the source was invalidated and its loop, if any, detached it).
@@ -268,8 +272,9 @@ struct SignalState {
   mutating func left(isValid: Bool, pendingJoins: Int) -> LeaveRoutines {
     attachments -= 1
     let last = !isValid && attachments == 0 && pendingJoins == 0
-    let leave = LeaveRoutines(close: last ? routines?.close : nil, cancel: routines?.cancel)
-    if last { routines = nil }  // release whatever the routines captured
+    let leave = LeaveRoutines(
+      close: last ? routines?.close : nil, cancel: routines?.cancel, released: last ? routines : nil)
+    if last { routines = nil }  // what they captured is freed with `leave`, outside the lock
     return leave
   }
 

@@ -131,6 +131,36 @@ struct MemberReleaseTests {
   /// through the loop's registry): the shutdown breaks it ("detaches every source, timer and
   /// observer (cancel routines run, closures are released"), so the loop and its poller go once
   /// the test lets go of it.
+  /// What a custom source's routines captured is released after the source's lock is let go:
+  /// an object whose deinit signals that same source, released when the loop lets go of the
+  /// invalidated source, does not lock the loop's thread out of the source.
+  @Test func whatASourceCapturedMaySignalTheSourceWhenItIsReleased() async throws {
+    let loop = try RunLoopThread(name: "release-reentrant")
+    let target = Locked<InputSource?>(nil)
+    let released = AtomicCounter()
+    // The routine holds the only reference to the object.
+    let source = { [target, released] in
+      let toucher = SignalsItsSourceOnDeinit(target: target, released: released)
+      return InputSource { _ in withExtendedLifetime(toucher) {} }
+    }()
+    target.withLock { $0 = source }
+    loop.add(source, to: .default)
+    try loop.performAndWait {}  // on the loop
+    source.invalidate()  // the loop lets go of it, and of what its routines hold, on its thread
+    let releasedInTime = await eventuallyWithin { released.current == 1 }
+    #expect(releasedInTime, "the captured object was never released (the loop thread is stuck?)")
+    guard releasedInTime else {
+      // (A debug build traps on the relock.) The loop's thread is stuck holding the source's
+      // lock: a shutdown would never finish, nor would dropping the loop or the source return.
+      // Leave both to the process.
+      _ = Unmanaged.passRetained(loop)
+      _ = Unmanaged.passRetained(source)
+      return
+    }
+    target.withLock { $0 = nil }
+    await execShutdown(loop)
+  }
+
   @Test func shutdownBreaksTheCycleOfAHandlerCapturingItsOwnLoop() async throws {
     let deaths = AtomicCounter()
     let fired = AtomicCounter()
@@ -412,5 +442,22 @@ struct MembersReleasedOnceTheyLeaveTests {
     }
     #expect(outcome?.fires == 1)
     #expect(outcome?.released == true)
+  }
+}
+
+/// Signals its source when it is released (and counts that): a user's object that reaches the
+/// source it is captured by.
+final class SignalsItsSourceOnDeinit: Sendable {
+  let target: Locked<InputSource?>
+  let released: AtomicCounter
+
+  init(target: Locked<InputSource?>, released: AtomicCounter) {
+    self.target = target
+    self.released = released
+  }
+
+  deinit {
+    target.withLock { $0 }?.signal()
+    released.increment()
   }
 }
