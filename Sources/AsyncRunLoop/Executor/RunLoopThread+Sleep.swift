@@ -17,8 +17,9 @@ extension RunLoopThread {
   /// modes). Any task. Never returns early.
   ///
   /// Runs in the caller's isolation (`actor`, `#isolation` by default): an actor pinned to this
-  /// loop adds the timer on the loop's thread. As a plain `async` function it left for the global
-  /// pool first and sent the timer from there, which woke the loop once more per sleep. (The
+  /// loop adds the timer on the loop's thread. As a plain `async` function, called by a task
+  /// without an executor preference, it left for the global pool first and sent the timer from
+  /// there, which woke the loop once more per sleep. (The
   /// resumption of a task without an executor preference still goes through the pool in Swift
   /// 6.3, then hops back to the actor. An `isolated` parameter rather than
   /// `nonisolated(nonsending)`, as in `waitForConsumerWake`: the cancellation handler's operation

@@ -158,8 +158,9 @@ public final class InputSource: LoopMember, @unchecked Sendable {  // Safety: pr
   }
 
   /// The source left `loop`: returns the close routine (when it was invalidated) and the cancel
-  /// routine to call, in that order, after the lock is released, releasing every routine when the
-  /// source was invalidated. A source without a close routine forgets `loop` as the one it was
+  /// routine to call, in that order, after the lock is released, and, when the source was
+  /// invalidated and this was its last loop, every routine in `released`, for the caller to free
+  /// after them. A source without a close routine forgets `loop` as the one it was
   /// last on (`MemberBinding.loopLetGo`): only a close routine needs that loop later. Loop thread.
   func left(_ loop: RunLoopThread) -> SignalState.LeaveRoutines {
     lock.withLock {

@@ -127,10 +127,6 @@ struct MemberReleaseTests {
     if let loop { await execShutdown(loop) }
   }
 
-  /// A repeating timer and an observer whose closures capture their own loop strongly (a cycle
-  /// through the loop's registry): the shutdown breaks it ("detaches every source, timer and
-  /// observer (cancel routines run, closures are released"), so the loop and its poller go once
-  /// the test lets go of it.
   /// What a custom source's routines captured is released after the source's lock is let go:
   /// an object whose deinit signals that same source, released when the loop lets go of the
   /// invalidated source, does not lock the loop's thread out of the source.
@@ -161,6 +157,10 @@ struct MemberReleaseTests {
     await execShutdown(loop)
   }
 
+  /// A repeating timer and an observer whose closures capture their own loop strongly (a cycle
+  /// through the loop's registry): the shutdown breaks it ("detaches every source, timer and
+  /// observer (cancel routines run, closures are released"), so the loop and its poller go once
+  /// the test lets go of it.
   @Test func shutdownBreaksTheCycleOfAHandlerCapturingItsOwnLoop() async throws {
     let deaths = AtomicCounter()
     let fired = AtomicCounter()

@@ -10,9 +10,11 @@ struct LoopMetricsCountTests {
   @Test func countersMoveByExactlyTheWorkTheTestProduced() async throws {
     let loop = try RunLoopThread(name: "metrics-counts")
     loop.setMetricsEnabled(true)  // applied before the first block below
-    // A pass that began before the switch is not counted, but its sleep is: wait until one pass
-    // was counted, so that every later pass (the readings' too) began with metrics on.
-    while try loop.performAndWait({ loop.metrics.passes }) == 0 {}
+    // The pass the switch lands in is not counted, but its sleep is: wait until a pass was counted
+    // after a first reading taken once the switch was sent (that reading's pass may be the switch's
+    // own), so that every later pass (the readings' too) began with metrics on.
+    let passesAtSwitch = try loop.performAndWait { loop.metrics.passes }
+    while try loop.performAndWait({ loop.metrics.passes }) <= passesAtSwitch {}
     // Both readings are taken on the loop's thread inside a block: at a quiescent moment. A block
     // is counted at its start, its duration and its pass's at their ends: so the first reading's
     // block and pass fall in the difference, the second's do not.

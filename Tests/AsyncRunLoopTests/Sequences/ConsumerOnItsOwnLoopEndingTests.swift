@@ -35,6 +35,7 @@ import Testing
   /// `onCancel` runs once.
   @Test func invalidatingDeliversEveryAcceptedElementOnceThenEnds() async throws {
     let loop = try RunLoopThread(name: "early-invalidate")
+    loop.setMetricsEnabled(true)  // (the tally counts passes)
     defer { loop.shutdownAndWait() }
     var fed = FedTally()
     for round in 0..<Self.rounds {
@@ -55,6 +56,7 @@ import Testing
     var fed = FedTally()
     for round in 0..<Self.rounds {
       let loop = try RunLoopThread(name: "early-shutdown")
+      loop.setMetricsEnabled(true)  // (the tally counts passes)
       defer { loop.shutdownAndWait() }
       let seen = try await runRound(on: loop, endingAt: (round + 1) * Self.step) { _, _ in loop.shutdown() }
       #expect(seen.round.fromSelf == seen.round.selfAccepted, "round \(round)")
@@ -70,6 +72,7 @@ import Testing
   /// answer `.terminated`; `onCancel` runs once.
   @Test func cancellingTheConsumerEndsTheSequenceOnceWithNothingDeliveredTwice() async throws {
     let loop = try RunLoopThread(name: "early-cancel")
+    loop.setMetricsEnabled(true)  // (the tally counts passes)
     defer { loop.shutdownAndWait() }
     var fed = FedTally()
     for round in 0..<Self.rounds {
@@ -85,7 +88,8 @@ import Testing
   /// Passes of the loop against elements the consumer fed itself, over all rounds: without early
   /// fires each of those elements needs a pass of its own (measured: passes within one of the
   /// elements, every round; about a third as many with them), so clearly fewer passes than
-  /// elements show that the endings met a consumer that was firing early.
+  /// elements show that the consumer was firing early during the rounds that the endings cut
+  /// short at moving points.
   struct FedTally {
     var passes = 0
     var selfFed = 0
@@ -109,7 +113,6 @@ import Testing
     on loop: RunLoopThread, endingAt endAt: Int,
     _ end: @escaping @Sendable (SourceSequence<Tagged>, Task<Round, Never>) -> Void
   ) async throws -> (round: Round, cancels: Int, passes: Int) {
-    loop.setMetricsEnabled(true)
     let cancels = Locked(0)
     let sequence = loop.sourceSequence(of: Tagged.self, onCancel: { _ in cancels.withLock { $0 += 1 } })
     let threadAccepted = Locked<[Int]>([])
