@@ -54,10 +54,17 @@ final class FiringSequenceStorage<Element: FoldableFiring>: @unchecked Sendable 
   }
 
   /// The consumer's `next()`: an element, or nil once the sequence ended or the task was
-  /// cancelled (which ends the sequence). Runs, and resumes, in the caller's isolation.
-  nonisolated(nonsending) func next() async -> Element? {
+  /// cancelled (which ends the sequence). Runs, and resumes, in the caller's isolation (`actor`,
+  /// `#isolation` by default).
+  ///
+  /// An `isolated` parameter, not `nonisolated(nonsending)`, as the core's `waitForConsumerWake`:
+  /// the operation closure handed to `withTaskCancellationHandler` is then isolated to `actor`
+  /// too. Formed in a `nonisolated(nonsending)` function it is not (Swift 6.3), and an actor on
+  /// one of our loops, driven by a task that prefers that loop, was resumed in three of the loop's
+  /// jobs per suspension instead of two.
+  func next(isolation actor: isolated (any Actor)? = #isolation) async -> Element? {
     await withTaskCancellationHandler {
-      await withUnsafeContinuation(isolation: #isolation) { (continuation: UnsafeContinuation<Element?, Never>) in
+      await withUnsafeContinuation(isolation: actor) { (continuation: UnsafeContinuation<Element?, Never>) in
         switch state.withLock({ $0.next(continuation) }) {
         case .return(let element): continuation.resume(returning: element)
         case .suspended: break

@@ -273,3 +273,50 @@ private actor PinnedToCFRunLoop {
     #expect(await consumer.value == 50)
   }
 }
+
+/// An actor pinned to one of our loops that consumes a Foundation-side sequence, publishing how
+/// many elements it took.
+private actor BridgedConsumer: LoopActor {
+  nonisolated let loop: RunLoopThread
+  init(loop: RunLoopThread) { self.loop = loop }
+
+  func consume(_ sequence: CFRunLoopSourceSequence, count: Int, taken: Locked<Int>) async -> Int {
+    var received = 0
+    for await _ in sequence {
+      received += 1
+      taken.withLock { $0 = received }
+      if received == count { break }
+    }
+    return received
+  }
+}
+
+/// A suspended consumer on one of our loops is resumed in as few of that loop's jobs as a core
+/// sequence's: two per suspension for a task that prefers the loop (the task executor's, then the
+/// actor's), not three.
+@Suite struct BridgedSequenceConsumerJobsTests {
+  @Test func anActorOnALoopResumesFromACFSourceSequenceInAtMostTwoLoopJobs() async throws {
+    let executor = CFRunLoopExecutor.startThread(name: "cf-consumer-jobs")
+    defer { executor.shutdown() }
+    let loop = try RunLoopThread(name: "cf-consumer-jobs-loop")
+    loop.setMetricsEnabled(true)
+    try loop.performAndWait {}
+    let sequence = executor.sourceSequence()
+    let consumer = BridgedConsumer(loop: loop)
+    let taken = Locked(0)
+    let count = 200
+    let before = loop.metrics.jobs
+    let task = Task(executorPreference: loop) { await consumer.consume(sequence, count: count, taken: taken) }
+    // Each signal waits until the consumer took the element before it (and suspended again).
+    for element in 0..<count {
+      while taken.withLock({ $0 }) < element { await Task.yield() }
+      #expect(sequence.signal())
+    }
+    let received = await task.value
+    try loop.performAndWait {}
+    let jobs = loop.metrics.jobs - before
+    #expect(received == count)
+    #expect(jobs <= UInt64(2 * count + 10), "\(jobs) loop jobs for \(count) suspensions")
+    loop.shutdownAndWait()
+  }
+}
