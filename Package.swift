@@ -96,7 +96,7 @@ let package = Package(
     // (Swift Testing runs tests, and exit-test bodies, on pool threads, never the main thread).
     .executableTarget(
       name: "MainLoopFixture",
-      dependencies: ["AsyncRunLoop", "CAsyncRunLoop"],
+      dependencies: ["AsyncRunLoop", "CAsyncRunLoop", "CTestAlarm"],
       path: "Tests/MainLoopFixture",
       swiftSettings: strictSettings
     ),
@@ -104,7 +104,7 @@ let package = Package(
     // AsyncRunLoopFoundationTests launch it per scenario (Foundation stays out of MainLoopFixture).
     .executableTarget(
       name: "FoundationBridgeFixture",
-      dependencies: ["AsyncRunLoop", "AsyncRunLoopFoundation"],
+      dependencies: ["AsyncRunLoop", "AsyncRunLoopFoundation", "CTestAlarm"],
       path: "Tests/FoundationBridgeFixture",
       swiftSettings: strictSettings
     ),
@@ -117,17 +117,20 @@ let package = Package(
     // scenario. The flag as for AsyncMainExample.
     .executableTarget(
       name: "AsyncMainFixture",
-      dependencies: ["AsyncRunLoop", "CAsyncRunLoop"],
+      dependencies: ["AsyncRunLoop", "CAsyncRunLoop", "CTestAlarm"],
       path: "Tests/AsyncMainFixture",
       swiftSettings: strictSettings + [.unsafeFlags(["-Xfrontend", "-disable-availability-checking"])]
     ),
     // Test harness settings applied before the test binary's main (see the file's comment).
     .target(name: "CTestHarness", path: "Tests/CTestHarness"),
+    // The fixtures' and exit tests' watchdog alarm, which fires whatever signal mask the process
+    // inherited (see the file's comment).
+    .target(name: "CTestAlarm", path: "Tests/CTestAlarm"),
     .testTarget(
       name: "AsyncRunLoopTests",
       // The executables are dependencies so that `swift test` builds them next to the test binary.
       dependencies: [
-        "AsyncRunLoop", "AsyncRunLoopTesting", "CAsyncRunLoop", "CTestHarness", "MainLoopFixture",
+        "AsyncRunLoop", "AsyncRunLoopTesting", "CAsyncRunLoop", "CTestAlarm", "CTestHarness", "MainLoopFixture",
         "MainThreadDelegateExample",
         "AsyncMainFixture", "AsyncMainExample",
         "CustomInputSourceExample", "ObserverLogExample", "EchoServerExample",

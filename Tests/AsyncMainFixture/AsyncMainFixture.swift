@@ -1,4 +1,5 @@
 @_spi(ExperimentalCustomExecutors) import AsyncRunLoop
+import CTestAlarm
 import Glibc
 
 // A process whose `async` main runs on the main loop through AsyncRunLoopExecutorFactory. Usage:
@@ -10,7 +11,7 @@ struct AsyncMainFixture {
   typealias DefaultExecutorFactory = AsyncRunLoopExecutorFactory
 
   static func main() async {
-    alarm(60)  // a hung scenario dies instead of hanging the test
+    carl_test_arm_alarm(60)  // a hung scenario dies instead of hanging the test
     let scenario = CommandLine.arguments.dropFirst().first ?? ""
     check(isOnMainThread, "main started off the main thread")
     switch scenario {

@@ -5,7 +5,7 @@ import Testing
 /// on pool threads, so each test launches the `FoundationBridgeFixture` executable (built next to
 /// the test binary) with one scenario, whose main thread runs the loops. The fixture checks that
 /// every body runs on the main thread, prints what it checked and exits 0, or prints "FAIL: …"
-/// and exits 1; a watchdog alarm turns a hang into a failure.
+/// and exits 1; a watchdog alarm turns a hang into a failure, and so does a deadline here.
 @Suite("Foundation bridge in a real process", .serialized)
 struct FoundationBridgeProcessTests {
   @Test func underRunMainLoopFoundationTimersPerformsAndLoopTimersFireInDeadlineOrder() throws {
@@ -59,6 +59,13 @@ struct FoundationBridgeProcessTests {
   @Test func cfTimerAndSourceSequencesOnTheMainRunLoopDeliverOnTheMainThreadUnderRunLoopMainRun() throws {
     try expectBridgeScenarioPasses("main-sequences-under-foundation")
   }
+
+  /// `Process` starts the fixture with the signal mask of the pool thread that launched it, which
+  /// blocks SIGALRM; the fixture's watchdog must end a hung scenario all the same.
+  @Test func aHungScenarioIsEndedByTheFixturesAlarm() throws {
+    let run = try runBridgeFixture("hang", sourceLocation: #_sourceLocation)
+    #expect(run.endedBySignal && run.status == SIGALRM, "\(run.report)")
+  }
 }
 
 /// The path of an executable built next to the running test binary.
@@ -72,8 +79,21 @@ private func siblingExecutable(_ name: String) -> URL {
   return directory.appendingPathComponent(name)
 }
 
-/// Runs the fixture's `scenario` and expects it to exit 0 and report "`scenario` ok".
-private func expectBridgeScenarioPasses(_ scenario: String, sourceLocation: SourceLocation = #_sourceLocation) throws {
+/// How one run of the fixture ended, and what it printed.
+private struct BridgeFixtureRun {
+  var endedBySignal: Bool
+  /// The exit status, or the signal that ended the fixture.
+  var status: Int32
+  var standardOutput: String
+  var standardError: String
+
+  var report: String {
+    "status \(status) (\(endedBySignal ? "signal" : "exit"))\n--- stdout\n\(standardOutput)\n--- stderr\n\(standardError.prefix(4000))"
+  }
+}
+
+/// Runs the fixture's `scenario` to its end, launched by Foundation's `Process` as a user would.
+private func runBridgeFixture(_ scenario: String, sourceLocation: SourceLocation) throws -> BridgeFixtureRun {
   let process = Process()
   process.executableURL = siblingExecutable("FoundationBridgeFixture")
   process.arguments = [scenario]
@@ -93,17 +113,26 @@ private func expectBridgeScenarioPasses(_ scenario: String, sourceLocation: Sour
       readers.leave()
     }.start()
   }
-  readers.wait()
-  process.waitUntilExit()
-  let (stdout, stderr) = collected.withLock {
-    (String(decoding: $0.0, as: UTF8.self), String(decoding: $0.1, as: UTF8.self))
+  // The fixture's alarm ends a hung scenario; this deadline covers a fixture that cannot even do that.
+  let deadline = 300
+  if readers.wait(timeout: .now() + .seconds(deadline)) == .timedOut {
+    kill(process.processIdentifier, SIGKILL)
+    Issue.record("\(scenario) did not finish within \(deadline) s; killed", sourceLocation: sourceLocation)
+    readers.wait()
   }
-  let report =
-    "status \(process.terminationStatus) (\(process.terminationReason == .exit ? "exit" : "signal"))\n--- stdout\n\(stdout)\n--- stderr\n\(stderr.prefix(4000))"
-  #expect(
-    process.terminationReason == .exit && process.terminationStatus == 0, "\(scenario): \(report)",
-    sourceLocation: sourceLocation)
-  #expect(stdout.contains("\(scenario) ok"), "\(report)", sourceLocation: sourceLocation)
+  process.waitUntilExit()
+  return collected.withLock {
+    BridgeFixtureRun(
+      endedBySignal: process.terminationReason == .uncaughtSignal, status: process.terminationStatus,
+      standardOutput: String(decoding: $0.0, as: UTF8.self), standardError: String(decoding: $0.1, as: UTF8.self))
+  }
+}
+
+/// Runs the fixture's `scenario` and expects it to exit 0 and report "`scenario` ok".
+private func expectBridgeScenarioPasses(_ scenario: String, sourceLocation: SourceLocation = #_sourceLocation) throws {
+  let run = try runBridgeFixture(scenario, sourceLocation: sourceLocation)
+  #expect(!run.endedBySignal && run.status == 0, "\(scenario): \(run.report)", sourceLocation: sourceLocation)
+  #expect(run.standardOutput.contains("\(scenario) ok"), "\(run.report)", sourceLocation: sourceLocation)
 }
 
 /// A value shared between threads, under a lock.

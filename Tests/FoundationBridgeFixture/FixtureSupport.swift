@@ -1,4 +1,5 @@
 import AsyncRunLoop
+import CTestAlarm
 import Foundation
 
 #if canImport(Glibc)
@@ -29,9 +30,10 @@ func check(_ condition: Bool, _ message: @autoclosure () -> String, file: Static
 /// True on the process's main thread (thread id == process id, asked of the kernel).
 var isOnMainThread: Bool { RunLoopThread.isMainThread }
 
-/// Kills the process with SIGALRM after `seconds`.
+/// Kills the process with SIGALRM after `seconds`, even when the test that launched the fixture
+/// blocked SIGALRM in the thread that started it.
 func startWatchdog(seconds: UInt32 = 60) {
-  alarm(seconds)
+  carl_test_arm_alarm(seconds)
 }
 
 /// A value shared between threads, under a pthread mutex.

@@ -19,6 +19,9 @@ case "foundation-modal-in-our-callout": foundationModalInOurCalloutScenario()
 case "our-modal-in-foundation-callout": ourModalInFoundationCalloutScenario()
 case "main-sequences-under-our-driver": mainSequencesScenario(foundationDrives: false)
 case "main-sequences-under-foundation": mainSequencesScenario(foundationDrives: true)
+case "hang":
+  startWatchdog(seconds: 1)
+  sleep(60)
 default: fail("unknown scenario '\(scenario)'")
 }
 say("\(scenario) ok")

@@ -1,5 +1,6 @@
 import AsyncRunLoop
 import CAsyncRunLoop
+import CTestAlarm
 import Glibc
 
 // Support for the main-loop fixture: a process whose main thread runs the main loop. The tests in
@@ -44,9 +45,10 @@ func expectMainThreadAndMainActor(_ what: String) {
   check(RunLoopThread.isMainThread, "\(what): RunLoopThread.isMainThread is false")
 }
 
-/// Kills the process with SIGALRM after `seconds` (a hung scenario fails instead of hanging).
+/// Kills the process with SIGALRM after `seconds` (a hung scenario fails instead of hanging),
+/// even when the test that launched the fixture blocked SIGALRM in the thread that started it.
 func startWatchdog(seconds: UInt32 = 30) {
-  alarm(seconds)
+  carl_test_arm_alarm(seconds)
 }
 
 /// A value shared between threads, under a pthread mutex (ThreadSanitizer understands it).

@@ -1,3 +1,4 @@
+import CTestAlarm
 import Glibc
 import Testing
 
@@ -19,8 +20,9 @@ func childFail(_ message: String, sourceLocation: SourceLocation = #_sourceLocat
 }
 
 /// Kills an exit test's child with SIGALRM (a failure) if it is still running `seconds` from now.
+/// (Fires even in a process started with SIGALRM blocked, as a child of a pool thread is.)
 func armChildAlarm(_ seconds: UInt32 = 30) {
-  alarm(seconds)
+  carl_test_arm_alarm(seconds)
 }
 
 /// Polls `condition` every millisecond for at most `timeout`; returns whether it became true.

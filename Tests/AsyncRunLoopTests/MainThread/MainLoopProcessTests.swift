@@ -112,8 +112,17 @@ struct ChildProcess: CustomStringConvertible {
     let argv = ([path] + arguments).map { strdup($0) } + [nil]
     let envp = currentEnvironment().map { strdup($0) } + [nil]
     defer { for pointer in argv + envp { free(pointer) } }
+    // The child starts with no signal blocked, as from a shell; the pool thread spawning it blocks
+    // most signals, and a child inherits that mask.
+    var attributes = posix_spawnattr_t()
+    posix_spawnattr_init(&attributes)
+    defer { posix_spawnattr_destroy(&attributes) }
+    var noSignals = sigset_t()
+    sigemptyset(&noSignals)
+    posix_spawnattr_setsigmask(&attributes, &noSignals)
+    posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK))
     var pid: pid_t = 0
-    let rc = posix_spawn(&pid, path, &actions, nil, argv, envp)
+    let rc = posix_spawn(&pid, path, &actions, &attributes, argv, envp)
     guard rc == 0 else { throw LaunchError(description: "posix_spawn \(path): \(String(cString: strerror(rc)))") }
     var status: Int32 = 0
     let deadline = ContinuousClock.now.advanced(by: timeout)

@@ -54,9 +54,19 @@ struct WatchdogTests {
     #expect(try withWatchdogSync(timeout: .seconds(10), "quick body") { 7 } == 7)
   }
 
+  /// The alarm that bounds every exit test's child ends a hung child. (Swift Testing starts the
+  /// child with SIGALRM unblocked today; the fixtures, started by `Process`, have it blocked, and
+  /// `FoundationBridgeProcessTests` proves the alarm there.)
+  @Test func aHungChildProcessIsEndedByItsAlarm() async {
+    await #expect(processExitsWith: .signal(SIGALRM)) {
+      armChildAlarm(1)
+      sleep(60)
+    }
+  }
+
   @Test func aBodyThatNeverEndsEndsTheProcessAfterTheGrace() async {
     let result = await #expect(processExitsWith: .exitCode(1), observing: [\.standardErrorContent]) {
-      alarm(60)
+      armChildAlarm(60)
       setenv("ASYNC_RUN_LOOP_HANG_GRACE", "1", 1)
       await withKnownIssue {
         _ = try await withWatchdog(timeout: .milliseconds(100), "endless body") { () async -> Int in
