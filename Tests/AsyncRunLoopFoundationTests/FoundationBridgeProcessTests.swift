@@ -101,8 +101,12 @@ private func runBridgeFixture(_ scenario: String, sourceLocation: SourceLocation
   let errors = Pipe()
   process.standardOutput = output
   process.standardError = errors
+  // The end is learnt from the termination handler, set before the launch: `waitUntilExit()` off
+  // the main thread polls the caller's run loop and is known to miss a child that already exited.
+  let exited = DispatchSemaphore(value: 0)
+  process.terminationHandler = { _ in exited.signal() }
   try process.run()
-  // Read both to the end before waiting (a full pipe would block the child).
+  // Read both to the end while it runs (a full pipe would block the child).
   let collected = Locked<(Data, Data)>((Data(), Data()))
   let readers = DispatchGroup()
   for (index, pipe) in [output, errors].enumerated() {
@@ -115,15 +119,20 @@ private func runBridgeFixture(_ scenario: String, sourceLocation: SourceLocation
   }
   // The fixture's alarm ends a hung scenario; this deadline covers a fixture that cannot even do that.
   let deadline = 300
-  if readers.wait(timeout: .now() + .seconds(deadline)) == .timedOut {
+  var reported = true
+  if exited.wait(timeout: .now() + .seconds(deadline)) == .timedOut {
     kill(process.processIdentifier, SIGKILL)
     Issue.record("\(scenario) did not finish within \(deadline) s; killed", sourceLocation: sourceLocation)
-    readers.wait()
+    reported = exited.wait(timeout: .now() + .seconds(30)) == .success
   }
-  process.waitUntilExit()
+  if readers.wait(timeout: .now() + .seconds(30)) == .timedOut {
+    Issue.record("\(scenario): its output did not end 30 s after it exited", sourceLocation: sourceLocation)
+  }
   return collected.withLock {
     BridgeFixtureRun(
-      endedBySignal: process.terminationReason == .uncaughtSignal, status: process.terminationStatus,
+      // (`Process` traps on reading the status of a process it has not seen end.)
+      endedBySignal: reported ? process.terminationReason == .uncaughtSignal : true,
+      status: reported ? process.terminationStatus : SIGKILL,
       standardOutput: String(decoding: $0.0, as: UTF8.self), standardError: String(decoding: $0.1, as: UTF8.self))
   }
 }
