@@ -96,7 +96,7 @@ let package = Package(
     // (Swift Testing runs tests, and exit-test bodies, on pool threads, never the main thread).
     .executableTarget(
       name: "MainLoopFixture",
-      dependencies: ["AsyncRunLoop", "CAsyncRunLoop", "CTestAlarm"],
+      dependencies: ["AsyncRunLoop", "CAsyncRunLoop", "CTestChildProcess"],
       path: "Tests/MainLoopFixture",
       swiftSettings: strictSettings
     ),
@@ -104,7 +104,7 @@ let package = Package(
     // AsyncRunLoopFoundationTests launch it per scenario (Foundation stays out of MainLoopFixture).
     .executableTarget(
       name: "FoundationBridgeFixture",
-      dependencies: ["AsyncRunLoop", "AsyncRunLoopFoundation", "CTestAlarm"],
+      dependencies: ["AsyncRunLoop", "AsyncRunLoopFoundation", "CTestChildProcess"],
       path: "Tests/FoundationBridgeFixture",
       swiftSettings: strictSettings
     ),
@@ -117,20 +117,20 @@ let package = Package(
     // scenario. The flag as for AsyncMainExample.
     .executableTarget(
       name: "AsyncMainFixture",
-      dependencies: ["AsyncRunLoop", "CAsyncRunLoop", "CTestAlarm"],
+      dependencies: ["AsyncRunLoop", "CAsyncRunLoop", "CTestChildProcess"],
       path: "Tests/AsyncMainFixture",
       swiftSettings: strictSettings + [.unsafeFlags(["-Xfrontend", "-disable-availability-checking"])]
     ),
     // Test harness settings applied before the test binary's main (see the file's comment).
-    .target(name: "CTestHarness", path: "Tests/CTestHarness"),
+    .target(name: "CTestHarness", dependencies: ["CTestChildProcess"], path: "Tests/CTestHarness"),
     // The fixtures' and exit tests' watchdog alarm, which fires whatever signal mask the process
     // inherited (see the file's comment).
-    .target(name: "CTestAlarm", path: "Tests/CTestAlarm"),
+    .target(name: "CTestChildProcess", path: "Tests/CTestChildProcess"),
     .testTarget(
       name: "AsyncRunLoopTests",
       // The executables are dependencies so that `swift test` builds them next to the test binary.
       dependencies: [
-        "AsyncRunLoop", "AsyncRunLoopTesting", "CAsyncRunLoop", "CTestAlarm", "CTestHarness", "MainLoopFixture",
+        "AsyncRunLoop", "AsyncRunLoopTesting", "CAsyncRunLoop", "CTestChildProcess", "CTestHarness", "MainLoopFixture",
         "MainThreadDelegateExample",
         "AsyncMainFixture", "AsyncMainExample",
         "CustomInputSourceExample", "ObserverLogExample", "EchoServerExample",

@@ -1,5 +1,5 @@
 @_spi(ExperimentalCustomExecutors) import AsyncRunLoop
-import CTestAlarm
+import CTestChildProcess
 import Glibc
 
 // A process whose `async` main runs on the main loop through AsyncRunLoopExecutorFactory. Usage:

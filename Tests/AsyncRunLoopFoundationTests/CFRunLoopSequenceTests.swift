@@ -308,9 +308,18 @@ private actor BridgedConsumer: LoopActor {
     let before = loop.metrics.jobs
     let task = Task(executorPreference: loop) { await consumer.consume(sequence, count: count, taken: taken) }
     // Each signal waits until the consumer took the element before it (and suspended again).
-    for element in 0..<count {
-      while taken.withLock({ $0 }) < element { await Task.yield() }
-      #expect(sequence.signal())
+    let deadline = ContinuousClock.now.advanced(by: .seconds(60))
+    var stalled = false
+    for element in 0..<count where !stalled {
+      while taken.withLock({ $0 }) < element, !stalled {
+        stalled = ContinuousClock.now >= deadline
+        await Task.yield()
+      }
+      if !stalled { #expect(sequence.signal()) }
+    }
+    if stalled {
+      Issue.record("the consumer took \(taken.withLock { $0 }) of \(count) elements in 60 s")
+      sequence.invalidate()  // ends its loop, so that the task below ends
     }
     let received = await task.value
     try loop.performAndWait {}

@@ -1,5 +1,5 @@
 import AsyncRunLoop
-import CTestAlarm
+import CTestChildProcess
 import Foundation
 
 #if canImport(Glibc)

@@ -1,6 +1,6 @@
 import AsyncRunLoop
 import CAsyncRunLoop
-import CTestAlarm
+import CTestChildProcess
 import Glibc
 
 // Support for the main-loop fixture: a process whose main thread runs the main loop. The tests in

@@ -1,4 +1,4 @@
-import CTestAlarm
+import CTestChildProcess
 import Glibc
 import Testing
 

@@ -1,4 +1,5 @@
 import CAsyncRunLoop
+import CTestChildProcess
 import Glibc
 import Testing
 
@@ -109,6 +110,9 @@ struct ChildProcess: CustomStringConvertible {
     defer { posix_spawn_file_actions_destroy(&actions) }
     posix_spawn_file_actions_adddup2(&actions, output.descriptor, 1)
     posix_spawn_file_actions_adddup2(&actions, errors.descriptor, 2)
+    // Nothing else of ours: an inherited pipe end (the symbolizer's, `swift test`'s output) kept
+    // open by a child, or by what the child starts, keeps its reader waiting after we ended.
+    carl_test_spawn_close_inherited(&actions)
     let argv = ([path] + arguments).map { strdup($0) } + [nil]
     let envp = currentEnvironment().map { strdup($0) } + [nil]
     defer { for pointer in argv + envp { free(pointer) } }
@@ -125,6 +129,7 @@ struct ChildProcess: CustomStringConvertible {
     let rc = posix_spawn(&pid, path, &actions, &attributes, argv, envp)
     guard rc == 0 else { throw LaunchError(description: "posix_spawn \(path): \(String(cString: strerror(rc)))") }
     var status: Int32 = 0
+    let timeout = timeout * watchdogScale  // the child's own alarm scales so too
     let deadline = ContinuousClock.now.advanced(by: timeout)
     while waitpid(pid, &status, WNOHANG) == 0 {
       if ContinuousClock.now >= deadline {

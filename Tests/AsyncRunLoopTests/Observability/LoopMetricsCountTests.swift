@@ -14,7 +14,10 @@ struct LoopMetricsCountTests {
     // after a first reading taken once the switch was sent (that reading's pass may be the switch's
     // own), so that every later pass (the readings' too) began with metrics on.
     let passesAtSwitch = try loop.performAndWait { loop.metrics.passes }
-    while try loop.performAndWait({ loop.metrics.passes }) <= passesAtSwitch {}
+    let counted = waitUntil("a pass counted after the switch") {
+      ((try? loop.performAndWait { loop.metrics.passes }) ?? 0) > passesAtSwitch
+    }
+    try #require(counted)
     // Both readings are taken on the loop's thread inside a block: at a quiescent moment. A block
     // is counted at its start, its duration and its pass's at their ends: so the first reading's
     // block and pass fall in the difference, the second's do not.

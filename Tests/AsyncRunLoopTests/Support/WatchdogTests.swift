@@ -64,6 +64,15 @@ struct WatchdogTests {
     }
   }
 
+  /// Swift Testing waits for an exit test's child with no limit: every child arms an alarm before
+  /// its body runs (CTestHarness), so one that blocks instead of exiting fails instead of holding
+  /// the run. (`alarm(0)` returns the seconds left of a pending alarm, and cancels it.)
+  @Test func anExitTestsChildStartsWithAnAlarmArmed() async {
+    await #expect(processExitsWith: .success) {
+      exit(alarm(0) > 0 ? 0 : 1)
+    }
+  }
+
   @Test func aBodyThatNeverEndsEndsTheProcessAfterTheGrace() async {
     let result = await #expect(processExitsWith: .exitCode(1), observing: [\.standardErrorContent]) {
       armChildAlarm(60)

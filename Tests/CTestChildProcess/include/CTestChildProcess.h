@@ -1,0 +1,13 @@
+// What tests need of child processes (see CTestChildProcess.c): a watchdog alarm that fires,
+// and children that inherit none of the test binary's descriptors.
+#pragma once
+
+#include <spawn.h>
+
+/// Ends the process with SIGALRM `seconds` from now, times ASYNC_RUN_LOOP_WATCHDOG_SCALE when
+/// that is set (sanitized runs are many times slower), as alarm(2) does (0 cancels a pending
+/// one), whatever signal mask the process was started with.
+void carl_test_arm_alarm(unsigned seconds);
+
+/// Adds to `actions` the closing of every descriptor from 3 up in the child.
+int carl_test_spawn_close_inherited(posix_spawn_file_actions_t *actions);
