@@ -97,6 +97,9 @@ private func runBridgeFixture(_ scenario: String, sourceLocation: SourceLocation
   let process = Process()
   process.executableURL = siblingExecutable("FoundationBridgeFixture")
   process.arguments = [scenario]
+  // The Swift runtime's backtracer off, as Swift Testing does for exit tests: a crashed child's
+  // swift-backtrace has outlived it, blocked, holding the pipes its readers wait on.
+  process.environment = ProcessInfo.processInfo.environment.merging(["SWIFT_BACKTRACE": "enable=no"]) { set, _ in set }
   let output = Pipe()
   let errors = Pipe()
   process.standardOutput = output

@@ -10,11 +10,14 @@
 //
 // The descriptors. A child started with posix_spawn inherits every descriptor of the test
 // binary not marked close-on-exec: pipes to the symbolizer ThreadSanitizer started, `swift
-// test`'s output pipe. A child that outlives the test, or something the child starts, keeps
-// their readers waiting for an end that never comes.
+// test`'s output pipe. A child that outlives the test, or something the child starts (the Swift
+// runtime's swift-backtrace, when the child crashes), keeps their readers waiting for an end that
+// never comes: `swift test` once never returned after every test had passed.
 #define _GNU_SOURCE
 #include "CTestChildProcess.h"
 
+#include <dirent.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
@@ -50,11 +53,32 @@ static void carl_test_start_alarm_receiver(void) {
 void carl_test_arm_alarm(unsigned seconds) {
   static pthread_once_t started = PTHREAD_ONCE_INIT;
   pthread_once(&started, carl_test_start_alarm_receiver);
-  const char *scaleSetting = getenv("ASYNC_RUN_LOOP_WATCHDOG_SCALE");
-  long scale = scaleSetting ? strtol(scaleSetting, NULL, 10) : 1;
-  alarm(seconds * (unsigned)(scale >= 1 ? scale : 1));
+  // As the Swift side reads it (`watchdogScale`): a whole number from 1 up, else 1.
+  const char *setting = getenv("ASYNC_RUN_LOOP_WATCHDOG_SCALE");
+  char *end = NULL;
+  long scale = setting ? strtol(setting, &end, 10) : 1;
+  if (setting && (end == setting || *end != '\0')) scale = 1;
+  if (scale < 1) scale = 1;
+  if (scale > 1000) scale = 1000;
+  unsigned long long scaled = (unsigned long long)seconds * (unsigned long long)scale;
+  alarm(scaled > UINT_MAX ? UINT_MAX : (unsigned)scaled);
 }
 
 int carl_test_spawn_close_inherited(posix_spawn_file_actions_t *actions) {
+#if defined(__GLIBC_PREREQ) && __GLIBC_PREREQ(2, 34)
   return posix_spawn_file_actions_addclosefrom_np(actions, 3);
+#else
+  // Older C libraries: close what is open now (a descriptor opened meanwhile by another thread
+  // may still be inherited).
+  DIR *open = opendir("/proc/self/fd");
+  if (!open) return -1;
+  int listing = dirfd(open);
+  int status = 0;
+  for (struct dirent *entry; status == 0 && (entry = readdir(open));) {
+    int descriptor = atoi(entry->d_name);
+    if (descriptor >= 3 && descriptor != listing) status = posix_spawn_file_actions_addclose(actions, descriptor);
+  }
+  closedir(open);
+  return status;
+#endif
 }

@@ -12,29 +12,19 @@
 // that, the same stress run passed (2,265 runs, 124 s), and a plain run of the suite took 28 s
 // (33-36 s without the cap).
 //
-// Child processes (fixtures, exit tests) start with the Swift runtime's backtracer off. Several
-// crash on purpose, and under ThreadSanitizer a crashed child's swift-backtrace outlived it,
-// blocked for good on its own copy of the child's memory-server socket; it also held copies of
-// the test binary's descriptors, among them the stdin of the symbolizer ThreadSanitizer had
-// started, so that symbolizer never ended either, and it held the test binary's output pipe:
-// `swift test` printed nothing more and never returned after every test had passed (a CI step
-// timed out so). A crashing child still prints its fatal error; the test binary's own
-// backtracer is unchanged (the runtime reads the variable before this runs).
-//
-// An exit test's child (the test binary again, started by Swift Testing with SWT_EXIT_TEST_ID
-// set) arms a watchdog alarm before main: Swift Testing waits for the child with no limit, so a
-// child that blocked where it should have exited held the whole run. Bodies that need a
-// different bound call armChildAlarm(_:) themselves.
-//
 // Set before main, before the runtime and the testing library read their environment; an
 // explicit setting wins.
+//
+// And an exit test's child (the test binary again, started by Swift Testing with
+// SWT_EXIT_TEST_ID set) arms a watchdog alarm before main: Swift Testing waits for the child with
+// no limit, so a child that blocked where it should have exited would hold the whole run. Bodies
+// that need a different bound call armChildAlarm(_:) themselves.
 #include <stdlib.h>
 
 #include "CTestChildProcess.h"
 
-__attribute__((constructor)) static void carl_test_harness_set_environment(void) {
+__attribute__((constructor)) static void carl_test_harness_prepare_process(void) {
   setenv("SWIFT_DEBUG_CONCURRENCY_ENABLE_COOPERATIVE_QUEUES", "false", 0);
   setenv("SWT_EXPERIMENTAL_MAXIMUM_PARALLELIZATION_WIDTH", "16", 0);
-  setenv("SWIFT_BACKTRACE", "enable=no", 0);
   if (getenv("SWT_EXIT_TEST_ID") != NULL) carl_test_arm_alarm(120);
 }

@@ -56,6 +56,9 @@ struct MainLoopProcessTests {
     // A trap is a signal; under ThreadSanitizer its crash handling may turn it into exit code 66.
     #expect(run.signal != nil || (run.exitCode ?? 0) != 0, "the nested runMainLoop() did not trap: \(run)")
     #expect(run.standardError.contains("runMainLoop() is already running on the main thread"), "\(run)")
+    // Children crash without the Swift runtime's backtracer, which can outlive them holding our
+    // descriptors (see `ChildProcess.childEnvironment`); it prints "Backtrace took …" when done.
+    #expect(!run.standardError.contains("Backtrace took"), "\(run)")
   }
 
   @Test func delegateExampleCalloutsAllRunOnTheMainThread() throws {
@@ -110,11 +113,13 @@ struct ChildProcess: CustomStringConvertible {
     defer { posix_spawn_file_actions_destroy(&actions) }
     posix_spawn_file_actions_adddup2(&actions, output.descriptor, 1)
     posix_spawn_file_actions_adddup2(&actions, errors.descriptor, 2)
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
     // Nothing else of ours: an inherited pipe end (the symbolizer's, `swift test`'s output) kept
     // open by a child, or by what the child starts, keeps its reader waiting after we ended.
-    carl_test_spawn_close_inherited(&actions)
+    let closing = carl_test_spawn_close_inherited(&actions)
+    guard closing == 0 else { throw LaunchError(description: "closing inherited descriptors: \(closing)") }
     let argv = ([path] + arguments).map { strdup($0) } + [nil]
-    let envp = currentEnvironment().map { strdup($0) } + [nil]
+    let envp = childEnvironment().map { strdup($0) } + [nil]
     defer { for pointer in argv + envp { free(pointer) } }
     // The child starts with no signal blocked, as from a shell; the pool thread spawning it blocks
     // most signals, and a child inherits that mask.
@@ -146,8 +151,19 @@ struct ChildProcess: CustomStringConvertible {
       standardOutput: output.contents(), standardError: errors.contents())
   }
 
-  /// This process's environment, from /proc (the C `environ` global is not concurrency-safe).
-  private static func currentEnvironment() -> [String] {
+  /// The environment this process started with, and the Swift runtime's backtracer off unless
+  /// set: several children crash on purpose, and under ThreadSanitizer a crashed child's
+  /// swift-backtrace outlived it, blocked for good on its own copy of the child's memory-server
+  /// socket. (Swift Testing does the same for exit tests.)
+  private static func childEnvironment() -> [String] {
+    let inherited = startingEnvironment()
+    return inherited.contains { $0.hasPrefix("SWIFT_BACKTRACE=") }
+      ? inherited : inherited + ["SWIFT_BACKTRACE=enable=no"]
+  }
+
+  /// This process's environment as it started, from /proc (the C `environ` global is not
+  /// concurrency-safe).
+  private static func startingEnvironment() -> [String] {
     guard let file = fopen("/proc/self/environ", "r") else { return [] }
     defer { fclose(file) }
     var bytes: [UInt8] = []

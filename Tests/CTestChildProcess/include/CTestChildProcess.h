@@ -9,5 +9,5 @@
 /// one), whatever signal mask the process was started with.
 void carl_test_arm_alarm(unsigned seconds);
 
-/// Adds to `actions` the closing of every descriptor from 3 up in the child.
+/// Adds to `actions` the closing of every descriptor from 3 up in the child; 0, or an error.
 int carl_test_spawn_close_inherited(posix_spawn_file_actions_t *actions);
