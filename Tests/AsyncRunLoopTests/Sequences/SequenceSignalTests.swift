@@ -113,24 +113,34 @@ struct SequenceSignalTests {
     #expect((outcome?.elements ?? 0) <= total)
   }
 
+  /// A signal sent while the consumer waits, after it took every signal before, is an element of
+  /// its own. (Each signal waits for the consumer to catch up: a fixed pause between them let two
+  /// signals fold into one element on a loaded machine, and a consumer counting elements waited
+  /// for a third that never came.)
   @Test func aSignalAfterAQuietPeriodIsDelivered() async throws {
     let loop = try RunLoopThread(name: "seq-signal-quiet")
     defer { loop.shutdownAndWait() }
     let signals = loop.signalSequence()
-    let consumer = Task(executorPreference: loop) { () async -> [Int] in
-      var counts: [Int] = []
+    let received = Guarded<[Int]>([])
+    let consumer = Task(executorPreference: loop) {
       for await count in signals {
-        counts.append(count)
-        if counts.count == 3 { break }
+        let total = received.withLock { counts in
+          counts.append(count)
+          return counts.reduce(0, +)
+        }
+        if total >= 3 { break }
       }
-      return counts
     }
-    for _ in 0..<3 {
-      try await Task.sleep(for: .milliseconds(10))
+    for sent in 0..<3 {
+      let caughtUp = await pollAsync(timeout: .seconds(20) * watchdogScale) {
+        received.withLock { $0.reduce(0, +) } == sent
+      }
+      #expect(caughtUp, "the consumer took \(received.withLock { $0 }) for \(sent) signals sent")
+      try await Task.sleep(for: .milliseconds(10))  // the consumer waits again
       signals.signal()
     }
-    let counts = try await withWatchdog(timeout: .seconds(10), "three separate signals") { await consumer.value }
-    #expect(counts == [1, 1, 1])
+    try await withWatchdog(timeout: .seconds(10), "three separate signals") { await consumer.value }
+    #expect(received.withLock { $0 } == [1, 1, 1])
   }
 
   @Test func cancelInvalidateAndShutdownEachEndAWaitingConsumer() async throws {
