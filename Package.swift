@@ -110,7 +110,7 @@ let package = Package(
     ),
     .testTarget(
       name: "AsyncRunLoopFoundationTests",
-      dependencies: ["AsyncRunLoop", "AsyncRunLoopFoundation", "FoundationBridgeFixture"],
+      dependencies: ["AsyncRunLoop", "AsyncRunLoopFoundation", "CTestChildProcess", "FoundationBridgeFixture"],
       swiftSettings: strictSettings
     ),
     // An `async` main on AsyncRunLoopExecutorFactory; AsyncMainOnMainLoopTests launch it per

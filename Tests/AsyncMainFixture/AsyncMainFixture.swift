@@ -11,7 +11,7 @@ struct AsyncMainFixture {
   typealias DefaultExecutorFactory = AsyncRunLoopExecutorFactory
 
   static func main() async {
-    carl_test_arm_alarm(60)  // a hung scenario dies instead of hanging the test
+    carl_test_arm_alarm(60)  // (times the watchdog scale) a hung scenario dies instead of hanging
     let scenario = CommandLine.arguments.dropFirst().first ?? ""
     check(isOnMainThread, "main started off the main thread")
     switch scenario {

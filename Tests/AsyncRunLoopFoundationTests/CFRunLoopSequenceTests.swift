@@ -308,8 +308,7 @@ private actor BridgedConsumer: LoopActor {
     let before = loop.metrics.jobs
     let task = Task(executorPreference: loop) { await consumer.consume(sequence, count: count, taken: taken) }
     // Each signal waits until the consumer took the element before it (and suspended again).
-    let scale = ProcessInfo.processInfo.environment["ASYNC_RUN_LOOP_WATCHDOG_SCALE"].flatMap { Int($0) } ?? 1
-    let deadline = ContinuousClock.now.advanced(by: .seconds(60) * max(scale, 1))
+    let deadline = ContinuousClock.now.advanced(by: .seconds(60) * watchdogScale)
     var stalled = false
     for element in 0..<count where !stalled {
       while taken.withLock({ $0 }) < element, !stalled {
@@ -319,7 +318,7 @@ private actor BridgedConsumer: LoopActor {
       if !stalled { #expect(sequence.signal()) }
     }
     if stalled {
-      Issue.record("the consumer took \(taken.withLock { $0 }) of \(count) elements in \(60 * max(scale, 1)) s")
+      Issue.record("the consumer took \(taken.withLock { $0 }) of \(count) elements in \(60 * watchdogScale) s")
       sequence.invalidate()  // ends its loop, so that the task below ends
     }
     let received = await task.value

@@ -122,8 +122,7 @@ private func runBridgeFixture(_ scenario: String, sourceLocation: SourceLocation
   }
   // The fixture's alarm ends a hung scenario; this deadline covers a fixture that cannot even do
   // that. Both scale with ASYNC_RUN_LOOP_WATCHDOG_SCALE (sanitized runs are many times slower).
-  let scale = ProcessInfo.processInfo.environment["ASYNC_RUN_LOOP_WATCHDOG_SCALE"].flatMap { Int($0) } ?? 1
-  let deadline = 300 * max(scale, 1)
+  let deadline = 300 * watchdogScale
   var reported = true
   if exited.wait(timeout: .now() + .seconds(deadline)) == .timedOut {
     kill(process.processIdentifier, SIGKILL)

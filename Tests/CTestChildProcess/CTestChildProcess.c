@@ -50,17 +50,19 @@ static void carl_test_start_alarm_receiver(void) {
   pthread_attr_destroy(&attributes);
 }
 
+unsigned carl_test_watchdog_scale(void) {
+  const char *setting = getenv("ASYNC_RUN_LOOP_WATCHDOG_SCALE");
+  if (!setting) return 1;
+  char *end = NULL;
+  long scale = strtol(setting, &end, 10);
+  if (end == setting || *end != '\0' || scale < 1) return 1;
+  return scale > 1000 ? 1000 : (unsigned)scale;
+}
+
 void carl_test_arm_alarm(unsigned seconds) {
   static pthread_once_t started = PTHREAD_ONCE_INIT;
   pthread_once(&started, carl_test_start_alarm_receiver);
-  // As the Swift side reads it (`watchdogScale`): a whole number from 1 up, else 1.
-  const char *setting = getenv("ASYNC_RUN_LOOP_WATCHDOG_SCALE");
-  char *end = NULL;
-  long scale = setting ? strtol(setting, &end, 10) : 1;
-  if (setting && (end == setting || *end != '\0')) scale = 1;
-  if (scale < 1) scale = 1;
-  if (scale > 1000) scale = 1000;
-  unsigned long long scaled = (unsigned long long)seconds * (unsigned long long)scale;
+  unsigned long long scaled = (unsigned long long)seconds * (unsigned long long)carl_test_watchdog_scale();
   alarm(scaled > UINT_MAX ? UINT_MAX : (unsigned)scaled);
 }
 

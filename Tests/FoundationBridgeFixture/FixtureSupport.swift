@@ -30,8 +30,8 @@ func check(_ condition: Bool, _ message: @autoclosure () -> String, file: Static
 /// True on the process's main thread (thread id == process id, asked of the kernel).
 var isOnMainThread: Bool { RunLoopThread.isMainThread }
 
-/// Kills the process with SIGALRM after `seconds`, even when the test that launched the fixture
-/// blocked SIGALRM in the thread that started it.
+/// Kills the process with SIGALRM after `seconds` times `ASYNC_RUN_LOOP_WATCHDOG_SCALE`, even when
+/// the test that launched the fixture blocked SIGALRM in the thread that started it.
 func startWatchdog(seconds: UInt32 = 60) {
   carl_test_arm_alarm(seconds)
 }

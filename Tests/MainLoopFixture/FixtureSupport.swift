@@ -45,8 +45,9 @@ func expectMainThreadAndMainActor(_ what: String) {
   check(RunLoopThread.isMainThread, "\(what): RunLoopThread.isMainThread is false")
 }
 
-/// Kills the process with SIGALRM after `seconds` (a hung scenario fails instead of hanging),
-/// even when the test that launched the fixture blocked SIGALRM in the thread that started it.
+/// Kills the process with SIGALRM after `seconds` times `ASYNC_RUN_LOOP_WATCHDOG_SCALE` (a hung
+/// scenario fails instead of hanging), even when the test that launched the fixture blocked
+/// SIGALRM in the thread that started it.
 func startWatchdog(seconds: UInt32 = 30) {
   carl_test_arm_alarm(seconds)
 }

@@ -19,8 +19,9 @@ func childFail(_ message: String, sourceLocation: SourceLocation = #_sourceLocat
   exit(1)
 }
 
-/// Kills an exit test's child with SIGALRM (a failure) if it is still running `seconds` from now.
-/// (Fires even in a process started with SIGALRM blocked, as a child of a pool thread is.)
+/// Kills an exit test's child with SIGALRM (a failure) if it is still running `seconds` (times
+/// `watchdogScale`) from now. (Fires even in a process started with SIGALRM blocked, as a child
+/// of a pool thread is.)
 func armChildAlarm(_ seconds: UInt32 = 30) {
   carl_test_arm_alarm(seconds)
 }

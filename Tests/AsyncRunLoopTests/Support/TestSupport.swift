@@ -1,3 +1,4 @@
+import CTestChildProcess
 import CTestHarness  // its constructor widens the global executor for the test process
 import Glibc
 import Testing
@@ -24,13 +25,9 @@ func waitUntil(
 }
 
 /// How much longer every watchdog and wait of the tests allows: `ASYNC_RUN_LOOP_WATCHDOG_SCALE`
-/// (CI raises it for the sanitizer runs, where everything is many times slower), 1 by default.
-var watchdogScale: Int {
-  guard let raw = getenv("ASYNC_RUN_LOOP_WATCHDOG_SCALE"), let value = Int(String(cString: raw)), value > 0 else {
-    return 1
-  }
-  return value
-}
+/// (CI raises it for the sanitizer runs, where everything is many times slower), 1 by default
+/// (`carl_test_watchdog_scale`, which the children's alarms read too).
+var watchdogScale: Int { Int(carl_test_watchdog_scale()) }
 
 /// Suspends (without holding a thread of the cooperative pool) until `finished` opens: the body of
 /// a watchdog that fired. It ends, or `HangReaper` ends the process.
