@@ -6,8 +6,9 @@ extension LoopCore {
   /// waits for the next pass, and a timer never fires inside its own callout (a nested run in
   /// another of its modes leaves it). Returns whether any fired.
   func fireDueTimers(in contents: ModeContents) -> Bool {
-    guard let head = contents.timers.firstDeadline, head <= shared.nowNanoseconds else { return false }
-    let now = shared.nowNanoseconds
+    guard let head = contents.timers.firstDeadline else { return false }
+    let now = shared.nowNanoseconds  // (one clock read per pass and mode with timers)
+    guard head <= now else { return false }
     let newest = timerSequence
     // With their records (held: a callout may invalidate a set-aside timer, freeing the record
     // that an extra entry only points at).

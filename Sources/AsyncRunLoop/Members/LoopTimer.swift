@@ -306,7 +306,9 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     let firesFor = fireDateNs
     lock.unlock()
     loop.observed(.timer, label: label, since: firesFor) { current(self) }
-    let now = loop.nowNanoseconds
+    // Only a repeating timer needs the time (for its next grid point): a clock read per fire of
+    // a one-shot timer was a few percent of scheduling and firing one.
+    let now = intervalNanoseconds == nil ? 0 : loop.nowNanoseconds
     lock.lock()
     firingLoop = nil
     let recordHere = state.binding.record(on: loop)
@@ -347,6 +349,7 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   /// on its grid (from the date it fired for), unless the callout set a fire date; invalidates a
   /// one-shot timer (without a round trip through the inbox: the loop detaches its records). The
   /// caller finishes the returned invalidation after releasing the lock.
+  /// (`now` is the loop's time after the callout; 0 for a one-shot timer, which does not read it.)
   private func afterFireLocked(now: Int64) -> (AfterFire, MemberInvalidation<@Sendable (LoopTimer) -> Void>?) {
     if fireDateVersion != versionAtFire { return (.rescheduled, nil) }
     guard let interval = intervalNanoseconds else { return (.finished, state.invalidate()) }
