@@ -44,15 +44,17 @@ enum TargetReport {
     }
   }
 
-  /// "asyncrunloop is faster than `peer`" at p50 (and at p99 when `alsoP99`): ratios below 1.
-  private static func fasterThan(_ scenario: String, _ peers: [String], alsoP99: Bool = false) -> [Target] {
+  /// "`ours` is faster than `peer`" at p50 (and at p99 when `alsoP99`): ratios below 1.
+  private static func fasterThan(
+    _ scenario: String, _ peers: [String], ours: String = "asyncrunloop", alsoP99: Bool = false
+  ) -> [Target] {
     peers.flatMap { peer in
       let statistics: [(String, KeyPath<LatencySummary, Double> & Sendable)] =
         alsoP99 ? [("p50", \.p50), ("p99", \.p99)] : [("p50", \.p50)]
       return statistics.map { name, statistic in
         Target(
-          label: "\(scenario) asyncrunloop \(name) / \(peer) \(name)", bound: .below(1),
-          measure: ratio(scenario, "asyncrunloop", peer, statistic))
+          label: "\(scenario) \(ours) \(name) / \(peer) \(name)", bound: .below(1),
+          measure: ratio(scenario, ours, peer, statistic))
       }
     }
   }
@@ -118,7 +120,13 @@ enum TargetReport {
         label: "timer-1ms-lateness asyncrunloop p50 / floor-timerfd p50", bound: .atMost(1.3),
         measure: p50Ratio("timer-1ms-lateness", "asyncrunloop", "floor-timerfd")),
     ]
-    + fasterThan("timer-1ms-lateness", ["task-sleep", "dispatch-source-timer", "foundation-timer"], alsoP99: true)
+    // Like against like: the async sequence (a task resumed per tick) against `Task.sleep`; the
+    // `LoopTimer` callback against the callback timers of Dispatch and Foundation. (The sequence
+    // against a callback timer also counts a task's resumption that the callback does not make.)
+    + fasterThan("timer-1ms-lateness", ["task-sleep"], alsoP99: true)
+    + fasterThan(
+      "timer-1ms-lateness", ["dispatch-source-timer", "foundation-timer"], ours: "asyncrunloop-looptimer",
+      alsoP99: true)
     + [
       Target(
         label: "main-rtt asyncrunloop p50 / mainactor-foundation-runloop p50", bound: .atMost(0.7),
