@@ -6,44 +6,71 @@ import Testing
 /// A source's cancel routine runs exactly once per schedule, however it moves or ends.
 @Suite("A source's cancel routine runs exactly once per schedule, however it moves or ends", .timeLimit(.minutes(10)))
 struct ScheduleCancelPairTests: MemberPromiseSettling, SharedTestLoops {
+  /// What one round of `scheduleAndCancelPairUpWhenAMoveRacesInvalidationAndTheOldLoopsEnd` saw.
+  struct MoveRaceRound: CustomStringConvertible {
+    var schedules: [String: Int]
+    var cancels: [String: Int]
+    var accepted: [Int]
+    var delivered: [Int]
+    var dropped: Int
+    /// Whether the old loop's end had begun when `invalidate()` returned (sampled right after).
+    var endHadBegun: Bool
+    /// Whether the add to the new loop had returned before `invalidate()` was called.
+    var wasOnNewLoop: Bool
+
+    var description: String {
+      "schedules \(schedules), cancels \(cancels), accepted \(accepted.count), delivered \(delivered.count), "
+        + "dropped \(dropped), end had begun \(endHadBegun), on the new loop \(wasOnNewLoop)"
+    }
+  }
+
   /// InputSource: "schedule and cancel always come in pairs", cancel "exactly once per
   /// schedule", also when a move to another loop races the invalidation and the old loop's
   /// shutdown (or the drop of its last reference). CommandSource: every command accepted is
-  /// delivered once, except those the documented drop counts in `droppedCount` — a source
-  /// invalidated while on no loop after the loop it was last on terminated (then it never
-  /// joined the new loop).
+  /// delivered exactly once, except those the documented drop counts in `droppedCount`, which
+  /// only a source invalidated while on no loop after the loop it was last on terminated makes:
+  /// so a drop requires the old loop's end to have begun before the invalidation returned, and
+  /// the source not to have been on the new loop when it was invalidated.
   @Test(arguments: [false, true])
   func scheduleAndCancelPairUpWhenAMoveRacesInvalidationAndTheOldLoopsEnd(drop: Bool) async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(40), "move vs invalidate vs end") {
-      () -> [(schedules: [String: Int], cancels: [String: Int], accepted: Int, delivered: Int, dropped: Int)] in
-      var results: [([String: Int], [String: Int], Int, Int, Int)] = []
+      () -> [MoveRaceRound] in
+      var results: [MoveRaceRound] = []
       try repeatRounds(30, budget: .milliseconds(800)) { round in
         let schedules = Guarded<[String: Int]>([:])
         let cancels = Guarded<[String: Int]>([:])
-        let delivered = Guarded(0)
-        let accepted = Guarded(0)
+        let delivered = Guarded<[Int]>([])
+        let accepted = Guarded<[Int]>([])
+        let endHasBegun = Guarded(false)
+        let addedToNewLoop = Guarded(false)
+        let atInvalidation = Guarded((endHadBegun: false, wasOnNewLoop: false))
         let command = CommandSource<Int>(
           schedule: { _, loop, _ in schedules.withLock { $0[loop.name, default: 0] += 1 } },
           cancel: { _, loop in cancels.withLock { $0[loop.name, default: 0] += 1 } }
-        ) { _ in delivered.withLock { $0 += 1 } }
+        ) { value in delivered.withLock { $0.append(value) } }
         let oldLoop = Guarded<RunLoopThread?>(try RunLoopThread(name: "old"))
         let newLoop = try RunLoopThread(name: "new")
         oldLoop.snapshot?.add(command.source)
-        for value in 0..<20 where command.post(value) { accepted.withLock { $0 += 1 } }
+        for value in 0..<20 where command.post(value) { accepted.withLock { $0.append(value) } }
         let mover: @Sendable () -> Void = {
           guard let old = oldLoop.snapshot else { return }
           old.remove(command.source)
           newLoop.add(command.source)
+          addedToNewLoop.withLock { $0 = true }
         }
         let invalidator: @Sendable () -> Void = {
           for _ in 0..<(round % 5) { sched_yield() }
+          let wasOnNewLoop = addedToNewLoop.snapshot
           command.source.invalidate()
+          let endHadBegun = endHasBegun.snapshot
+          atInvalidation.withLock { $0 = (endHadBegun, wasOnNewLoop) }
         }
         let ender: @Sendable () -> Void = {
+          endHasBegun.withLock { $0 = true }
           if drop { oldLoop.withLock { $0 = nil } } else { oldLoop.snapshot?.shutdown() }
         }
         let poster: @Sendable () -> Void = {
-          for value in 0..<50 where command.post(value) { accepted.withLock { $0 += 1 } }
+          for value in 100..<150 where command.post(value) { accepted.withLock { $0.append(value) } }
         }
         race([mover, invalidator, ender, poster])
         oldLoop.snapshot?.shutdownAndWait()
@@ -54,17 +81,27 @@ struct ScheduleCancelPairTests: MemberPromiseSettling, SharedTestLoops {
         // have scheduled the source yet): wait for its deliveries too, not only for the pairs.
         _ = waitUntil(timeout: .seconds(10), "cancels match schedules, every accepted command delivered") {
           cancels.snapshot == schedules.snapshot
-            && delivered.snapshot + command.droppedCount == accepted.snapshot
+            && delivered.snapshot.count + command.droppedCount == accepted.snapshot.count
         }
+        let (endHadBegun, wasOnNewLoop) = atInvalidation.snapshot
         results.append(
-          (schedules.snapshot, cancels.snapshot, accepted.snapshot, delivered.snapshot, command.droppedCount))
+          MoveRaceRound(
+            schedules: schedules.snapshot, cancels: cancels.snapshot, accepted: accepted.snapshot,
+            delivered: delivered.snapshot, dropped: command.droppedCount, endHadBegun: endHadBegun,
+            wasOnNewLoop: wasOnNewLoop))
       }
       return results
     }
     for result in outcome ?? [] {
-      #expect(result.schedules == result.cancels)
-      #expect(result.delivered + result.dropped == result.accepted, "\(result)")
-      if result.dropped > 0 { #expect(result.schedules["new"] == nil, "dropped after joining a live loop: \(result)") }
+      #expect(result.schedules == result.cancels, "\(result)")
+      #expect(Set(result.delivered).count == result.delivered.count, "a command delivered twice: \(result)")
+      #expect(Set(result.delivered).isSubset(of: result.accepted), "a refused command delivered: \(result)")
+      #expect(result.delivered.count + result.dropped == result.accepted.count, "\(result)")
+      if result.dropped > 0 {
+        #expect(result.endHadBegun, "dropped, although the old loop was running at the invalidation: \(result)")
+        #expect(!result.wasOnNewLoop, "dropped, although the source was on the new loop: \(result)")
+        #expect(result.schedules["new"] == nil, "dropped after joining a live loop: \(result)")
+      }
     }
   }
 
