@@ -306,8 +306,8 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     let firesFor = fireDateNs
     lock.unlock()
     loop.observed(.timer, label: label, since: firesFor) { current(self) }
-    // Only a repeating timer needs the time (for its next grid point): a clock read per fire of
-    // a one-shot timer was a few percent of scheduling and firing one.
+    // Only a repeating timer needs the time (for its next grid point): a one-shot timer's fire
+    // reads no clock here.
     let now = intervalNanoseconds == nil ? 0 : loop.nowNanoseconds
     lock.lock()
     firingLoop = nil
