@@ -145,8 +145,8 @@ enum FillScenarios {
       "fill timer-lateness", floor: nil, notes: [],
       peers: zip(names, sizes).map { name, count in
         PeerSpec(name: name) {
-          let session = LoopTimerLateness()
-          return FilledLoopSession(count: count, inner: session, loop: session.loop)
+          let session = LoopTimerLateness()  // settled as in timer-1ms-lateness
+          return FilledLoopSession(count: count, inner: SettledTimerSession(session), loop: session.loop)
         }
       },
       samples: mode.timerFires, warmUp: max(10, mode.timerFires / 10), repetitions: mode.repetitions)

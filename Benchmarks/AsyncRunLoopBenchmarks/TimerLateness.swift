@@ -278,7 +278,9 @@ enum TimerScenarios {
         "single-threaded: not pinned, whatever --pin says",
       ],
       peers: peers.map { spec in
-        PeerSpec(name: spec.name, open: spec.open.map { open in { SettledTimerSession(open()) } })
+        PeerSpec(
+          name: spec.name, open: spec.open.map { open in { SettledTimerSession(open()) } },
+          unavailableReason: spec.unavailableReason)
       },
       samples: context.mode.timerFires, warmUp: max(10, context.mode.timerFires / 10),
       repetitions: context.mode.timerRepetitions)

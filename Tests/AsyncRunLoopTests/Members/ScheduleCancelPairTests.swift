@@ -20,7 +20,7 @@ struct ScheduleCancelPairTests: MemberPromiseSettling, SharedTestLoops {
 
     var description: String {
       "schedules \(schedules), cancels \(cancels), accepted \(accepted.count), delivered \(delivered.count), "
-        + "dropped \(dropped), end had begun \(endHadBegun), on the new loop \(wasOnNewLoop)"
+        + "dropped \(dropped), end had begun \(endHadBegun), added to the new loop first \(wasOnNewLoop)"
     }
   }
 
@@ -30,7 +30,7 @@ struct ScheduleCancelPairTests: MemberPromiseSettling, SharedTestLoops {
   /// delivered exactly once, except those the documented drop counts in `droppedCount`, which
   /// only a source invalidated while on no loop after the loop it was last on terminated makes:
   /// so a drop requires the old loop's end to have begun before the invalidation returned, and
-  /// the source not to have been on the new loop when it was invalidated.
+  /// the add to the new loop not to have returned before the invalidation.
   @Test(arguments: [false, true])
   func scheduleAndCancelPairUpWhenAMoveRacesInvalidationAndTheOldLoopsEnd(drop: Bool) async throws {
     let outcome = try await withWatchdogOnThread(timeout: .seconds(40), "move vs invalidate vs end") {
@@ -99,7 +99,8 @@ struct ScheduleCancelPairTests: MemberPromiseSettling, SharedTestLoops {
       #expect(result.delivered.count + result.dropped == result.accepted.count, "\(result)")
       if result.dropped > 0 {
         #expect(result.endHadBegun, "dropped, although the old loop was running at the invalidation: \(result)")
-        #expect(!result.wasOnNewLoop, "dropped, although the source was on the new loop: \(result)")
+        #expect(
+          !result.wasOnNewLoop, "dropped, although it was added to the new loop before the invalidation: \(result)")
         #expect(result.schedules["new"] == nil, "dropped after joining a live loop: \(result)")
       }
     }
