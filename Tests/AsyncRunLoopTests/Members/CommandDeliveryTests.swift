@@ -781,6 +781,9 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
       let pairs = PairLog()
       let accepted = AtomicCounter()
       let delivered = AtomicCounter()
+      // The dropped loops' shared halves (no handle: the loops still end on their own), to tell
+      // when each has terminated.
+      var droppedLoops: [LoopShared] = []
       repeatRounds(60, budget: .milliseconds(600)) { round in
         guard let keep = try? RunLoopThread(name: "cmd-keep") else { return }
         let commands = CommandSource<Int>(
@@ -789,6 +792,7 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
         do {
           // The only reference to this loop: gone at the end of this block, changes still queued.
           guard let droppedLoop = try? RunLoopThread(name: "cmd-drop") else { return }
+          droppedLoops.append(droppedLoop.shared)
           let release = blockLoop(droppedLoop)
           droppedLoop.add(commands.source, to: .default)
           race([
@@ -807,7 +811,13 @@ struct CommandDeliveryTests: MemberPromiseSettling, SharedTestLoops {
         commands.source.invalidate()
         keep.shutdownAndWait()
       }
-      // Dropped loops end on their own; wait for their cancels.
+      // Dropped loops end on their own. Wait until each has terminated (its drain detached every
+      // member it held), not only until the pairs match: a dropped loop that applies a queued add
+      // of the invalidated source afterwards schedules it and then cancels it, and the pairs read
+      // in between did not match.
+      waitUntil(timeout: .seconds(5), "dropped loops to terminate") {
+        droppedLoops.allSatisfy { $0.terminatedGate.isOpened }
+      }
       waitUntil(timeout: .seconds(5), "dropped loops to cancel") { pairs.unpaired.isEmpty }
       waitUntil(timeout: .seconds(2), "every accepted command delivered") { delivered.current >= accepted.current }
       return (accepted.current, delivered.current, pairs.unpaired)
