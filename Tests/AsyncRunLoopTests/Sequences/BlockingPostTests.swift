@@ -33,6 +33,7 @@ import Testing
     let sequence = loop.sourceSequence(of: Int.self, buffering: .bounded(4))
     let count = 2_000
     let results = Guarded([SourcePostResult]())
+    let posterDone = TestGate()
     let received = try await withWatchdog(timeout: .seconds(60), "the blocking producer and its consumer") {
       let consumer = Task { () -> [Int] in
         var got: [Int] = []
@@ -47,10 +48,13 @@ import Testing
           let result = (try? sequence.post(value, timeout: .seconds(3_600))) ?? .terminated
           results.withLock { $0.append(result) }
         }
+        posterDone.open()
       }
       return await consumer.value
     }
     #expect(received == Array(0..<count))
+    // The consumer can take the last element before its poster has recorded `post`'s answer.
+    #expect(posterDone.wait(timeout: .seconds(30 * watchdogScale)))
     let answers = results.withLock { $0 }
     #expect(answers.count == count)
     #expect(answers.allSatisfy { $0 == .enqueued })
