@@ -30,20 +30,23 @@ final class FiringSequenceStorage<Element: FoldableFiring>: @unchecked Sendable 
 
   /// Ends the sequence after what is buffered (and `final`, built under the lock) is delivered,
   /// and invalidates the timer or source. Any thread; idempotent.
+  ///
+  /// The member is invalidated before the waiting consumer is resumed, here and in `cancel()`: a
+  /// consumer whose loop has ended finds the timer or source invalid.
   func end(final: (inout Machine) -> Element? = { _ in nil }) {
     let action = state.withLock { machine in machine.finish(final: machine.phase == .open ? final(&machine) : nil) }
+    invalidateMember()
     switch action {
     case .none: break
     case .resume(let consumer, let element): consumer.resume(returning: element)
     }
-    invalidateMember()
   }
 
   /// The consumer's task was cancelled: the sequence ends now. Any thread.
   func cancel() {
     let (wasOpen, waiting) = state.withLock { $0.cancel() }
-    waiting?.resume(returning: nil)
     if wasOpen { invalidateMember() }
+    waiting?.resume(returning: nil)
   }
 
   /// `makeAsyncIterator()`: traps on a second call.
