@@ -50,6 +50,9 @@ struct ScheduleCancelPairTests: MemberPromiseSettling, SharedTestLoops {
         ) { value in delivered.withLock { $0.append(value) } }
         let oldLoop = Guarded<RunLoopThread?>(try RunLoopThread(name: "old"))
         let newLoop = try RunLoopThread(name: "new")
+        // The old loop's shared half (no handle: a dropped loop still ends on its own), to tell
+        // when it has terminated.
+        let oldShared = oldLoop.snapshot!.shared
         oldLoop.snapshot?.add(command.source)
         for value in 0..<20 where command.post(value) { accepted.withLock { $0.append(value) } }
         let mover: @Sendable () -> Void = {
@@ -78,7 +81,10 @@ struct ScheduleCancelPairTests: MemberPromiseSettling, SharedTestLoops {
         try Self.settle(newLoop)
         newLoop.shutdownAndWait()
         // A dropped loop drains on its own thread, without anyone waiting for it (it may not even
-        // have scheduled the source yet): wait for its deliveries too, not only for the pairs.
+        // have scheduled the source yet): wait until it has terminated (a queued add it applies
+        // late schedules the source and cancels it at once, so pairs read in between differ),
+        // then for its deliveries too.
+        _ = waitUntil(timeout: .seconds(10), "the old loop to terminate") { oldShared.terminatedGate.isOpened }
         _ = waitUntil(timeout: .seconds(10), "cancels match schedules, every accepted command delivered") {
           cancels.snapshot == schedules.snapshot
             && delivered.snapshot.count + command.droppedCount == accepted.snapshot.count

@@ -111,9 +111,13 @@ struct LoopMetricsCountTests {
     let before = try loop.performAndWait { loop.metrics }
     try loop.performAndWait { _ = usleep(20_000) }
     // The block's pass goes on to sleep (its sleep is not counted) and ends after a wake-up.
+    // (Both figures in the condition: they are relaxed counters, so on a weakly ordered CPU the
+    // later pass figure can be seen before the callout's.)
     waitUntil("the sleeping block's pass ends") {
       loop.wakeUp()
-      return (loop.metrics - before).passDuration.totalNanoseconds >= 20_000_000
+      let delta = loop.metrics - before
+      return delta.passDuration.totalNanoseconds >= 20_000_000
+        && delta.calloutDuration.totalNanoseconds >= 20_000_000
     }
     let delta = loop.metrics - before
     // At least the 20 ms slept; far below a wrong unit's thousandfold.

@@ -15,6 +15,7 @@ struct StallReportedWhileStuckTests {
     let events = Guarded<[String]>([])
     let reports = Guarded<[StallReport]>([])
     let reported = TestGate()
+    let ended = TestGate()
     let watch = loop.watchStalls(threshold: .milliseconds(50)) { report in
       reports.withLock { $0.append(report) }
       switch report.phase {
@@ -23,6 +24,7 @@ struct StallReportedWhileStuckTests {
         reported.open()
       case .ended:
         events.withLock { $0.append("reported ended") }
+        ended.open()
       }
     }
     try loop.performAndWait {}  // the watch is on the loop from here
@@ -34,7 +36,9 @@ struct StallReportedWhileStuckTests {
       return arrived
     }
     #expect(await job.value)
-    try loop.performAndWait {}  // the job's `.ended` report was made before this block ran
+    // The `.ended` report comes from the loop's thread when the job ends, or from the watcher's
+    // thread when that was still delivering `.stillRunning` then: wait for it either way.
+    #expect(ended.wait(timeout: .seconds(20) * watchdogScale))
     #expect(events.snapshot == ["reported while running", "job returns", "reported ended"])
     let all = reports.snapshot
     #expect(all.map(\.kind) == [.job, .job])

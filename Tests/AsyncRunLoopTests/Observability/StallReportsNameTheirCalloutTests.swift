@@ -81,6 +81,10 @@ struct StallReportsNameTheirCalloutTests {
       current.run(mode: modal, until: .now.advanced(by: .seconds(60)))
     }
     try loop.performAndWait {}
+    // An `.ended` report comes from the watcher's thread, later, when that was still delivering
+    // the callout's `.stillRunning` report as it ended: wait for all nine (one per slow callout)
+    // before the watch stops.
+    waitUntil("every callout's ended report") { ended.snapshot.count >= 9 }
     watch.cancel()
     source.invalidate()
     loop.shutdownAndWait()
