@@ -76,7 +76,9 @@ public final class DescriptorSource: LoopMember, @unchecked Sendable {  // Safet
   private let lock = PthreadLock.make()
   // No dynamic exclusivity checks (a thread-local lookup each, on every fire): these are only
   // touched under `lock`, and no access spans a callout.
-  @exclusivity(unchecked) private var state: CalloutMemberState<@Sendable (DescriptorSource, DescriptorEvents) -> Void>
+  @exclusivity(unchecked) private var state: CalloutMemberState<Handler>
+  /// The handler, in a concrete struct (see `CalloutMemberState`).
+  private struct Handler { let run: @Sendable (DescriptorSource, DescriptorEvents) -> Void }
 
   /// Creates a readiness source.
   /// - Parameters:
@@ -102,7 +104,7 @@ public final class DescriptorSource: LoopMember, @unchecked Sendable {  // Safet
     self.interest = interest
     self.order = order
     self.label = label
-    self.state = CalloutMemberState(callout: handler, onInvalidate: onInvalidate)
+    self.state = CalloutMemberState(callout: Handler(run: handler), onInvalidate: onInvalidate)
   }
 
   func withBinding<Result>(_ body: (inout MemberBinding) -> Result) -> Result {
@@ -146,7 +148,7 @@ public final class DescriptorSource: LoopMember, @unchecked Sendable {  // Safet
   /// left `loop`).
   func fire(_ events: DescriptorEvents, on loop: LoopShared) {
     let current = lock.withLock { state.callout(on: loop) }
-    current?(self, events)
+    current?.run(self, events)
   }
 
   /// Loop thread: delivers readiness events that `loop` found for `record`, in the mode `claim`
@@ -154,7 +156,7 @@ public final class DescriptorSource: LoopMember, @unchecked Sendable {  // Safet
   /// was removed from that mode by a call the loop has not applied yet.
   func fire(_ events: DescriptorEvents, on loop: LoopShared, record: MemberRecord, in claim: ModeClaim) -> Bool {
     guard let current = lock.withLock({ state.callout(on: loop, for: record, in: claim) }) else { return false }
-    loop.observed(.readinessHandler, label: label) { current(self, events) }
+    loop.observed(.readinessHandler, label: label) { current.run(self, events) }
     return true
   }
 }

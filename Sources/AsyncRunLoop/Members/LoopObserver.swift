@@ -54,7 +54,9 @@ public final class LoopObserver: LoopMember, @unchecked Sendable {  // Safety: p
   private let lock = PthreadLock.make()
   // No dynamic exclusivity checks (a thread-local lookup each, on every fire): these are only
   // touched under `lock`, and no access spans a callout.
-  @exclusivity(unchecked) private var state: CalloutMemberState<@Sendable (LoopObserver, LoopActivity) -> Void>
+  @exclusivity(unchecked) private var state: CalloutMemberState<Callout>
+  /// The callout, in a concrete struct (see `CalloutMemberState`).
+  private struct Callout { let run: @Sendable (LoopObserver, LoopActivity) -> Void }
   /// A callout of this observer is running (on the loop thread that told it).
   @exclusivity(unchecked) private var isFiring = false
 
@@ -81,7 +83,7 @@ public final class LoopObserver: LoopMember, @unchecked Sendable {  // Safety: p
     self.repeats = repeats
     self.order = order
     self.label = label
-    self.state = CalloutMemberState(callout: callout, onInvalidate: onInvalidate)
+    self.state = CalloutMemberState(callout: Callout(run: callout), onInvalidate: onInvalidate)
   }
 
   func withBinding<Result>(_ body: (inout MemberBinding) -> Result) -> Result {
@@ -104,13 +106,13 @@ public final class LoopObserver: LoopMember, @unchecked Sendable {  // Safety: p
   /// the loop holds `record` in as `claim` says, or its callout is running: a run nested in it
   /// skips it); a one-shot observer invalidates itself afterwards.
   func notify(_ activity: LoopActivity, on loop: LoopShared, record: MemberRecord, in claim: ModeClaim) {
-    let current: (@Sendable (LoopObserver, LoopActivity) -> Void)? = lock.withLock {
+    let current: Callout? = lock.withLock {
       guard !isFiring, let callout = state.callout(on: loop, for: record, in: claim) else { return nil }
       isFiring = true
       return callout
     }
     guard let current else { return }
-    loop.observed(.observer(activity), label: label) { current(self, activity) }
+    loop.observed(.observer(activity), label: label) { current.run(self, activity) }
     // The callout's end and a one-shot observer's invalidation in one critical section: between
     // two, another loop the callout moved the observer to would find it valid and not firing, and
     // tell it a second time.

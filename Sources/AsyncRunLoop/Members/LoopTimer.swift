@@ -50,7 +50,9 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   private let lock = PthreadLock.make()
   // No dynamic exclusivity checks (a thread-local lookup each, on every fire): these are only
   // touched under `lock`, and no access spans a callout.
-  @exclusivity(unchecked) private var state: CalloutMemberState<@Sendable (LoopTimer) -> Void>
+  @exclusivity(unchecked) private var state: CalloutMemberState<Handler>
+  /// The handler, in a concrete struct (see `CalloutMemberState`).
+  private struct Handler { let run: @Sendable (LoopTimer) -> Void }
   @exclusivity(unchecked) private var fireDateNs: Int64
   /// The loop whose thread runs a callout of this timer now (set and cleared by that thread).
   /// Callouts never overlap, so one is enough (see `fire`).
@@ -99,7 +101,7 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
       tolerance.saturatedNanoseconds, interval: intervalNanoseconds)
     self.fireDateNs = fireDate.nanoseconds
     self.label = label
-    self.state = CalloutMemberState(callout: handler, onInvalidate: onInvalidate)
+    self.state = CalloutMemberState(callout: Handler(run: handler), onInvalidate: onInvalidate)
   }
 
   /// Creates a timer that first fires `delay` from now. (On a virtual-time loop, from that loop's
@@ -211,7 +213,7 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   ///   `RunLoopThread.performAndWait` (the callout waits for a block of the calling loop).
   public func invalidateAndWait() throws(RunLoopError) {
     // One critical section: a callout either started before it (and is waited for) or never does.
-    let (invalidation, target, gate): (MemberInvalidation<@Sendable (LoopTimer) -> Void>, LoopShared?, BlockingGate?) =
+    let (invalidation, target, gate): (MemberInvalidation<Handler>, LoopShared?, BlockingGate?) =
       lock.withLock {
         let invalidation = state.invalidate()
         guard let loop = firingLoop else { return (invalidation, nil, nil) }
@@ -305,7 +307,7 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
     versionAtFire = fireDateVersion
     let firesFor = fireDateNs
     lock.unlock()
-    loop.observed(.timer, label: label, since: firesFor) { current(self) }
+    loop.observed(.timer, label: label, since: firesFor) { current.run(self) }
     // Only a repeating timer needs the time (for its next grid point): a one-shot timer's fire
     // reads no clock here.
     let now = intervalNanoseconds == nil ? 0 : loop.nowNanoseconds
@@ -350,7 +352,7 @@ public final class LoopTimer: LoopMember, @unchecked Sendable {  // Safety: proo
   /// one-shot timer (without a round trip through the inbox: the loop detaches its records). The
   /// caller finishes the returned invalidation after releasing the lock.
   /// (`now` is the loop's time after the callout; 0 for a one-shot timer, which does not read it.)
-  private func afterFireLocked(now: Int64) -> (AfterFire, MemberInvalidation<@Sendable (LoopTimer) -> Void>?) {
+  private func afterFireLocked(now: Int64) -> (AfterFire, MemberInvalidation<Handler>?) {
     if fireDateVersion != versionAtFire { return (.rescheduled, nil) }
     guard let interval = intervalNanoseconds else { return (.finished, state.invalidate()) }
     fireDateNs = Self.nextFireDate(after: fireDateNs, interval: interval, now: now)

@@ -291,6 +291,10 @@ extension RunLoopThread {
 /// source): its binding, the callout (released at invalidation) and the internal hook that ends an
 /// async consumer. A pure value, held under the member's lock; what an invalidation takes out of
 /// it is handled after the lock is released (`MemberInvalidation.finish`).
+///
+/// `Callout` is a concrete struct that holds the closure, never a bare function type: a closure
+/// stored in a generic field is reabstracted, which allocates a thunk for every member and adds an
+/// indirect call to every callout.
 struct CalloutMemberState<Callout> {
   var binding = MemberBinding()
   private var callout: Callout?
