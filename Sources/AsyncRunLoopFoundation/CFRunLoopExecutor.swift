@@ -29,12 +29,18 @@ import Foundation
 ///
 /// `shutdown()` loses no job: every job accepted before the final drain ran runs on the thread;
 /// jobs enqueued after it run, in order, on a serial fallback queue (isolated to this executor
-/// there too).
+/// there too, and no longer on the thread).
+///
+/// A job may run the thread's run loop itself (`RunLoop.current.run(until:)`, a nested run): no
+/// other job of the executor starts until it returns, and a `shutdown()` meanwhile waits for it
+/// (its final drain runs once the job has returned, so it neither runs jobs under it nor stops
+/// the nested run).
 public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked Sendable {  // Safety: proof below
   // Safety: `runLoop`, `thread`, `ownsThread`, `fallback` and `fallbackKey` are immutable after
   // init (a CFRunLoop may be used from any thread for PerformBlock, WakeUp and Stop, the calls
   // made here from other threads); the mutable state is `inbox` and `members`, each under its
-  // own lock.
+  // own lock, and `jobOnStack` and `finalDrainWaits`, which only the executor's thread touches
+  // (in its drain blocks).
   /// The thread's run loop (timer and source sequences join it).
   let runLoop: CFRunLoop
   private let thread: pthread_t
@@ -43,6 +49,12 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
   private let members = BridgeLock(ExecutorMembers())
   private let fallback: DispatchQueue
   private let fallbackKey = DispatchSpecificKey<Bool>()
+  /// Thread only: a job is running on the thread now (a run nested in it must not start another
+  /// job, nor end the executor under it).
+  private var jobOnStack = false
+  /// Thread only: the final drain came up in a run nested in a job; the drain running that job
+  /// does it once the job has returned.
+  private var finalDrainWaits = false
 
   /// The executor of the calling thread's run loop. That thread must run its run loop for jobs to
   /// run (see the type's comment); create it on the thread, then run the loop. Any thread.
@@ -111,21 +123,27 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
     UnownedTaskExecutor(ordinary: self)
   }
 
-  /// True on the executor's thread, and on its fallback queue after shutdown; nil — "unknown", so
-  /// the runtime calls `checkIsolated()`, which traps with a message naming the thread —
-  /// elsewhere. Any thread.
+  /// True on the executor's thread until the final drain of `shutdown()` has run, and on its
+  /// fallback queue from then on; nil — "unknown", so the runtime calls `checkIsolated()`, which
+  /// traps — elsewhere. Any thread.
   public func isIsolatingCurrentContext() -> Bool? {
     isOnExecutor ? true : nil
   }
 
-  /// Traps unless called on the executor's thread (or its fallback queue after shutdown).
+  /// Traps unless called where `isIsolatingCurrentContext()` is true.
   public func checkIsolated() {
     precondition(
-      isOnExecutor, "AsyncRunLoopFoundation: expected to run on the CFRunLoopExecutor's thread, but ran elsewhere")
+      isOnExecutor,
+      "AsyncRunLoopFoundation: expected to run on the CFRunLoopExecutor's thread (or, after its shutdown, its "
+        + "fallback queue), but ran elsewhere")
   }
 
+  /// Once terminated, the thread is no longer the executor's: the fallback queue runs its jobs,
+  /// and a thread made by `startThread` has exited, so a later thread may reuse its `pthread_t`
+  /// (a worker of the fallback queue itself, for one).
   private var isOnExecutor: Bool {
-    pthread_equal(pthread_self(), thread) != 0 || DispatchQueue.getSpecific(key: fallbackKey) == true
+    if pthread_equal(pthread_self(), thread) != 0, inbox.withLock({ $0.lifecycle != .terminated }) { return true }
+    return DispatchQueue.getSpecific(key: fallbackKey) == true
   }
 
   private func run(_ job: UnownedJob) {
@@ -141,9 +159,27 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
 
   /// On the thread: runs the jobs queued now, in order; schedules another drain for those that
   /// arrive meanwhile (the run loop serves its timers and sources in between).
+  ///
+  /// In a run nested in a job (the job runs the run loop itself), a drain block does nothing: one
+  /// job at a time, as on the main actor. Only a block scheduled before the job started can come
+  /// up there (while a drain runs, no other is scheduled); the drain running the job looks at the
+  /// queue again once the job returns.
   private func drain() {
-    for job in inbox.withLock({ $0.takeJobs() }) { run(job) }
-    if inbox.withLock({ $0.finishDrain() }) { scheduleDrain() }
+    guard !jobOnStack else { return }
+    runOnThread(inbox.withLock({ $0.takeJobs() }))
+    if finalDrainWaits {
+      finalDrainWaits = false
+      finalDrain()
+    } else if inbox.withLock({ $0.finishDrain() }) {
+      scheduleDrain()
+    }
+  }
+
+  /// On the thread: runs `jobs` in order, marked as on the stack.
+  private func runOnThread(_ jobs: [UnownedJob]) {
+    jobOnStack = true
+    defer { jobOnStack = false }
+    for job in jobs { run(job) }
   }
 
   // MARK: Shutdown
@@ -158,9 +194,15 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
     CFRunLoopWakeUp(runLoop)
   }
 
+  /// On the thread. In a run nested in a job, it waits for that job to return (the drain running
+  /// the job does it then): it neither starts jobs under it nor stops the nested run.
   private func finalDrain() {
+    guard !jobOnStack else {
+      finalDrainWaits = true
+      return
+    }
     while !inbox.withLock({ $0.terminateIfIdle() }) {
-      for job in inbox.withLock({ $0.takeJobs() }) { run(job) }
+      runOnThread(inbox.withLock({ $0.takeJobs() }))
     }
     for end in members.withLock({ $0.end() }) { end() }
     if ownsThread { CFRunLoopStop(runLoop) }

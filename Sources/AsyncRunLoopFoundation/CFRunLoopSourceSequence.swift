@@ -5,11 +5,13 @@ import CoreFoundation
 /// consumer fell behind by more than the buffer limit.
 public struct CFRunLoopSourcePerformance: Sendable, Equatable {
   /// The `signal()` calls this element covers (CF folds the signals that arrive before the
-  /// source is performed into one performance). 0 for a performance caused only by a direct
-  /// `CFRunLoopSourceSignal` of `source`.
+  /// source is performed into one performance). Can be 0: for a performance caused only by a
+  /// direct `CFRunLoopSourceSignal` of `source`, and for one that a `signal()` racing the
+  /// previous performance caused after that performance had already counted it.
   public var signals: Int
   /// How many performances this element stands for: 1, more when the buffer was full, 0 for the
-  /// last element of a sequence that ended with signals no performance had taken yet.
+  /// last element of a sequence that ended with signals no performance had taken yet (when the
+  /// buffer was full then, those signals are folded into the newest element instead).
   public var performances: Int
 
   public init(signals: Int, performances: Int) {
@@ -33,8 +35,10 @@ extension CFRunLoopSourcePerformance: FoldableFiring {
 /// `CFRunLoopWakeUp` from C code). CF performs the source on the executor's thread while its run
 /// loop runs in one of the source's modes, once for all the signals since the last performance.
 /// Every `signal()` that returned true is counted in exactly one delivered element (its
-/// `signals`), also when the sequence ends before CF performed the source (the last element
-/// then has `performances == 0`). Elements the consumer has not taken yet wait in a buffer of
+/// `signals`), also when the sequence ends by `invalidate()` or the executor's `shutdown()`
+/// before CF performed the source (the last element then has `performances == 0`, or they are
+/// folded into the newest element when the buffer is full); cancelling the consumer discards
+/// what it had not taken. Elements the consumer has not taken yet wait in a buffer of
 /// `bufferLimit`; a performance that finds it full is folded into the newest element.
 ///
 /// CF offers no way to observe the performances of a source someone else created (its context,
@@ -57,7 +61,9 @@ public final class CFRunLoopSourceSequence: AsyncSequence, @unchecked Sendable {
   public let executor: CFRunLoopExecutor
   /// The underlying version-0 CF source. Signal it directly (`CFRunLoopSourceSignal`, then
   /// `CFRunLoopWakeUp(CFRunLoopGetCurrent())` on the executor's thread or the executor's run
-  /// loop elsewhere) where `signal()` cannot be called; such signals are not counted.
+  /// loop elsewhere) where `signal()` cannot be called; such signals are not counted. End the
+  /// sequence with `invalidate()`, not by invalidating `source` or removing it from its modes
+  /// directly: the sequence is not told of those, and its consumer would wait on.
   public let source: CFRunLoopSource
   let storage: FiringSequenceStorage<CFRunLoopSourcePerformance>
 

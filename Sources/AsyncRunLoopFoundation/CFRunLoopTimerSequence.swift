@@ -139,7 +139,8 @@ extension CFRunLoopExecutor {
   /// - Parameters:
   ///   - interval: The period (positive; traps otherwise). The first firing is due one interval
   ///     from now.
-  ///   - tolerance: How late CF may fire the timer (`CFRunLoopTimerSetTolerance`).
+  ///   - tolerance: How late CF may fire the timer (`CFRunLoopTimerSetTolerance`). On Linux it
+  ///     has no effect: swift-corelibs-foundation's CF keeps a timer's tolerance at 0.
   ///   - modes: The modes it fires in (`.common` by default: CF's common modes).
   ///   - bufferLimit: Ticks kept for a consumer that falls behind (positive); more firings are
   ///     folded into the newest tick.

@@ -31,11 +31,13 @@ final class FiringSequenceStorage<Element: FoldableFiring>: @unchecked Sendable 
   /// Ends the sequence after what is buffered (and `final`, built under the lock) is delivered,
   /// and invalidates the timer or source. Any thread; idempotent.
   ///
-  /// The member is invalidated before the waiting consumer is resumed, here and in `cancel()`: a
-  /// consumer whose loop has ended finds the timer or source invalid.
+  /// The member is invalidated before the sequence is marked ended, here and in `cancel()`: a
+  /// consumer that sees the end (waiting, or calling `next()` later) finds the timer or source
+  /// invalid, and a firing that comes in between is still delivered. (Invalidating an invalid
+  /// member does nothing.)
   func end(final: (inout Machine) -> Element? = { _ in nil }) {
-    let action = state.withLock { machine in machine.finish(final: machine.phase == .open ? final(&machine) : nil) }
     invalidateMember()
+    let action = state.withLock { machine in machine.finish(final: machine.phase == .open ? final(&machine) : nil) }
     switch action {
     case .none: break
     case .resume(let consumer, let element): consumer.resume(returning: element)
@@ -44,8 +46,8 @@ final class FiringSequenceStorage<Element: FoldableFiring>: @unchecked Sendable 
 
   /// The consumer's task was cancelled: the sequence ends now. Any thread.
   func cancel() {
-    let (wasOpen, waiting) = state.withLock { $0.cancel() }
-    if wasOpen { invalidateMember() }
+    invalidateMember()
+    let waiting = state.withLock { $0.cancel() }.resume
     waiting?.resume(returning: nil)
   }
 

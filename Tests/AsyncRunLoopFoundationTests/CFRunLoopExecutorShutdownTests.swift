@@ -1,0 +1,134 @@
+import AsyncRunLoopFoundation
+import CoreFoundation
+import Dispatch
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+/// An actor pinned to a `CFRunLoopExecutor` whose method can run the thread's run loop itself.
+actor NestingRecorder {
+  nonisolated let executor: CFRunLoopExecutor
+  nonisolated var unownedExecutor: UnownedSerialExecutor { executor.asUnownedSerialExecutor() }
+  let events = BridgeTestLog()
+
+  init(executor: CFRunLoopExecutor) { self.executor = executor }
+
+  /// Opens `entered`, then runs the run loop in the default mode (a common mode, where the
+  /// executor's blocks run) for `seconds`; returns how that nested run ended.
+  func nest(seconds: Double, entered: DispatchSemaphore) -> CFRunLoopRunResult {
+    events.append("nested run starts")
+    entered.signal()
+    let result = CFRunLoopRunInMode(kCFRunLoopDefaultMode, seconds, false)
+    events.append("nested run ends")
+    return result
+  }
+
+  func record(_ event: String) -> Bool {
+    events.append(event)
+    return executor.isIsolatingCurrentContext() == true
+  }
+}
+
+/// A list of events any thread may append to.
+final class BridgeTestLog: @unchecked Sendable {
+  // Safety: `entries` is only touched with `lock` held.
+  private let lock = NSLock()
+  private var entries: [String] = []
+
+  func append(_ entry: String) { lock.withLock { entries.append(entry) } }
+  var snapshot: [String] { lock.withLock { entries } }
+}
+
+/// `CFRunLoopExecutor`'s shutdown: a job that runs the thread's run loop itself keeps the executor
+/// serial and is not cut short, and once the executor has terminated its thread is no longer
+/// isolated to it (its fallback queue is).
+@Suite struct CFRunLoopExecutorShutdownTests {
+  /// The type's doc: a job that runs the run loop itself runs no other job meanwhile, and a
+  /// `shutdown()` during it waits for it to return (its final drain neither runs jobs under the
+  /// job nor stops the nested run). Jobs accepted before the final drain still run on the thread,
+  /// after the job.
+  @Test func aShutdownDuringAJobsNestedRunWaitsForTheJobAndRunsNoJobUnderIt() async throws {
+    let executor = CFRunLoopExecutor.startThread(name: "cf-nested-shutdown")
+    let recorder = NestingRecorder(executor: executor)
+    let entered = DispatchSemaphore(value: 0)
+    let nesting = Task { await recorder.nest(seconds: 0.5, entered: entered) }
+    // Wait off the cooperative pool for the nested run to start.
+    await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+      DispatchQueue.global().async {
+        entered.wait()
+        continuation.resume()
+      }
+    }
+    // A job for the same actor, enqueued while the nested run goes on, then the shutdown.
+    let queued = Task { await recorder.record("queued job runs") }
+    try await Task.sleep(for: .milliseconds(20))
+    executor.shutdown()
+    let result = await nesting.value
+    #expect(result == .timedOut, "the nested run was stopped by the shutdown")
+    #expect(await queued.value, "the queued job ran without the executor's isolation")
+    let events = recorder.events.snapshot
+    #expect(events == ["nested run starts", "nested run ends", "queued job runs"])
+    // Terminated: a later job runs on the fallback queue, isolated there.
+    let late = await recorder.record("late job runs")
+    #expect(late)
+  }
+
+  /// `isIsolatingCurrentContext()`: true on the thread until the executor has terminated, nil
+  /// there afterwards (the fallback queue runs its jobs now), true on the fallback queue.
+  @Test func afterTheFinalDrainTheThreadIsNoLongerIsolatedAndTheFallbackIs() async throws {
+    let published = DispatchSemaphore(value: 0)
+    let box = ExecutorBox()
+    let stop = BridgeTestLog()
+    let thread = Thread {
+      box.executor = CFRunLoopExecutor()
+      box.runLoop = CFRunLoopGetCurrent()
+      // A timer far in the future keeps the default mode from being empty.
+      let keepAlive = CFRunLoopTimerCreateWithHandler(nil, CFAbsoluteTimeGetCurrent() + 1e6, 1e6, 0, 0) { _ in }
+      CFRunLoopAddTimer(CFRunLoopGetCurrent(), keepAlive, kCFRunLoopDefaultMode)
+      published.signal()
+      while stop.snapshot.isEmpty { _ = CFRunLoopRunInMode(kCFRunLoopDefaultMode, 0.05, false) }
+      CFRunLoopTimerInvalidate(keepAlive)
+    }
+    thread.start()
+    published.wait()
+    let (executor, runLoop) = (box.executor!, box.runLoop!)
+    defer { stop.append("stop") }
+    #expect(await onThread(of: runLoop) { executor.isIsolatingCurrentContext() } == true)
+    // A timer sequence ends at the final drain: after the end, the executor has terminated.
+    let ticks = executor.timer(every: .seconds(3600))
+    executor.shutdown()
+    for await _ in ticks {}
+    #expect(await onThread(of: runLoop) { executor.isIsolatingCurrentContext() } == nil)
+    let recorder = NestingRecorder(executor: executor)
+    #expect(await recorder.record("on the fallback"))
+  }
+
+  /// Runs `body` on `runLoop`'s thread (a block in its default mode) and returns its result.
+  private func onThread(of runLoop: CFRunLoop, _ body: @escaping @Sendable () -> Bool?) async -> Bool? {
+    let reference = RunLoopReference(runLoop: runLoop)
+    return await withCheckedContinuation { (continuation: CheckedContinuation<Bool?, Never>) in
+      CFRunLoopPerformBlock(reference.runLoop, kCFRunLoopDefaultMode) {
+        continuation.resume(returning: body())
+      }
+      CFRunLoopWakeUp(reference.runLoop)
+    }
+  }
+}
+
+/// The executor and run loop a test's Foundation thread publishes.
+final class ExecutorBox: @unchecked Sendable {
+  // Safety: written once on the thread before it signals a semaphore, read after the test waited
+  // on that semaphore.
+  var executor: CFRunLoopExecutor?
+  var runLoop: CFRunLoop?
+}
+
+/// A CF run loop handed to another thread.
+struct RunLoopReference: @unchecked Sendable {
+  // Safety: immutable; only passed to CFRunLoopPerformBlock and CFRunLoopWakeUp, which any thread
+  // may call.
+  let runLoop: CFRunLoop
+}
