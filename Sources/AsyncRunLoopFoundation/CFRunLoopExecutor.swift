@@ -34,7 +34,8 @@ import Foundation
 /// A job may run the thread's run loop itself (`RunLoop.current.run(until:)`, a nested run): no
 /// other job of the executor starts until it returns, and a `shutdown()` meanwhile waits for it
 /// (its final drain runs once the job has returned, so it neither runs jobs under it nor stops
-/// the nested run).
+/// the nested run). So, as with any job that never returns, a job that runs the loop with no end
+/// (`CFRunLoopRun()`) keeps the executor from ever terminating.
 public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked Sendable {  // Safety: proof below
   // Safety: `runLoop`, `thread`, `ownsThread`, `fallback` and `fallbackKey` are immutable after
   // init (a CFRunLoop may be used from any thread for PerformBlock, WakeUp and Stop, the calls
@@ -90,6 +91,10 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
 
   /// The owned thread's body: runs its run loop until the final drain stops it. A source that
   /// never fires keeps the default mode from being empty (CF returns at once from an empty mode).
+  ///
+  /// The final drain's `CFRunLoopStop` ends the innermost run: when that is a run nested in a
+  /// callout (a Foundation timer's handler that runs the loop), the outer run would sleep on. So,
+  /// once the executor has terminated, every run on the thread is stopped before it would sleep.
   private func runUntilTerminated() {
     var context = CFRunLoopSourceContext()
     context.perform = { _ in }
@@ -97,9 +102,15 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
       preconditionFailure("AsyncRunLoopFoundation: CFRunLoopSourceCreate failed")
     }
     CFRunLoopAddSource(runLoop, keepAlive, CFPlatform.commonModes)
+    let stopper = CFRunLoopObserverCreateWithHandler(nil, CFRunLoopActivity.beforeWaiting.rawValue, true, 0) {
+      [self] _, _ in
+      if inbox.withLock({ $0.lifecycle }) == .terminated { CFRunLoopStop(runLoop) }
+    }
+    CFRunLoopAddObserver(runLoop, stopper, CFPlatform.commonModes)
     while inbox.withLock({ $0.lifecycle }) != .terminated {
       _ = CFRunLoopRunInMode(CFPlatform.defaultMode, 1e9, false)
     }
+    CFRunLoopObserverInvalidate(stopper)
     CFRunLoopSourceInvalidate(keepAlive)
   }
 
@@ -161,9 +172,9 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
   /// arrive meanwhile (the run loop serves its timers and sources in between).
   ///
   /// In a run nested in a job (the job runs the run loop itself), a drain block does nothing: one
-  /// job at a time, as on the main actor. Only a block scheduled before the job started can come
-  /// up there (while a drain runs, no other is scheduled); the drain running the job looks at the
-  /// queue again once the job returns.
+  /// job at a time, as on the main actor. While a drain runs no other is scheduled, so the blocks
+  /// that can come up there are those scheduled while the final drain ran jobs; the drain running
+  /// the job looks at the queue again once the job returns.
   private func drain() {
     guard !jobOnStack else { return }
     runOnThread(inbox.withLock({ $0.takeJobs() }))

@@ -111,8 +111,8 @@ struct FiringBuffer<Element: FoldableFiring, Consumer> {
   }
 
   /// The consumer's task was cancelled: the sequence ends now and the buffer is discarded. True
-  /// when it was open (the caller invalidates the timer or source); the waiting consumer, if
-  /// any, is resumed with nil.
+  /// when it was open; the waiting consumer, if any, is to be resumed with nil (the caller
+  /// invalidated the timer or source before it called this).
   mutating func cancel() -> (wasOpen: Bool, resume: Consumer?) {
     let wasOpen = phase == .open
     phase = .cancelled

@@ -12,8 +12,10 @@ func nestedAndModalScenario() async {
   let loop = RunLoopThread.main
   let otherWork = Locked(false)
   let modalStarted = Locked(false)
-  let starter = LoopTimer(after: .zero) { _ in modalStarted.withLock { $0 = true } }
-  loop.add(starter, to: .common)
+  // Entering a run in the default mode: the outer run was entered long ago, so this is the modal
+  // run (a timer could fire in the outer run before the modal run starts).
+  let starter = LoopObserver(activities: .entry) { _, _ in modalStarted.withLock { $0 = true } }
+  loop.add(starter, to: .default)
   // The modal run stops once the probe, one of its timers, sees the other work done: it ran
   // during the modal run (a run that timed out instead would mean it did not).
   let probe = LoopTimer(after: .zero, repeatingEvery: .milliseconds(5)) { _ in
@@ -31,6 +33,7 @@ func nestedAndModalScenario() async {
     fail("runModal threw \(error)")
   }
   probe.invalidate()
+  starter.invalidate()
   helper.join()
   check(isOnMainThread, "the code after runModal ran off the main thread")
   check(

@@ -52,8 +52,7 @@ final class BridgeTestLog: @unchecked Sendable {
 @Suite struct CFRunLoopExecutorShutdownTests {
   /// The type's doc: a job that runs the run loop itself runs no other job meanwhile, and a
   /// `shutdown()` during it waits for it to return (its final drain neither runs jobs under the
-  /// job nor stops the nested run). Jobs accepted before the final drain still run on the thread,
-  /// after the job.
+  /// job nor stops the nested run). A job queued meanwhile runs after the job, isolated.
   @Test func aShutdownDuringAJobsNestedRunWaitsForTheJobAndRunsNoJobUnderIt() async throws {
     let executor = CFRunLoopExecutor.startThread(name: "cf-nested-shutdown")
     let recorder = NestingRecorder(executor: executor)
@@ -80,9 +79,53 @@ final class BridgeTestLog: @unchecked Sendable {
     #expect(await queued.value, "the queued job ran without the executor's isolation")
     let events = recorder.events.snapshot
     #expect(events == ["nested run starts", "nested run ends", "queued job runs"])
-    // Terminated: a later job runs on the fallback queue, isolated there.
+    // Terminated: a later job still runs isolated (on the fallback queue).
     let late = await recorder.record("late job runs")
     #expect(late)
+  }
+
+  /// `shutdown()` ends a `startThread` thread also when its final drain came up in a run nested in
+  /// a Foundation timer's handler (not a job): that run is stopped, and so is the thread's outer
+  /// run, which then exits.
+  @Test func aShutdownDuringARunNestedInATimersHandlerStillEndsTheThread() async throws {
+    let name = "cfx-nest-timer"
+    let executor = CFRunLoopExecutor.startThread(name: name)
+    let entered = DispatchSemaphore(value: 0)
+    let released = BridgeTestLog()
+    await Task(executorPreference: executor) {
+      // (Foundation keeps a `Thread`'s name to itself; the test names the system thread.)
+      if let comm = fopen("/proc/thread-self/comm", "w") {
+        fputs(name, comm)
+        fclose(comm)
+      }
+      let timer = CFRunLoopTimerCreateWithHandler(nil, CFAbsoluteTimeGetCurrent(), 0, 0, 0) { _ in
+        entered.signal()
+        repeat { _ = CFRunLoopRunInMode(kCFRunLoopDefaultMode, 0.02, false) } while released.snapshot.isEmpty
+      }
+      CFRunLoopAddTimer(CFRunLoopGetCurrent(), timer, kCFRunLoopDefaultMode)
+    }.value
+    await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+      DispatchQueue.global().async {
+        entered.wait()
+        continuation.resume()
+      }
+    }
+    #expect(threadsNamed(name) == 1)
+    executor.shutdown()
+    try await Task.sleep(for: .milliseconds(100))
+    released.append("released")
+    let deadline = ContinuousClock.now.advanced(by: .seconds(20 * watchdogScale))
+    while threadsNamed(name) > 0 && ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
+    #expect(threadsNamed(name) == 0, "the executor's thread did not exit")
+  }
+
+  /// The threads of this process named `name`.
+  private func threadsNamed(_ name: String) -> Int {
+    let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []
+    return tasks.filter { task in
+      let comm = (try? String(contentsOfFile: "/proc/self/task/\(task)/comm", encoding: .utf8)) ?? ""
+      return comm.trimmingCharacters(in: .whitespacesAndNewlines) == name
+    }.count
   }
 
   /// `isIsolatingCurrentContext()`: true on the thread until the executor has terminated, nil
