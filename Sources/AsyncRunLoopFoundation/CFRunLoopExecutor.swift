@@ -58,7 +58,11 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
   private var finalDrainWaits = false
 
   /// The executor of the calling thread's run loop. That thread must run its run loop for jobs to
-  /// run (see the type's comment); create it on the thread, then run the loop. Any thread.
+  /// run (see the type's comment), and keep running it until the executor has terminated: create
+  /// the executor on the thread, then call `runUntilTerminated()` (or run the loop yourself, in
+  /// the default mode or another common mode). Jobs queued on a thread that has stopped running
+  /// its loop for good, or has exited, wait for ever; so does an executor made on a thread that
+  /// never runs its loop, such as a thread of Swift's cooperative pool. Any thread.
   public convenience init() {
     self.init(ownsThread: false)
   }
@@ -80,7 +84,7 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
       let executor = CFRunLoopExecutor(ownsThread: true)
       started.withLock { $0 = executor }
       ready.signal()
-      executor.runUntilTerminated()
+      executor.runLoopUntilTerminated()
     }
     thread.name = name
     thread.start()
@@ -89,13 +93,24 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
     return executor
   }
 
-  /// The owned thread's body: runs its run loop until the final drain stops it. A source that
-  /// never fires keeps the default mode from being empty (CF returns at once from an empty mode).
+  /// Runs the calling thread's run loop, in the default mode, until the executor has terminated
+  /// (the final drain of `shutdown()` has run), then returns: how a thread serves an executor it
+  /// made with `init()` (a thread made by `startThread` does this already). Returns at once when
+  /// the executor has terminated. Call it on the executor's thread; traps elsewhere.
+  public func runUntilTerminated() {
+    precondition(
+      pthread_equal(pthread_self(), thread) != 0,
+      "AsyncRunLoopFoundation: runUntilTerminated() runs the executor's run loop: call it on the executor's thread")
+    runLoopUntilTerminated()
+  }
+
+  /// The run loop until the executor has terminated. A source that never fires keeps the default
+  /// mode from being empty (CF returns at once from an empty mode).
   ///
   /// The final drain's `CFRunLoopStop` ends the innermost run: when that is a run nested in a
   /// callout (a Foundation timer's handler that runs the loop), the outer run would sleep on. So,
   /// once the executor has terminated, every run on the thread is stopped before it would sleep.
-  private func runUntilTerminated() {
+  private func runLoopUntilTerminated() {
     var context = CFRunLoopSourceContext()
     context.perform = { _ in }
     guard let keepAlive = CFRunLoopSourceCreate(nil, 0, &context) else {

@@ -59,13 +59,7 @@ final class BridgeTestLog: @unchecked Sendable {
     let entered = DispatchSemaphore(value: 0)
     let released = BridgeTestLog()
     let nesting = Task { await recorder.nest(until: released, entered: entered) }
-    // Wait off the cooperative pool for the nested run to start.
-    await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-      DispatchQueue.global().async {
-        entered.wait()
-        continuation.resume()
-      }
-    }
+    #expect(await signalled(entered), "the nested run did not start")
     // A job for the same actor, enqueued while the nested run goes on, then the shutdown.
     let queued = Task { await recorder.record("queued job runs") }
     try await Task.sleep(for: .milliseconds(20))
@@ -104,12 +98,7 @@ final class BridgeTestLog: @unchecked Sendable {
       }
       CFRunLoopAddTimer(CFRunLoopGetCurrent(), timer, kCFRunLoopDefaultMode)
     }.value
-    await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-      DispatchQueue.global().async {
-        entered.wait()
-        continuation.resume()
-      }
-    }
+    #expect(await signalled(entered), "the timer did not fire")
     #expect(threadsNamed(name) == 1)
     executor.shutdown()
     try await Task.sleep(for: .milliseconds(100))
@@ -117,6 +106,40 @@ final class BridgeTestLog: @unchecked Sendable {
     let deadline = ContinuousClock.now.advanced(by: .seconds(20 * watchdogScale))
     while threadsNamed(name) > 0 && ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
     #expect(threadsNamed(name) == 0, "the executor's thread did not exit")
+  }
+
+  /// `runUntilTerminated()`: a thread that made its executor with `init()` serves its jobs until
+  /// the executor's final drain, and then the call returns; later jobs run on the fallback queue.
+  @Test func runUntilTerminatedServesAnInitExecutorUntilItsShutdownThenReturns() async throws {
+    let published = DispatchSemaphore(value: 0)
+    let returned = DispatchSemaphore(value: 0)
+    let box = ExecutorBox()
+    let thread = Thread {
+      let executor = CFRunLoopExecutor()
+      box.executor = executor
+      published.signal()
+      executor.runUntilTerminated()
+      returned.signal()
+    }
+    thread.start()
+    #expect(await signalled(published))
+    let executor = try #require(box.executor)
+    let recorder = NestingRecorder(executor: executor)
+    #expect(await recorder.record("served by the thread"))
+    executor.shutdown()
+    #expect(await signalled(returned), "runUntilTerminated() did not return after the shutdown")
+    #expect(await recorder.record("served by the fallback"))
+    #expect(recorder.events.snapshot == ["served by the thread", "served by the fallback"])
+  }
+
+  /// Waits, off the cooperative pool, until `semaphore` is signalled (true) or a generous
+  /// deadline passes (false).
+  private func signalled(_ semaphore: DispatchSemaphore) async -> Bool {
+    await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
+      DispatchQueue.global().async {
+        continuation.resume(returning: semaphore.wait(timeout: .now() + .seconds(20 * watchdogScale)) == .success)
+      }
+    }
   }
 
   /// The threads of this process named `name`.
@@ -145,7 +168,7 @@ final class BridgeTestLog: @unchecked Sendable {
       CFRunLoopTimerInvalidate(keepAlive)
     }
     thread.start()
-    published.wait()
+    #expect(await signalled(published))
     let (executor, runLoop) = (box.executor!, box.runLoop!)
     defer { stop.append("stop") }
     #expect(await onThread(of: runLoop) { executor.isIsolatingCurrentContext() } == true)
