@@ -60,7 +60,8 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
   /// The executor of the calling thread's run loop. That thread must run its run loop for jobs to
   /// run (see the type's comment), and keep running it until the executor has terminated: create
   /// the executor on the thread, then call `runUntilTerminated()` (or run the loop yourself, in
-  /// the default mode or another common mode). Jobs queued on a thread that has stopped running
+  /// the default mode or another common mode; nothing stops a run of yours when the executor
+  /// terminates). Jobs queued on a thread that has stopped running
   /// its loop for good, or has exited, wait for ever; so does an executor made on a thread that
   /// never runs its loop, such as a thread of Swift's cooperative pool. Any thread.
   public convenience init() {
@@ -96,11 +97,20 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
   /// Runs the calling thread's run loop, in the default mode, until the executor has terminated
   /// (the final drain of `shutdown()` has run), then returns: how a thread serves an executor it
   /// made with `init()` (a thread made by `startThread` does this already). Returns at once when
-  /// the executor has terminated. Call it on the executor's thread; traps elsewhere.
+  /// the executor has terminated; until `shutdown()` is called (from another thread, or from a job
+  /// of the executor) it does not return. Runs nested in the loop's callouts are left alone.
+  ///
+  /// Call it on the executor's thread, outside its jobs: it traps on another thread, and in a job
+  /// (where it could never return: no other job runs while one is on the thread, and the final
+  /// drain waits for the job).
+  @available(*, noasync, message: "a task on the executor's thread is one of its jobs")
   public func runUntilTerminated() {
     precondition(
-      pthread_equal(pthread_self(), thread) != 0,
+      CFEqual(CFRunLoopGetCurrent(), runLoop),
       "AsyncRunLoopFoundation: runUntilTerminated() runs the executor's run loop: call it on the executor's thread")
+    precondition(
+      !jobOnStack,
+      "AsyncRunLoopFoundation: runUntilTerminated() called in one of the executor's jobs would never return")
     runLoopUntilTerminated()
   }
 
@@ -108,8 +118,9 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
   /// mode from being empty (CF returns at once from an empty mode).
   ///
   /// The final drain's `CFRunLoopStop` ends the innermost run: when that is a run nested in a
-  /// callout (a Foundation timer's handler that runs the loop), the outer run would sleep on. So,
-  /// once the executor has terminated, every run on the thread is stopped before it would sleep.
+  /// callout (a Foundation timer's handler that runs the loop), this outer run would sleep on. So
+  /// an observer counts the runs entered from here and, once the executor has terminated, stops
+  /// this one (the outermost) before it would sleep; runs nested deeper are left alone.
   private func runLoopUntilTerminated() {
     var context = CFRunLoopSourceContext()
     context.perform = { _ in }
@@ -117,9 +128,18 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
       preconditionFailure("AsyncRunLoopFoundation: CFRunLoopSourceCreate failed")
     }
     CFRunLoopAddSource(runLoop, keepAlive, CFPlatform.commonModes)
-    let stopper = CFRunLoopObserverCreateWithHandler(nil, CFRunLoopActivity.beforeWaiting.rawValue, true, 0) {
-      [self] _, _ in
-      if inbox.withLock({ $0.lifecycle }) == .terminated { CFRunLoopStop(runLoop) }
+    let activities =
+      CFRunLoopActivity.entry.rawValue | CFRunLoopActivity.exit.rawValue | CFRunLoopActivity.beforeWaiting.rawValue
+    let depth = RunDepth()
+    // Captures the inbox, not the executor: no cycle through the run loop if the thread ends
+    // without returning here.
+    let stopper = CFRunLoopObserverCreateWithHandler(nil, activities, true, 0) { [inbox] _, activity in
+      switch activity {
+      case .entry: depth.value += 1
+      case .exit: depth.value -= 1
+      default:
+        if depth.value == 1 && inbox.withLock({ $0.lifecycle }) == .terminated { CFRunLoopStop(CFRunLoopGetCurrent()) }
+      }
     }
     CFRunLoopAddObserver(runLoop, stopper, CFPlatform.commonModes)
     while inbox.withLock({ $0.lifecycle }) != .terminated {
@@ -246,4 +266,12 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
   func forget(_ id: ObjectIdentifier) {
     members.withLock { $0.forget(id) }
   }
+}
+
+/// How deep `runUntilTerminated`'s observer is in the runs it saw entered. Only touched by that
+/// observer's callouts, on the executor's thread.
+private final class RunDepth: @unchecked Sendable {
+  // Safety: `value` is only read and written by one CF observer's callouts, which CF makes on the
+  // thread of the run loop the observer is on, one at a time.
+  var value = 0
 }

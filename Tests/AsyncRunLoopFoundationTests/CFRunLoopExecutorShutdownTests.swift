@@ -82,30 +82,40 @@ final class BridgeTestLog: @unchecked Sendable {
   /// a Foundation timer's handler (not a job): that run is stopped, and so is the thread's outer
   /// run, which then exits.
   @Test func aShutdownDuringARunNestedInATimersHandlerStillEndsTheThread() async throws {
-    let name = "cfx-nest-timer"
-    let executor = CFRunLoopExecutor.startThread(name: name)
+    let executor = CFRunLoopExecutor.startThread(name: "cf-nested-timer")
     let entered = DispatchSemaphore(value: 0)
     let released = BridgeTestLog()
-    await Task(executorPreference: executor) {
-      // (Foundation keeps a `Thread`'s name to itself; the test names the system thread.)
-      if let comm = fopen("/proc/thread-self/comm", "w") {
-        fputs(name, comm)
-        fclose(comm)
-      }
+    let thread = await Task(executorPreference: executor) { () -> String? in
       let timer = CFRunLoopTimerCreateWithHandler(nil, CFAbsoluteTimeGetCurrent(), 0, 0, 0) { _ in
         entered.signal()
         repeat { _ = CFRunLoopRunInMode(kCFRunLoopDefaultMode, 0.02, false) } while released.snapshot.isEmpty
       }
       CFRunLoopAddTimer(CFRunLoopGetCurrent(), timer, kCFRunLoopDefaultMode)
+      return currentThreadID()
     }.value
+    let id = try #require(thread)
     #expect(await signalled(entered), "the timer did not fire")
-    #expect(threadsNamed(name) == 1)
+    #expect(threadExists(id) == true)
     executor.shutdown()
     try await Task.sleep(for: .milliseconds(100))
     released.append("released")
     let deadline = ContinuousClock.now.advanced(by: .seconds(20 * watchdogScale))
-    while threadsNamed(name) > 0 && ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
-    #expect(threadsNamed(name) == 0, "the executor's thread did not exit")
+    while threadExists(id) != false && ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
+    #expect(threadExists(id) == false, "the executor's thread did not exit")
+  }
+
+  /// The calling thread's kernel id, read from `/proc/thread-self` (`<pid>/task/<tid>`).
+  private func currentThreadID() -> String? {
+    var buffer = [UInt8](repeating: 0, count: 64)
+    let length = readlink("/proc/thread-self", &buffer, buffer.count)
+    guard length > 0 else { return nil }
+    return String(decoding: buffer.prefix(length), as: UTF8.self).split(separator: "/").last.map(String.init)
+  }
+
+  /// Whether the thread `id` of this process is alive; nil when that cannot be told.
+  private func threadExists(_ id: String) -> Bool? {
+    if access("/proc/self/task/\(id)", F_OK) == 0 { return true }
+    return errno == ENOENT ? false : nil
   }
 
   /// `runUntilTerminated()`: a thread that made its executor with `init()` serves its jobs until
@@ -132,6 +142,24 @@ final class BridgeTestLog: @unchecked Sendable {
     #expect(recorder.events.snapshot == ["served by the thread", "served by the fallback"])
   }
 
+  /// `runUntilTerminated()` traps in one of the executor's jobs, where it could never return (an
+  /// alarm ends the child instead if it hangs: SIGALRM, not the trap's SIGILL).
+  @Test func runUntilTerminatedInOneOfTheExecutorsJobsTraps() async {
+    await #expect(processExitsWith: .signal(SIGILL)) {
+      alarm(30)
+      let executor = CFRunLoopExecutor.startThread(name: "cf-run-in-job")
+      await Task(executorPreference: executor) { serveUntilTerminated(executor) }.value
+    }
+  }
+
+  /// `runUntilTerminated()` traps off the executor's thread.
+  @Test func runUntilTerminatedOffTheExecutorsThreadTraps() async {
+    await #expect(processExitsWith: .signal(SIGILL)) {
+      alarm(30)
+      serveUntilTerminated(CFRunLoopExecutor.startThread(name: "cf-run-elsewhere"))
+    }
+  }
+
   /// Waits, off the cooperative pool, until `semaphore` is signalled (true) or a generous
   /// deadline passes (false).
   private func signalled(_ semaphore: DispatchSemaphore) async -> Bool {
@@ -140,15 +168,6 @@ final class BridgeTestLog: @unchecked Sendable {
         continuation.resume(returning: semaphore.wait(timeout: .now() + .seconds(20 * watchdogScale)) == .success)
       }
     }
-  }
-
-  /// The threads of this process named `name`.
-  private func threadsNamed(_ name: String) -> Int {
-    let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []
-    return tasks.filter { task in
-      let comm = (try? String(contentsOfFile: "/proc/self/task/\(task)/comm", encoding: .utf8)) ?? ""
-      return comm.trimmingCharacters(in: .whitespacesAndNewlines) == name
-    }.count
   }
 
   /// `isIsolatingCurrentContext()`: true on the thread until the executor has terminated, nil
@@ -206,4 +225,9 @@ struct RunLoopReference: @unchecked Sendable {
   // Safety: immutable; only passed to CFRunLoopPerformBlock and CFRunLoopWakeUp, which any thread
   // may call.
   let runLoop: CFRunLoop
+}
+
+/// `runUntilTerminated()` from a synchronous context (it is unavailable in async code).
+func serveUntilTerminated(_ executor: CFRunLoopExecutor) {
+  executor.runUntilTerminated()
 }
