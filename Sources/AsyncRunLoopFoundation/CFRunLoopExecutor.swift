@@ -270,7 +270,7 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
 
 /// How deep `runUntilTerminated`'s observer is in the runs it saw entered. Only touched by that
 /// observer's callouts, on the executor's thread.
-private final class RunDepth: @unchecked Sendable {
+private final class RunDepth: @unchecked Sendable {  // Safety: proof below
   // Safety: `value` is only read and written by one CF observer's callouts, which CF makes on the
   // thread of the run loop the observer is on, one at a time.
   var value = 0

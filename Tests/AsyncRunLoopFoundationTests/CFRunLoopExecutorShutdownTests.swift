@@ -37,7 +37,7 @@ actor NestingRecorder {
 }
 
 /// A list of events any thread may append to.
-final class BridgeTestLog: @unchecked Sendable {
+final class BridgeTestLog: @unchecked Sendable {  // Safety: proof below
   // Safety: `entries` is only touched with `lock` held.
   private let lock = NSLock()
   private var entries: [String] = []
@@ -213,7 +213,7 @@ final class BridgeTestLog: @unchecked Sendable {
 }
 
 /// The executor and run loop a test's Foundation thread publishes.
-final class ExecutorBox: @unchecked Sendable {
+final class ExecutorBox: @unchecked Sendable {  // Safety: proof below
   // Safety: written once on the thread before it signals a semaphore, read after the test waited
   // on that semaphore.
   var executor: CFRunLoopExecutor?
@@ -221,7 +221,7 @@ final class ExecutorBox: @unchecked Sendable {
 }
 
 /// A CF run loop handed to another thread.
-struct RunLoopReference: @unchecked Sendable {
+struct RunLoopReference: @unchecked Sendable {  // Safety: proof below
   // Safety: immutable; only passed to CFRunLoopPerformBlock and CFRunLoopWakeUp, which any thread
   // may call.
   let runLoop: CFRunLoop
