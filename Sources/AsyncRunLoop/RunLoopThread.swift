@@ -209,7 +209,7 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
   private func threadDidExit() {
     // The drain runs jobs on this thread, like a run: a `shutdown()` racing it must not hand them
     // to the fallback meanwhile, and a run nested in one of them is not the outermost.
-    _ = shared.inboxLock.withLock {
+    _ = shared.arrive {
       shared.inbox.setThreadIsInRun(true)
       shared.publishIsolationLocked()
       return shared.inbox.beginShutdown()
@@ -231,12 +231,12 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
   /// loop is not running is remembered and ends the next run at once. Any thread.
   /// An owned loop's thread starts a new run after a stop; use `shutdown()` to end it.
   public func stop() {
-    perform(shared.inboxLock.withLock { shared.inbox.stop() })
+    perform(shared.arrive { shared.inbox.stop() })
   }
 
   /// Wakes the loop if it sleeps, so it makes a pass. Any thread.
   public func wakeUp() {
-    perform(shared.inboxLock.withLock { shared.inbox.wakeUp() })
+    perform(shared.arrive { shared.inbox.wakeUp() })
   }
 
   /// Shuts the loop down, without waiting. Any thread; calling it again is a no-op.
@@ -263,7 +263,7 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
     // A non-owned loop's runs end now; it drains when its thread exits (or, for the main loop,
     // when `runMainLoop()` returns). A current loop's jobs go to the fallback at once if its
     // thread is out of a run, else when the thread leaves its run.
-    let (wake, diverted) = shared.inboxLock.withLock { () -> (LoopInbox.WakeAction, LoopShared.DivertedJobs) in
+    let (wake, diverted) = shared.arrive { () -> (LoopInbox.WakeAction, LoopShared.DivertedJobs) in
       let wake = shared.inbox.beginShutdown().wake
       return (wake, shared.divertJobsLocked(for: self))
     }
@@ -322,7 +322,7 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
   @discardableResult
   public func perform(inModes modes: [RunLoopMode] = [.common], _ block: @escaping @Sendable () -> Void) -> Bool {
     precondition(!modes.isEmpty, Self.emptyModesMessage("perform(inModes:)", loop: name))
-    guard let wake = shared.inboxLock.withLock({ shared.inbox.perform(PerformRequest(modes: modes, block: block)) })
+    guard let wake = shared.arrive({ shared.inbox.perform(PerformRequest(modes: modes, block: block)) })
     else {
       return false
     }

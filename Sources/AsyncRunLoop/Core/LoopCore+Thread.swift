@@ -115,7 +115,7 @@ extension LoopCore {
     }
     let standIn = makeStandIn()
     let onLoopThread = shared.isOnLoopThread
-    let handOver: (wake: LoopInbox.WakeAction, waitFor: BlockingGate?)? = shared.inboxLock.withLock {
+    let handOver: (wake: LoopInbox.WakeAction, waitFor: BlockingGate?)? = shared.arrive {
       // The thread ended its drain since the look at its state: a stand-in set now would hold the
       // core, and the core it, with no thread left to let go (a leak LeakSanitizer saw).
       guard !shared.threadIsEnding else { return nil }

@@ -94,6 +94,8 @@ final class LoopCore {
   /// used up and no job runs) and signalled sources. `afterWake` also records that the loop is
   /// awake (producers need not wake it) and that the pass a `wakeUp()` asked for is happening.
   func collectInbox(afterWake: Bool = false) {
+    // Nothing arrived since the loop last looked: no lock (a wake-up must still be noted).
+    guard afterWake || shared.arrivalsWaiting.load(ordering: .acquiring) else { return }
     // A current loop's thread takes jobs only inside a run: outside one, every job it accepted
     // stays in the inbox (a loop-thread add there collects the inbox too), where a shutdown hands
     // them to the fallback in order.
@@ -109,6 +111,8 @@ final class LoopCore {
     let takesBlockChunks = blocks.take(from: &shared.inbox.performs)
     let takesJobChunks = needJobs && jobs.take(from: &shared.inbox.jobs)
     signalled.take(from: &shared.inbox.signalled)
+    // Jobs left here, a stop or wake-up request to consume, a shutdown: the next look takes the lock.
+    shared.arrivalsWaiting.store(shared.inbox.hasWork() || shared.inbox.life.isShutDown, ordering: .relaxed)
     shared.inboxLock.unlock()
     if takesBlockChunks { blocks.adoptArrived() }
     if takesJobChunks { jobs.adoptArrived() }
@@ -175,8 +179,14 @@ final class LoopCore {
   /// Runs the collected blocks that may run in `mode`, oldest first; keeps the others. A run
   /// nested in one of them continues the same queue (see `LoopBlockQueue`).
   /// (Performed blocks are not input sources: they never end a run as "handled a source".)
+  @inline(__always)
   func runCollectedPerforms(in mode: RunLoopMode) {
-    guard !blocks.isEmpty else { return }
+    guard !blocks.isEmpty else { return }  // (inlined: most work points have no block)
+    runCollectedPerformsNow(in: mode)
+  }
+
+  /// `runCollectedPerforms(in:)` once blocks were collected.
+  private func runCollectedPerformsNow(in mode: RunLoopMode) {
     let inCommon = modeTable.commonModes.contains(mode)
     blocks.beginScan()
     var index = 0
@@ -205,8 +215,15 @@ final class LoopCore {
   /// sources get their turn (a job that re-enqueues itself lands in the inbox, not in the batch
   /// being run, so it runs at most once per call). Runs nothing inside a job: a run nested in one
   /// of the loop's jobs must not start another (the serial contract).
+  @inline(__always)
   func runCollectedJobs() {
+    // Inlined: most work points have no job, and the call below sets up its callout first.
     guard jobs.mayRun, jobs.hasLeft else { return }
+    runCollectedJobsNow()
+  }
+
+  /// `runCollectedJobs()` once it is known there are jobs to run.
+  private func runCollectedJobsNow() {
     let end = jobs.end(runningAtMost: Self.jobsPerPass)
     let serial = loop.asUnownedSerialExecutor()
     let task = loop.asUnownedTaskExecutor()

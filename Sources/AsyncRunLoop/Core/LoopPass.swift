@@ -79,7 +79,7 @@ extension LoopCore {
   private func leaveOutermostRun() {
     assert(jobs.mayRun, "AsyncRunLoop: the outermost run ended inside a job")
     let leftover = ChunkedQueue<LoopJob>.chunks(of: jobs.remaining)  // cut outside the lock
-    let diverted: LoopShared.DivertedJobs = shared.inboxLock.withLock {
+    let diverted: LoopShared.DivertedJobs = shared.arrive {
       shared.inbox.jobs.prepend(leftover)
       jobs.discardBatch()
       shared.inbox.setThreadIsInRun(false)
@@ -182,6 +182,7 @@ extension LoopCore {
     if hasRunnablePerform(in: mode) { return false }
     let inCommon = modeTable.commonModes.contains(mode)
     let countsJobs = mayRunJobs
+    guard shared.arrivalsWaiting.load(ordering: .acquiring) else { return true }  // the inbox is empty
     return shared.inboxLock.withLock {
       (!countsJobs || shared.inbox.jobs.isEmpty) && shared.inbox.controls.isEmpty
         && !shared.inbox.performs.contains { $0.canRun(in: mode, inCommon: inCommon) }
@@ -190,7 +191,8 @@ extension LoopCore {
 
   /// Consumes a pending `stop()`. During shutdown every run, at every nesting level, stops.
   private func consumeStop() -> Bool {
-    shared.inboxLock.withLock {
+    guard shared.arrivalsWaiting.load(ordering: .acquiring) else { return false }  // no stop, no shutdown
+    return shared.inboxLock.withLock {
       if shared.inbox.life.isShutDown { return true }
       guard shared.inbox.stopRequested else { return false }
       shared.inbox.stopRequested = false
@@ -258,14 +260,22 @@ extension LoopCore {
   /// tolerance, never past the next timer's date) and the run's deadline.
   func armTimerfd(_ terms: RunTerms) {
     var wake = terms.deadline == Int64.max ? nil : terms.deadline as Int64?
-    for contents in [terms.contents, modeTable.everyModeContents] {
-      guard let contents, let first = contents.timers.first else { continue }
-      var timerWake = first.deadline.addingSaturating(first.element.timer.toleranceNanoseconds)
-      if let next = contents.timers.deadlineAfterFirst { timerWake = min(timerWake, max(next, first.deadline)) }
+    if let timerWake = Self.timerWake(of: terms.contents) { wake = min(wake ?? Int64.max, timerWake) }
+    if let everyMode = modeTable.everyModeContents, let timerWake = Self.timerWake(of: everyMode) {
       wake = min(wake ?? Int64.max, timerWake)
     }
     if case .manual(let clock) = shared.timeSource { return clock.loopWillWake(at: wake) }  // no timerfd
     poller.setTimer(deadline: wake)
+  }
+
+  /// When `contents`' first timer needs the loop awake: its date delayed by at most its tolerance,
+  /// never past the next timer's date; nil without timers.
+  @inline(__always)
+  private static func timerWake(of contents: ModeContents) -> Int64? {
+    guard let first = contents.timers.first else { return nil }
+    let timerWake = first.deadline.addingSaturating(first.element.timer.toleranceNanoseconds)
+    guard let next = contents.timers.deadlineAfterFirst else { return timerWake }
+    return min(timerWake, max(next, first.deadline))
   }
 
   /// Steps 5–8. Polls (no sleep, no beforeWaiting/afterWaiting) when the run must return after a

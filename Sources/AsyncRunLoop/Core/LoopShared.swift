@@ -53,6 +53,14 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   /// change whose send happened before that call set it before (release), so the call sees it
   /// (acquire); one sent concurrently has no order to keep.
   let changesWaiting = Atomic<Bool>(false)
+  /// False only while the inbox holds nothing for the loop thread to take or consume (no change,
+  /// block, job or signal, no stop or wake-up request, not shut down): lets the loop's work points
+  /// and end-of-pass checks skip the inbox lock when nothing arrived since it last looked. Set by
+  /// every arrival (`arrive`), recomputed when the loop takes the inbox (`LoopCore.collectInbox`),
+  /// both under `inboxLock`. A `false` read without the lock is never stale for an arrival that
+  /// happened before the read (release/acquire); one that races it is seen under the lock before
+  /// the loop sleeps (`LoopInbox.prepareToSleep`), so at worst it waits for the next work point.
+  let arrivalsWaiting = Atomic<Bool>(true)
   /// The user's handle was released (`RunLoopThread.deinit`): `handle` is now a stand-in.
   var handleDropped = false
 
@@ -139,9 +147,20 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
     }
   }
 
+  /// Runs `event`, which hands the loop thread something through `inbox` (work, a request, the
+  /// shutdown), under `inboxLock`, and notes the arrival (`arrivalsWaiting`). Returns the event's
+  /// result: the caller acts on it after the lock is released. Any thread.
+  @inline(__always)
+  func arrive<Result>(_ event: () -> Result) -> Result {
+    inboxLock.lock()
+    defer { inboxLock.unlock() }
+    arrivalsWaiting.store(true, ordering: .releasing)
+    return event()
+  }
+
   /// A source was signalled: queue its record here and wake the loop. Any thread.
   func enqueueSignalled(_ record: MemberRecord) {
-    perform(inboxLock.withLock { inbox.signal(record) })
+    perform(arrive { inbox.signal(record) })
   }
 
   /// Sends a registration change to the loop thread: at once when called there, otherwise on
@@ -174,7 +193,7 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
 
   /// `send`, with the sequence number the change got in the inbox.
   func sendNumbered(_ change: RegistrationChange) -> (wake: LoopInbox.WakeAction, sequence: UInt64)? {
-    inboxLock.withLock {
+    arrive {
       guard let wake = inbox.control(change) else { return nil }
       changesWaiting.store(true, ordering: .releasing)
       return (wake, inbox.sequence)

@@ -104,7 +104,7 @@ extension RunLoopThread {
       guard request.start() else { return }  // the caller was resumed (cancelled, or abandoned)
       request.finish(.success(run()))
     }
-    guard let wake = shared.inboxLock.withLock({ shared.inbox.perform(block) }) else {
+    guard let wake = shared.arrive({ shared.inbox.perform(block) }) else {
       if handsOff { shared.unregisterHandOff(request) }
       return request.finish(.failure(shutDown))
     }

@@ -35,8 +35,12 @@ struct SignalledSources {
   @inline(__always)
   mutating func take(from inbox: inout [SignalledRecord]) {
     guard !inbox.isEmpty else { return }
-    collected.append(contentsOf: inbox)
-    inbox.removeAll(keepingCapacity: true)
+    if collected.isEmpty {
+      swap(&collected, &inbox)  // the usual case: O(1), and both buffers stay warm
+    } else {
+      collected.append(contentsOf: inbox)
+      inbox.removeAll(keepingCapacity: true)
+    }
   }
 
   /// The number of the oldest signal collected that waits for a change (`UInt64.max`: none).
@@ -93,7 +97,7 @@ struct SignalledSources {
     // Deferred sources known to be out of this mode stay where they are.
     let scansDeferred = !deferred.isEmpty && !deferredAreElsewhere(than: contents, sourceJoins: sourceJoins)
     if collected.isEmpty && !scansDeferred { return false }
-    ready.removeAll(keepingCapacity: true)
+    if !ready.isEmpty { ready.removeAll(keepingCapacity: true) }
     if scansDeferred {
       // Signalled before everything collected since: first, so equal orders keep signalling order.
       collected.insert(contentsOf: deferred.lazy.map { SignalledRecord(record: $0, sequence: 0) }, at: 0)

@@ -29,7 +29,7 @@ extension RunLoopThread: SerialExecutor, TaskExecutor {
   /// Enqueues a job in `role` (the loop's serial role, or its task-executor role). Any thread.
   func enqueue(_ job: UnownedJob, role: JobRole) {
     let stamp = shared.observation.arrivalStamp()
-    switch shared.inboxLock.withLock({ shared.inbox.enqueue(LoopJob(job: job, role: role, enqueuedAt: stamp)) }) {
+    switch shared.arrive({ shared.inbox.enqueue(LoopJob(job: job, role: role, enqueuedAt: stamp)) }) {
     case .accepted(let wake):
       perform(wake)
     case .runElsewhere:
