@@ -111,7 +111,9 @@ final class LoopCore {
     let takesBlockChunks = blocks.take(from: &shared.inbox.performs)
     let takesJobChunks = needJobs && jobs.take(from: &shared.inbox.jobs)
     signalled.take(from: &shared.inbox.signalled)
-    // Jobs left here, a stop or wake-up request to consume, a shutdown: the next look takes the lock.
+    // Jobs left here, a stop or wake-up request to consume, a shutdown: the next look takes the
+    // lock. (Relaxed: every store of the flag is made under the lock, so stores are ordered by it;
+    // what an arrival wrote is published by the arrival's own releasing store.)
     shared.arrivalsWaiting.store(shared.inbox.hasWork() || shared.inbox.life.isShutDown, ordering: .relaxed)
     shared.inboxLock.unlock()
     if takesBlockChunks { blocks.adoptArrived() }

@@ -180,9 +180,9 @@ extension LoopCore {
     // mode would otherwise keep an empty run asleep with nothing to wake it.
     let mode = run.terms.contents.mode
     if hasRunnablePerform(in: mode) { return false }
+    guard shared.arrivalsWaiting.load(ordering: .acquiring) else { return true }  // the inbox is empty
     let inCommon = modeTable.commonModes.contains(mode)
     let countsJobs = mayRunJobs
-    guard shared.arrivalsWaiting.load(ordering: .acquiring) else { return true }  // the inbox is empty
     return shared.inboxLock.withLock {
       (!countsJobs || shared.inbox.jobs.isEmpty) && shared.inbox.controls.isEmpty
         && !shared.inbox.performs.contains { $0.canRun(in: mode, inCommon: inCommon) }

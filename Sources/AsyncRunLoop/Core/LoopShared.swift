@@ -57,9 +57,10 @@ final class LoopShared: @unchecked Sendable {  // Safety: proof below
   /// block, job or signal, no stop or wake-up request, not shut down): lets the loop's work points
   /// and end-of-pass checks skip the inbox lock when nothing arrived since it last looked. Set by
   /// every arrival (`arrive`), recomputed when the loop takes the inbox (`LoopCore.collectInbox`),
-  /// both under `inboxLock`. A `false` read without the lock is never stale for an arrival that
-  /// happened before the read (release/acquire); one that races it is seen under the lock before
-  /// the loop sleeps (`LoopInbox.prepareToSleep`), so at worst it waits for the next work point.
+  /// both under `inboxLock`, so the lock orders every store. A read without the lock (acquiring)
+  /// sees any arrival that happened before it, or a later collect that took it; an arrival that
+  /// races the read is seen under the lock before the loop sleeps (`LoopInbox.prepareToSleep`), so
+  /// at worst it waits for the next work point.
   let arrivalsWaiting = Atomic<Bool>(true)
   /// The user's handle was released (`RunLoopThread.deinit`): `handle` is now a stand-in.
   var handleDropped = false
