@@ -142,6 +142,62 @@ final class BridgeTestLog: @unchecked Sendable {  // Safety: proof below
     #expect(recorder.events.snapshot == ["served by the thread", "served by the fallback"])
   }
 
+  /// `runUntilTerminated()`: once the executor has terminated it stops only its own run; runs
+  /// nested in the loop's callouts (a timer handler that waits by running the loop) are left
+  /// alone, and the call returns once that callout has returned.
+  @Test func runUntilTerminatedLeavesRunsNestedInACalloutAloneAfterTheTermination() async throws {
+    let published = DispatchSemaphore(value: 0)
+    let entered = DispatchSemaphore(value: 0)
+    let returned = DispatchSemaphore(value: 0)
+    let terminated = BridgeTestLog()
+    let released = BridgeTestLog()
+    let nestedAfterTermination = BridgeTestLog()
+    let box = ExecutorBox()
+    let thread = Thread {
+      let executor = CFRunLoopExecutor()
+      box.executor = executor
+      box.runLoop = CFRunLoopGetCurrent()
+      let timer = CFRunLoopTimerCreateWithHandler(nil, CFAbsoluteTimeGetCurrent(), 0, 0, 0) { _ in
+        entered.signal()
+        repeat {
+          let result = CFRunLoopRunInMode(kCFRunLoopDefaultMode, 0.01, false)
+          if !terminated.snapshot.isEmpty {
+            nestedAfterTermination.append(result == .timedOut ? "timed out" : "ended early: \(result)")
+          }
+        } while released.snapshot.isEmpty
+      }
+      CFRunLoopAddTimer(CFRunLoopGetCurrent(), timer, kCFRunLoopDefaultMode)
+      published.signal()
+      executor.runUntilTerminated()
+      returned.signal()
+    }
+    thread.start()
+    #expect(await signalled(published))
+    #expect(await signalled(entered), "the timer did not fire")
+    let executor = try #require(box.executor)
+    let runLoop = RunLoopReference(runLoop: try #require(box.runLoop))
+    executor.shutdown()
+    // Terminated once a job runs off the thread (on the fallback queue): the final drain came up
+    // in the handler's nested runs, and its stop ended one of them.
+    let deadline = ContinuousClock.now.advanced(by: .seconds(20 * watchdogScale))
+    var ranOnTheThread = true
+    while ranOnTheThread && ContinuousClock.now < deadline {
+      ranOnTheThread = await Task(executorPreference: executor) { CFEqual(CFRunLoopGetCurrent(), runLoop.runLoop) }
+        .value
+      if ranOnTheThread { try await Task.sleep(for: .milliseconds(5)) }
+    }
+    #expect(!ranOnTheThread, "no job ran on the fallback queue: the executor did not terminate")
+    terminated.append("terminated")
+    while nestedAfterTermination.snapshot.count < 3 && ContinuousClock.now < deadline {
+      try await Task.sleep(for: .milliseconds(5))
+    }
+    released.append("released")
+    #expect(await signalled(returned), "runUntilTerminated() did not return once the callout returned")
+    let results = nestedAfterTermination.snapshot
+    #expect(results.count >= 3)
+    #expect(results.allSatisfy { $0 == "timed out" }, "a nested run was ended after the termination: \(results)")
+  }
+
   /// `runUntilTerminated()` traps in one of the executor's jobs, where it could never return (an
   /// alarm ends the child instead if it hangs: SIGALRM, not the trap's SIGILL).
   @Test func runUntilTerminatedInOneOfTheExecutorsJobsTraps() async {

@@ -249,6 +249,35 @@ private actor PinnedToCFRunLoop {
   }
 }
 
+/// The end of a timer or source sequence (`FiringSequenceStorage.end()`): the member is invalidated
+/// before the sequence is marked ended, so a firing CF was already calling out when the member was
+/// invalidated, and that reaches the sequence in between, is still delivered before the end.
+@Suite struct FiringSequenceEndTests {
+  @Test func aFiringThatArrivesBetweenTheInvalidationAndTheEndIsDeliveredBeforeTheEnd() async {
+    typealias Storage = FiringSequenceStorage<CFRunLoopSourcePerformance>
+    let reference = BridgeLock<Storage?>(nil)
+    let invalidations = BridgeLock(0)
+    // The invalidation is where the firing comes in: CF was already performing the source.
+    let storage = Storage(limit: 4) {
+      let first = invalidations.withLock { count -> Bool in
+        count += 1
+        return count == 1
+      }
+      guard first, let storage = reference.withLock({ $0 }) else { return }
+      storage.deliver { _ in CFRunLoopSourcePerformance(signals: 1, performances: 1) }
+    }
+    reference.withLock { $0 = storage }
+    storage.claimIterator(sequenceName: "FiringSequenceEndTests")
+    storage.end()
+    let delivered = await storage.next()
+    let afterTheEnd = await storage.next()
+    #expect(invalidations.withLock { $0 } >= 1)
+    #expect(delivered == CFRunLoopSourcePerformance(signals: 1, performances: 1))
+    #expect(afterTheEnd == nil)
+    reference.withLock { $0 = nil }  // (the storage's closure holds the reference: no cycle left)
+  }
+}
+
 /// The sequences' iterators run in the caller's isolation: a `for await` in an actor (pinned to
 /// the run loop's thread, or on the default executor) gets every element inside that actor.
 @Suite struct CFRunLoopSequenceIsolationTests {
