@@ -29,7 +29,8 @@ import Foundation
 ///
 /// `shutdown()` loses no job: every job accepted before the final drain ran runs on the thread;
 /// jobs enqueued after it run, in order, on a serial fallback queue (isolated to this executor
-/// there too, and no longer on the thread).
+/// there too, and no longer on the thread). Nor does a thread that exits before `shutdown()` (see
+/// `init()`): its jobs move to the fallback queue.
 ///
 /// A job may run the thread's run loop itself (`RunLoop.current.run(until:)`, a nested run): no
 /// other job of the executor starts until it returns, and a `shutdown()` meanwhile waits for it
@@ -37,16 +38,14 @@ import Foundation
 /// the nested run). So, as with any job that never returns, a job that runs the loop with no end
 /// (`CFRunLoopRun()`) keeps the executor from ever terminating.
 public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked Sendable {  // Safety: proof below
-  // Safety: `runLoop`, `thread`, `ownsThread`, `fallback` and `fallbackKey` are immutable after
-  // init (a CFRunLoop may be used from any thread for PerformBlock, WakeUp and Stop, the calls
-  // made here from other threads); the mutable state is `inbox` and `members`, each under its
-  // own lock, and `jobOnStack` and `finalDrainWaits`, which only the executor's thread touches
-  // (in its drain blocks).
-  /// The thread's run loop (timer and source sequences join it).
-  let runLoop: CFRunLoop
+  // Safety: `thread`, `ownsThread`, `fallback` and `fallbackKey` are immutable after init; the
+  // mutable state is `inbox` (which holds the thread's run loop; a CFRunLoop may be used from any
+  // thread for PerformBlock, WakeUp and Stop, the calls made here from other threads) and
+  // `members`, each under its own lock, and `jobOnStack` and `finalDrainWaits`, which only the
+  // executor's thread touches (in its drain blocks).
   private let thread: pthread_t
   private let ownsThread: Bool
-  private let inbox = BridgeLock(CFRunLoopExecutorInbox<UnownedJob>())
+  private let inbox: BridgeLock<CFRunLoopExecutorInbox<UnownedJob, CFRunLoop>>
   private let members = BridgeLock(ExecutorMembers())
   private let fallback: DispatchQueue
   private let fallbackKey = DispatchSpecificKey<Bool>()
@@ -61,19 +60,27 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
   /// run (see the type's comment), and keep running it until the executor has terminated: create
   /// the executor on the thread, then call `runUntilTerminated()` (or run the loop yourself, in
   /// the default mode or another common mode; nothing stops a run of yours when the executor
-  /// terminates). Jobs queued on a thread that has stopped running
-  /// its loop for good, or has exited, wait for ever; so does an executor made on a thread that
-  /// never runs its loop, such as a thread of Swift's cooperative pool. Any thread.
+  /// terminates).
+  ///
+  /// A thread that exits before the executor has terminated ends it as `shutdown()` would, off
+  /// the thread: the jobs still queued run first, in order, on the fallback queue, then every later
+  /// one; its timer and source sequences end. (The main thread exits so only through
+  /// `pthread_exit`, which `dispatchMain()` calls on Linux; returning from `main` ends the process.)
+  /// Jobs queued on a thread that is alive but has stopped running its loop for good wait for
+  /// ever. So do those of an executor made on a thread that never runs its loop, such as a thread
+  /// of Swift's cooperative pool, until that thread exits (a pool thread retires when it has been
+  /// idle for a while, if it ever is): do not make one there. Any thread.
   public convenience init() {
     self.init(ownsThread: false)
   }
 
   private init(ownsThread: Bool) {
-    runLoop = CFRunLoopGetCurrent()
+    inbox = BridgeLock(CFRunLoopExecutorInbox(runLoop: CFRunLoopGetCurrent()))
     thread = pthread_self()
     self.ownsThread = ownsThread
     fallback = DispatchQueue(label: "AsyncRunLoopFoundation.CFRunLoopExecutor.fallback")
     fallback.setSpecific(key: fallbackKey, value: true)
+    ExecutorThreadExit.register(self)
   }
 
   /// Starts a Foundation `Thread` named `name` that runs its run loop (in the default mode)
@@ -106,7 +113,7 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
   @available(*, noasync, message: "a task on the executor's thread is one of its jobs")
   public func runUntilTerminated() {
     precondition(
-      CFEqual(CFRunLoopGetCurrent(), runLoop),
+      inbox.withLock({ $0.runLoop }).map { CFEqual(CFRunLoopGetCurrent(), $0) } == true,
       "AsyncRunLoopFoundation: runUntilTerminated() runs the executor's run loop: call it on the executor's thread")
     precondition(
       !jobOnStack,
@@ -122,6 +129,7 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
   /// an observer counts the runs entered from here and, once the executor has terminated, stops
   /// this one (the outermost) before it would sleep; runs nested deeper are left alone.
   private func runLoopUntilTerminated() {
+    let runLoop = CFRunLoopGetCurrent()
     var context = CFRunLoopSourceContext()
     context.perform = { _ in }
     guard let keepAlive = CFRunLoopSourceCreate(nil, 0, &context) else {
@@ -156,7 +164,7 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
     let unowned = UnownedJob(job)
     switch inbox.withLock({ $0.enqueue(unowned) }) {
     case .none: break
-    case .scheduleDrain: scheduleDrain()
+    case .scheduleDrain(let runLoop): scheduleDrain(on: runLoop)
     case .runElsewhere: fallback.async { self.run(unowned) }
     }
   }
@@ -169,9 +177,9 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
     UnownedTaskExecutor(ordinary: self)
   }
 
-  /// True on the executor's thread until the final drain of `shutdown()` has run, and on its
-  /// fallback queue from then on; nil — "unknown", so the runtime calls `checkIsolated()`, which
-  /// traps — elsewhere. Any thread.
+  /// True on the executor's thread until the final drain of `shutdown()` has run (or the thread
+  /// has exited), and on its fallback queue from then on; nil — "unknown", so the runtime calls
+  /// `checkIsolated()`, which traps — elsewhere. Any thread.
   public func isIsolatingCurrentContext() -> Bool? {
     isOnExecutor ? true : nil
   }
@@ -184,11 +192,11 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
         + "fallback queue), but ran elsewhere")
   }
 
-  /// Once terminated, the thread is no longer the executor's: the fallback queue runs its jobs,
-  /// and a thread made by `startThread` has exited, so a later thread may reuse its `pthread_t`
-  /// (a worker of the fallback queue itself, for one).
+  /// Once terminated, or once its thread has exited, the thread is no longer the executor's: the
+  /// fallback queue runs its jobs, and a later thread may reuse the exited thread's `pthread_t` (a
+  /// worker of the fallback queue itself, for one).
   private var isOnExecutor: Bool {
-    if pthread_equal(pthread_self(), thread) != 0, inbox.withLock({ $0.lifecycle != .terminated }) { return true }
+    if pthread_equal(pthread_self(), thread) != 0, inbox.withLock({ $0.jobsRunOnTheThread }) { return true }
     return DispatchQueue.getSpecific(key: fallbackKey) == true
   }
 
@@ -198,7 +206,7 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
 
   // MARK: Draining on the thread
 
-  private func scheduleDrain() {
+  private func scheduleDrain(on runLoop: CFRunLoop) {
     CFRunLoopPerformBlock(runLoop, CFPlatform.performMode(CFPlatform.commonModes)) { self.drain() }
     CFRunLoopWakeUp(runLoop)
   }
@@ -217,7 +225,7 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
       finalDrainWaits = false
       finalDrain()
     } else if inbox.withLock({ $0.finishDrain() }) {
-      scheduleDrain()
+      scheduleDrain(on: CFRunLoopGetCurrent())
     }
   }
 
@@ -235,7 +243,7 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
   /// (what they buffered is still delivered); a thread made by `startThread` then leaves its run
   /// loop and exits. Any thread; idempotent; does not wait.
   public func shutdown() {
-    guard inbox.withLock({ $0.beginShutdown() }) else { return }
+    guard let runLoop = inbox.withLock({ $0.beginShutdown() }) else { return }
     CFRunLoopPerformBlock(runLoop, CFPlatform.performMode(CFPlatform.commonModes)) { self.finalDrain() }
     CFRunLoopWakeUp(runLoop)
   }
@@ -247,17 +255,41 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
       finalDrainWaits = true
       return
     }
+    drainUntilTerminated(runOnThread)
+    if ownsThread { CFRunLoopStop(CFRunLoopGetCurrent()) }
+  }
+
+  /// The executor's thread is exiting (`ExecutorThreadExit`, on that thread) before the final
+  /// drain: the final drain runs on the fallback queue instead, first in its order, so the jobs
+  /// still queued, and those enqueued until the queue is empty, run before every later job.
+  ///
+  /// Also after the termination, the executor lets go of the thread's run loop here (after the
+  /// lock): a drain block left on it would never run, and holds the executor, which held the loop.
+  func threadExited() {
+    let exit = inbox.withLock { $0.threadExited() }
+    if exit.drainsOnFallback {
+      fallback.async { self.drainUntilTerminated { jobs in for job in jobs { self.run(job) } } }
+    }
+  }
+
+  /// The thread's run loop, for a timer or source sequence to join; nil once the thread has exited
+  /// (the executor is terminated or terminating then: the sequence ends). Any thread.
+  var threadRunLoop: CFRunLoop? { inbox.withLock { $0.runLoop } }
+
+  /// Runs the queued jobs (with `runJobs`) until the queue is found empty, which terminates the
+  /// executor; then ends its sequences. On the thread, or on the fallback queue once it has exited.
+  private func drainUntilTerminated(_ runJobs: ([UnownedJob]) -> Void) {
     while !inbox.withLock({ $0.terminateIfIdle() }) {
-      runOnThread(inbox.withLock({ $0.takeJobs() }))
+      runJobs(inbox.withLock({ $0.takeJobs() }))
     }
     for end in members.withLock({ $0.end() }) { end() }
-    if ownsThread { CFRunLoopStop(runLoop) }
   }
 
   // MARK: Sequences
 
   /// A timer or source sequence joins the executor: false once it has terminated (the sequence
-  /// then ends at once). `ender` runs on the thread at shutdown. Any thread.
+  /// then ends at once). `ender` runs at the termination: on the thread, or on the fallback queue
+  /// when the thread has exited. Any thread.
   func adopt(_ id: ObjectIdentifier, ender: @escaping @Sendable () -> Void) -> Bool {
     members.withLock { $0.adopt(id, ender: ender) }
   }

@@ -4,10 +4,15 @@
 /// At most one drain block is on the run loop at a time (`drainScheduled`): only the enqueue that
 /// finds none schedules one, so a burst of jobs costs one `CFRunLoopPerformBlock` and one
 /// wake-up, not one per job.
-struct CFRunLoopExecutorInbox<Job> {
+///
+/// It also holds the thread's run loop (`Loop`), while that thread lives: a block left on the loop
+/// of a thread that has exited is never run, only freed with the loop, and a drain block holds
+/// the executor. Letting go of the loop at the exit frees both.
+struct CFRunLoopExecutorInbox<Job, Loop> {
   enum Lifecycle: Equatable {
     case active
-    /// `shutdown()` was called: jobs are still accepted and run by the final drain.
+    /// `shutdown()` was called, or the thread exited: jobs are still accepted and run by the
+    /// final drain (on the thread; once it has exited, on the fallback queue).
     case shuttingDown
     /// The final drain has run: jobs go to the fallback queue.
     case terminated
@@ -17,12 +22,20 @@ struct CFRunLoopExecutorInbox<Job> {
   private(set) var jobs: [Job] = []
   /// A drain block is on the run loop (or running) and will look at `jobs` again.
   private(set) var drainScheduled = false
+  /// The thread's run loop; nil once the thread has exited.
+  private(set) var runLoop: Loop?
 
-  enum EnqueueAction: Equatable {
+  init(runLoop: Loop) { self.runLoop = runLoop }
+
+  /// Jobs run on the executor's thread: until the final drain has run, and while that thread is
+  /// alive.
+  var jobsRunOnTheThread: Bool { lifecycle != .terminated && runLoop != nil }
+
+  enum EnqueueAction {
     /// Queued; a drain is on its way.
     case none
-    /// Queued; schedule a drain block and wake the run loop.
-    case scheduleDrain
+    /// Queued; schedule a drain block on this run loop and wake it.
+    case scheduleDrain(Loop)
     /// Terminated: run it on the fallback queue.
     case runElsewhere
   }
@@ -30,9 +43,9 @@ struct CFRunLoopExecutorInbox<Job> {
   mutating func enqueue(_ job: Job) -> EnqueueAction {
     guard lifecycle != .terminated else { return .runElsewhere }
     jobs.append(job)
-    if drainScheduled { return .none }
+    guard !drainScheduled, let runLoop else { return .none }
     drainScheduled = true
-    return .scheduleDrain
+    return .scheduleDrain(runLoop)
   }
 
   /// A drain block takes every job queued now (they run outside the lock, in order).
@@ -51,11 +64,32 @@ struct CFRunLoopExecutorInbox<Job> {
     return true
   }
 
-  /// `shutdown()`: true for the first call (the caller schedules the final drain).
-  mutating func beginShutdown() -> Bool {
-    guard lifecycle == .active else { return false }
+  /// `shutdown()`: the run loop for the first call while the thread lives (the caller schedules
+  /// the final drain there); nil otherwise.
+  mutating func beginShutdown() -> Loop? {
+    guard lifecycle == .active, let runLoop else { return nil }
     lifecycle = .shuttingDown
-    return true
+    return runLoop
+  }
+
+  /// What the executor does when its thread exits: `drainsOnFallback` — the final drain had not
+  /// run, so the caller runs it on the fallback queue (the jobs queued now, and those enqueued
+  /// until the queue is empty); `releasedLoop` — the run loop, to let go of after the lock.
+  struct ThreadExit {
+    var drainsOnFallback: Bool
+    var releasedLoop: Loop?
+  }
+
+  /// The executor's thread exits. From now on (no loop) no drain block goes to its loop, and
+  /// `shutdown()` has nothing left to begin.
+  mutating func threadExited() -> ThreadExit {
+    let released = runLoop
+    runLoop = nil
+    guard lifecycle != .terminated, released != nil else {
+      return ThreadExit(drainsOnFallback: false, releasedLoop: released)
+    }
+    lifecycle = .shuttingDown
+    return ThreadExit(drainsOnFallback: true, releasedLoop: released)
   }
 
   /// The final drain found the queue empty under the lock: terminated from now on, so every job

@@ -55,7 +55,8 @@ public final class CFRunLoopSourceSequence: AsyncSequence, @unchecked Sendable {
   public typealias Element = CFRunLoopSourcePerformance
   public typealias Failure = Never
   // Safety: every stored property is immutable after init; the mutable state is in `storage`,
-  // under its lock. `source` is only passed to CF's thread-safe calls (add, signal, invalidate).
+  // under its lock. `source` and `runLoop` are only passed to CF's thread-safe calls (add, signal,
+  // invalidate, wake up).
 
   /// The executor whose run loop the source is on.
   public let executor: CFRunLoopExecutor
@@ -65,6 +66,8 @@ public final class CFRunLoopSourceSequence: AsyncSequence, @unchecked Sendable {
   /// sequence with `invalidate()`, not by invalidating `source` or removing it from its modes
   /// directly: the sequence is not told of those, and its consumer would wait on.
   public let source: CFRunLoopSource
+  /// The executor's run loop, which `signal()` wakes; nil when its thread had exited already.
+  private let runLoop: CFRunLoop?
   let storage: FiringSequenceStorage<CFRunLoopSourcePerformance>
 
   init(executor: CFRunLoopExecutor, order: Int, modes: [RunLoopMode], limit: Int) {
@@ -95,13 +98,16 @@ public final class CFRunLoopSourceSequence: AsyncSequence, @unchecked Sendable {
     let reference = CFReference(object: source)
     self.executor = executor
     self.source = source
+    runLoop = executor.threadRunLoop
     storage = FiringSequenceStorage(limit: limit) { CFRunLoopSourceInvalidate(reference.object) }
     owner.value = storage
     guard executor.adopt(ObjectIdentifier(self), ender: { owner.value?.endKeepingSignals() }) else {
       storage.end()  // the executor has terminated: the sequence ends at once
       return
     }
-    for mode in modes { CFRunLoopAddSource(executor.runLoop, source, mode.coreFoundationMode) }
+    // No loop: the thread has exited, and the termination ends the sequence.
+    guard let runLoop else { return }
+    for mode in modes { CFRunLoopAddSource(runLoop, source, mode.coreFoundationMode) }
   }
 
   /// Dropping the sequence (and its iterator) invalidates the source.
@@ -118,7 +124,7 @@ public final class CFRunLoopSourceSequence: AsyncSequence, @unchecked Sendable {
   public func signal() -> Bool {
     guard storage.withState({ $0.acceptSignal() }) else { return false }
     CFRunLoopSourceSignal(source)
-    CFRunLoopWakeUp(executor.runLoop)
+    if let runLoop { CFRunLoopWakeUp(runLoop) }
     return true
   }
 

@@ -76,7 +76,9 @@ public final class CFRunLoopTimerSequence: AsyncSequence, @unchecked Sendable { 
       storage.end()  // the executor has terminated: the sequence ends at once
       return
     }
-    for mode in modes { CFRunLoopAddTimer(executor.runLoop, timer, mode.coreFoundationMode) }
+    // No loop: the thread has exited, and the termination ends the sequence.
+    guard let runLoop = executor.threadRunLoop else { return }
+    for mode in modes { CFRunLoopAddTimer(runLoop, timer, mode.coreFoundationMode) }
   }
 
   /// Dropping the sequence (and its iterator) invalidates the timer.

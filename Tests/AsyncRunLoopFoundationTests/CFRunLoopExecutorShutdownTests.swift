@@ -59,7 +59,7 @@ final class BridgeTestLog: @unchecked Sendable {  // Safety: proof below
     let entered = DispatchSemaphore(value: 0)
     let released = BridgeTestLog()
     let nesting = Task { await recorder.nest(until: released, entered: entered) }
-    #expect(await signalled(entered), "the nested run did not start")
+    #expect(await waitOffThePool(entered), "the nested run did not start")
     // A job for the same actor, enqueued while the nested run goes on, then the shutdown.
     let queued = Task { await recorder.record("queued job runs") }
     try await Task.sleep(for: .milliseconds(20))
@@ -91,10 +91,10 @@ final class BridgeTestLog: @unchecked Sendable {  // Safety: proof below
         repeat { _ = CFRunLoopRunInMode(kCFRunLoopDefaultMode, 0.02, false) } while released.snapshot.isEmpty
       }
       CFRunLoopAddTimer(CFRunLoopGetCurrent(), timer, kCFRunLoopDefaultMode)
-      return currentThreadID()
+      return currentKernelThreadID()
     }.value
     let id = try #require(thread)
-    #expect(await signalled(entered), "the timer did not fire")
+    #expect(await waitOffThePool(entered), "the timer did not fire")
     #expect(threadExists(id) == true)
     executor.shutdown()
     try await Task.sleep(for: .milliseconds(100))
@@ -102,20 +102,6 @@ final class BridgeTestLog: @unchecked Sendable {  // Safety: proof below
     let deadline = ContinuousClock.now.advanced(by: .seconds(20 * watchdogScale))
     while threadExists(id) != false && ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
     #expect(threadExists(id) == false, "the executor's thread did not exit")
-  }
-
-  /// The calling thread's kernel id, read from `/proc/thread-self` (`<pid>/task/<tid>`).
-  private func currentThreadID() -> String? {
-    var buffer = [UInt8](repeating: 0, count: 64)
-    let length = readlink("/proc/thread-self", &buffer, buffer.count)
-    guard length > 0 else { return nil }
-    return String(decoding: buffer.prefix(length), as: UTF8.self).split(separator: "/").last.map(String.init)
-  }
-
-  /// Whether the thread `id` of this process is alive; nil when that cannot be told.
-  private func threadExists(_ id: String) -> Bool? {
-    if access("/proc/self/task/\(id)", F_OK) == 0 { return true }
-    return errno == ENOENT ? false : nil
   }
 
   /// `runUntilTerminated()`: a thread that made its executor with `init()` serves its jobs until
@@ -132,12 +118,12 @@ final class BridgeTestLog: @unchecked Sendable {  // Safety: proof below
       returned.signal()
     }
     thread.start()
-    #expect(await signalled(published))
+    #expect(await waitOffThePool(published))
     let executor = try #require(box.executor)
     let recorder = NestingRecorder(executor: executor)
     #expect(await recorder.record("served by the thread"))
     executor.shutdown()
-    #expect(await signalled(returned), "runUntilTerminated() did not return after the shutdown")
+    #expect(await waitOffThePool(returned), "runUntilTerminated() did not return after the shutdown")
     #expect(await recorder.record("served by the fallback"))
     #expect(recorder.events.snapshot == ["served by the thread", "served by the fallback"])
   }
@@ -173,8 +159,8 @@ final class BridgeTestLog: @unchecked Sendable {  // Safety: proof below
       returned.signal()
     }
     thread.start()
-    #expect(await signalled(published))
-    #expect(await signalled(entered), "the timer did not fire")
+    #expect(await waitOffThePool(published))
+    #expect(await waitOffThePool(entered), "the timer did not fire")
     let executor = try #require(box.executor)
     let runLoop = RunLoopReference(runLoop: try #require(box.runLoop))
     // Every nested run from here on is recorded: also the one the final drain comes up in.
@@ -195,7 +181,7 @@ final class BridgeTestLog: @unchecked Sendable {  // Safety: proof below
       try await Task.sleep(for: .milliseconds(5))
     }
     released.append("released")
-    #expect(await signalled(returned), "runUntilTerminated() did not return once the callout returned")
+    #expect(await waitOffThePool(returned), "runUntilTerminated() did not return once the callout returned")
     let results = nestedSinceShutdown.snapshot
     #expect(results.count >= recordedAtTermination + 3)
     #expect(results.allSatisfy { $0 == "timed out" }, "a nested run was ended by the shutdown: \(results)")
@@ -219,16 +205,6 @@ final class BridgeTestLog: @unchecked Sendable {  // Safety: proof below
     }
   }
 
-  /// Waits, off the cooperative pool, until `semaphore` is signalled (true) or a generous
-  /// deadline passes (false).
-  private func signalled(_ semaphore: DispatchSemaphore) async -> Bool {
-    await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
-      DispatchQueue.global().async {
-        continuation.resume(returning: semaphore.wait(timeout: .now() + .seconds(20 * watchdogScale)) == .success)
-      }
-    }
-  }
-
   /// `isIsolatingCurrentContext()`: true on the thread until the executor has terminated, nil
   /// there afterwards (the fallback queue runs its jobs now), true on the fallback queue.
   @Test func afterTheFinalDrainTheThreadIsNoLongerIsolatedAndTheFallbackIs() async throws {
@@ -246,7 +222,7 @@ final class BridgeTestLog: @unchecked Sendable {  // Safety: proof below
       CFRunLoopTimerInvalidate(keepAlive)
     }
     thread.start()
-    #expect(await signalled(published))
+    #expect(await waitOffThePool(published))
     let (executor, runLoop) = (box.executor!, box.runLoop!)
     defer { stop.append("stop") }
     #expect(await onThread(of: runLoop) { executor.isIsolatingCurrentContext() } == true)
