@@ -29,8 +29,8 @@ import Foundation
 ///
 /// `shutdown()` loses no job: every job accepted before the final drain ran runs on the thread;
 /// jobs enqueued after it run, in order, on a serial fallback queue (isolated to this executor
-/// there too, and no longer on the thread). Nor does a thread that exits before `shutdown()` (see
-/// `init()`): its jobs move to the fallback queue.
+/// there too, and no longer on the thread). Nor does a thread that exits first (see `init()`),
+/// before `shutdown()` or before its final drain ran: the final drain runs on the fallback queue.
 ///
 /// A job may run the thread's run loop itself (`RunLoop.current.run(until:)`, a nested run): no
 /// other job of the executor starts until it returns, and a `shutdown()` meanwhile waits for it
@@ -64,8 +64,9 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
   ///
   /// A thread that exits before the executor has terminated ends it as `shutdown()` would, off
   /// the thread: the jobs still queued run first, in order, on the fallback queue, then every later
-  /// one; its timer and source sequences end. (The main thread exits so only through
-  /// `pthread_exit`, which `dispatchMain()` calls on Linux; returning from `main` ends the process.)
+  /// one; its timer and source sequences end. (Not promised for the main thread: returning from
+  /// `main` ends the process, and `dispatchMain()` parks the thread as it exits, before or after
+  /// this hand-over.)
   /// Jobs queued on a thread that is alive but has stopped running its loop for good wait for
   /// ever. So do those of an executor made on a thread that never runs its loop, such as a thread
   /// of Swift's cooperative pool, until that thread exits (a pool thread retires when it has been
@@ -224,8 +225,8 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
     if finalDrainWaits {
       finalDrainWaits = false
       finalDrain()
-    } else if inbox.withLock({ $0.finishDrain() }) {
-      scheduleDrain(on: CFRunLoopGetCurrent())
+    } else if let runLoop = inbox.withLock({ $0.finishDrain() }) {
+      scheduleDrain(on: runLoop)
     }
   }
 
@@ -238,10 +239,11 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
 
   // MARK: Shutdown
 
-  /// Ends the executor: a final block on the thread runs every job accepted until the queue is
-  /// empty, and from then on jobs run on the fallback queue; its timer and source sequences end
-  /// (what they buffered is still delivered); a thread made by `startThread` then leaves its run
-  /// loop and exits. Any thread; idempotent; does not wait.
+  /// Ends the executor: a final block on the thread (on the fallback queue if the thread exits
+  /// before it ran) runs every job accepted until the queue is empty, and from then on jobs run
+  /// on the fallback queue; its timer and source sequences end (what they buffered is still
+  /// delivered); a thread made by `startThread` then leaves its run loop and exits. Any thread;
+  /// idempotent; does not wait.
   public func shutdown() {
     guard let runLoop = inbox.withLock({ $0.beginShutdown() }) else { return }
     CFRunLoopPerformBlock(runLoop, CFPlatform.performMode(CFPlatform.commonModes)) { self.finalDrain() }
@@ -263,12 +265,18 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
   /// drain: the final drain runs on the fallback queue instead, first in its order, so the jobs
   /// still queued, and those enqueued until the queue is empty, run before every later job.
   ///
-  /// Also after the termination, the executor lets go of the thread's run loop here (after the
-  /// lock): a drain block left on it would never run, and holds the executor, which held the loop.
+  /// Also after the termination, the executor lets go of the thread's run loop here (the
+  /// fallback's final drain holds it until the sequences have ended): a drain block left on it
+  /// would never run, and holds the executor, which held the loop.
   func threadExited() {
     let exit = inbox.withLock { $0.threadExited() }
-    if exit.drainsOnFallback {
-      fallback.async { self.drainUntilTerminated { jobs in for job in jobs { self.run(job) } } }
+    guard exit.drainsOnFallback else { return }
+    // The drain holds the loop until the sequences have ended (their members reach into it).
+    let loop = CFReference(object: exit.releasedLoop)
+    fallback.async {
+      withExtendedLifetime(loop) {
+        self.drainUntilTerminated { jobs in for job in jobs { self.run(job) } }
+      }
     }
   }
 

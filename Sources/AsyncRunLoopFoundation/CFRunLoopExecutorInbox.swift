@@ -54,14 +54,15 @@ struct CFRunLoopExecutorInbox<Job, Loop> {
     return jobs
   }
 
-  /// A drain block ran its batch: true when more jobs arrived meanwhile (the block schedules
-  /// another drain, so the run loop serves its other work in between); false ends the drain.
-  mutating func finishDrain() -> Bool {
+  /// A drain block ran its batch: the run loop to schedule another drain on when more jobs
+  /// arrived meanwhile (so the loop serves its other work in between); nil ends the drain (when
+  /// the thread has exited meanwhile, the fallback queue's final drain takes the jobs).
+  mutating func finishDrain() -> Loop? {
     if jobs.isEmpty {
       drainScheduled = false
-      return false
+      return nil
     }
-    return true
+    return runLoop
   }
 
   /// `shutdown()`: the run loop for the first call while the thread lives (the caller schedules

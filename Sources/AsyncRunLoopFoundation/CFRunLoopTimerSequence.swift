@@ -50,6 +50,9 @@ public final class CFRunLoopTimerSequence: AsyncSequence, @unchecked Sendable { 
   public let executor: CFRunLoopExecutor
   /// The underlying CF timer (its callout turns firings into ticks).
   let timer: CFRunLoopTimer
+  /// The executor's run loop, held while the timer may be invalidated; nil when its thread had
+  /// exited already.
+  private let runLoop: CFRunLoop?
   let storage: FiringSequenceStorage<CFRunLoopTimerTick>
 
   init(executor: CFRunLoopExecutor, firstFire: CFAbsoluteTime, interval: Double, modes: [RunLoopMode], limit: Int) {
@@ -67,9 +70,17 @@ public final class CFRunLoopTimerSequence: AsyncSequence, @unchecked Sendable { 
         })
     else { preconditionFailure("AsyncRunLoopFoundation: CFRunLoopTimerCreateWithHandler failed") }
     let reference = CFReference(object: timer)
+    // A CF timer does not keep its run loop alive, and invalidating it reaches into the loop: the
+    // sequence, and every invalidation, holds the loop (after the thread exits, CF's finalizer
+    // lets go of it while the fallback queue may be ending the sequence).
+    let runLoop = executor.threadRunLoop
+    let loopReference = CFReference(object: runLoop)
     self.executor = executor
     self.timer = timer
-    storage = FiringSequenceStorage(limit: limit) { CFRunLoopTimerInvalidate(reference.object) }
+    self.runLoop = runLoop
+    storage = FiringSequenceStorage(limit: limit) {
+      withExtendedLifetime(loopReference) { CFRunLoopTimerInvalidate(reference.object) }
+    }
     owner.value = storage
     let weakStorage = owner
     guard executor.adopt(ObjectIdentifier(self), ender: { weakStorage.value?.end() }) else {
@@ -77,7 +88,7 @@ public final class CFRunLoopTimerSequence: AsyncSequence, @unchecked Sendable { 
       return
     }
     // No loop: the thread has exited, and the termination ends the sequence.
-    guard let runLoop = executor.threadRunLoop else { return }
+    guard let runLoop else { return }
     for mode in modes { CFRunLoopAddTimer(runLoop, timer, mode.coreFoundationMode) }
   }
 

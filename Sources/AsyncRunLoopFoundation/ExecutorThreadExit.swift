@@ -8,9 +8,11 @@
 /// jobs queued on a thread that is gone would otherwise wait for ever (its run loop never runs
 /// their drain block again).
 ///
-/// Held in a pthread key whose destructor runs as the thread exits (not for the main thread:
-/// the process ends with it). The list holds the executors weakly, so a thread does not keep an
-/// executor alive that everyone else dropped.
+/// Held in a pthread key whose destructor runs as the thread exits (the main thread's only if it
+/// exits through `pthread_exit` and no other destructor parks it first, as `dispatchMain()`'s
+/// does). An executor made on a thread after this destructor ran, from another destructor, is
+/// not told. The list holds the executors weakly, so a thread does not keep an executor alive
+/// that everyone else dropped.
 final class ExecutorThreadExit: @unchecked Sendable {  // Safety: proof below
   // Safety: `executors` is only touched on the thread the list belongs to: `register` runs there
   // (in the executor's init), and so does the key's destructor, as that thread exits.

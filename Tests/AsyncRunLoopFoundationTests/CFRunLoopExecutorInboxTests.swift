@@ -21,11 +21,25 @@ import Testing
     let jobs = inbox.takeJobs()
     #expect(jobs == [1, 2])
     let drainsAgain = inbox.finishDrain()
-    #expect(!drainsAgain)
+    #expect(drainsAgain == nil)
     guard case .scheduleDrain = inbox.enqueue(3) else {
       Issue.record("a job after the drain ended did not schedule one")
       return
     }
+  }
+
+  /// A drain that finds more jobs after its batch schedules the next one on the thread's loop;
+  /// once the thread has exited, none (the fallback queue's final drain takes them).
+  @Test func aDrainWithMoreJobsSchedulesTheNextOnTheThreadsLoopUntilTheThreadExits() {
+    var inbox = Inbox(runLoop: "loop")
+    _ = inbox.enqueue(1)
+    _ = inbox.takeJobs()
+    _ = inbox.enqueue(2)
+    let next = inbox.finishDrain()
+    #expect(next == "loop")
+    _ = inbox.threadExited()
+    let afterTheExit = inbox.finishDrain()
+    #expect(afterTheExit == nil)
   }
 
   /// The thread exits with jobs queued: the final drain moves to the fallback, no drain block goes

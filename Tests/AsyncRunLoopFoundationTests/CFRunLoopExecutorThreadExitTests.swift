@@ -51,13 +51,18 @@ import Testing
     let created = CountingLog()
     let exited = BridgeTestLog()
     let producer = Thread {
-      // Enqueues until 2,000 jobs were enqueued after `exit()` returned, recording every 100th.
+      // Enqueues while the thread exits, recording every 100th; at most 20,000 before `exit()`
+      // returned (then it waits for that), and 2,000 after.
       var index = 0
       var lastBeforeTheExit: Int?
-      while lastBeforeTheExit.map({ index - $0 <= 2_000 }) ?? (index < 2_000_000) {
+      while lastBeforeTheExit.map({ index - $0 <= 2_000 }) ?? true {
+        if lastBeforeTheExit == nil, !exited.snapshot.isEmpty { lastBeforeTheExit = index }
+        if lastBeforeTheExit == nil, index >= 20_000 {
+          usleep(1_000)
+          continue
+        }
         Task(executorPreference: executor) { [index] in log.append(index) }
         if index % 100 == 0 { created.append(index) }
-        if lastBeforeTheExit == nil, !exited.snapshot.isEmpty { lastBeforeTheExit = index }
         index += 1
       }
       created.append(-index)  // the total, once done
@@ -73,7 +78,91 @@ import Testing
     let total = -(created.snapshot.last ?? 0)
     #expect(total > 2_000)
     #expect(await eventually { log.snapshot.count >= total }, "\(total - log.snapshot.count) jobs were left waiting")
-    #expect(log.snapshot == Array(0..<total))
+    let ran = log.snapshot
+    let firstOutOfOrder = ran.indices.first { ran[$0] != $0 }
+    #expect(ran.count == total, "\(ran.count) jobs ran for \(total) enqueued")
+    #expect(firstOutOfOrder == nil, "job \(firstOutOfOrder.map { ran[$0] } ?? 0) ran at \(firstOutOfOrder ?? 0)")
+  }
+
+  /// `shutdown()` called while the thread is alive, its final drain not yet run (the thread never
+  /// runs its loop), and then the thread exits: the final drain runs on the fallback queue, once.
+  /// The jobs queued before run once each, in order, isolated; a timer sequence ends.
+  @Test func aShutdownWhoseFinalDrainHadNotRunWhenTheThreadExitsStillDrainsOnce() async throws {
+    let thread = try await ExitingExecutorThread.start()
+    let executor = thread.executor
+    let log = BridgeTestLog()
+    let ticks = executor.timer(every: .seconds(3600))
+    let early = (1...3).map { index in
+      Task(executorPreference: executor) { () -> Bool in
+        log.append("job \(index)")
+        return executor.isIsolatingCurrentContext() == true
+      }
+    }
+    executor.shutdown()
+    executor.shutdown()
+    try await thread.exit()
+    #expect(await eventually { log.snapshot.count == 3 }, "jobs were left waiting: \(log.snapshot)")
+    guard log.snapshot.count == 3 else { return }
+    for task in early { #expect(await task.value) }
+    let consumer = Task { for await _ in ticks {} }
+    #expect(await finishedValue(of: consumer) != nil, "the timer sequence did not end")
+    let late = await Task(executorPreference: executor) { () -> Bool in
+      log.append("late job")
+      return executor.isIsolatingCurrentContext() == true
+    }.value
+    #expect(late)
+    #expect(log.snapshot == ["job 1", "job 2", "job 3", "late job"])
+  }
+
+  /// A source sequence on the executor ends when its thread exits: the signals counted and not
+  /// yet performed (the loop never ran) come in its last element, and `signal()` returns false
+  /// from then on.
+  @Test func aSourceSequenceEndsWithItsCountedSignalsWhenTheThreadExits() async throws {
+    let thread = try await ExitingExecutorThread.start()
+    let source = thread.executor.sourceSequence()
+    #expect(source.signal())
+    #expect(source.signal())
+    let consumer = Task { () -> Int in
+      var signals = 0
+      for await performance in source { signals += performance.signals }
+      return signals
+    }
+    try await thread.exit()
+    let signals = await finishedValue(of: consumer)
+    #expect(signals == 2, "the source sequence did not end (nil), or lost signals")
+    #expect(!source.signal())
+  }
+
+  /// Once the thread has exited and the jobs queued on its executor have run, the executor is
+  /// freed when its user drops it: the drain block left on the dead run loop does not keep it.
+  @Test func anExecutorWhoseThreadExitedWithJobsQueuedIsFreedOnceDropped() async throws {
+    let weakExecutor = WeakExecutorBox()
+    do {
+      let thread = try await ExitingExecutorThread.start()
+      weakExecutor.executor = thread.executor
+      let executor = thread.executor
+      let jobs = (1...3).map { _ in Task(executorPreference: executor) { 1 } }
+      try await thread.exit()
+      var sum = 0
+      for job in jobs { sum += await job.value }
+      #expect(sum == 3)
+    }
+    #expect(await eventually { weakExecutor.executor == nil }, "the executor was never freed")
+  }
+
+  /// A timer sequence cancelled or invalidated while its thread exits (and the exit ends it too):
+  /// its consumer ends, with no tick, and nothing touches the run loop after CF has freed it (the
+  /// sanitizer runs of CI check the latter). Twenty threads, half of them cancelled.
+  @Test func aTimerSequenceEndedWhileItsThreadExitsEndsItsConsumer() async throws {
+    for round in 0..<20 {
+      let thread = try await ExitingExecutorThread.start()
+      let ticks = thread.executor.timer(every: .seconds(3600))
+      let consumer = Task { await tickCount(of: ticks) }
+      async let exited: Void = thread.exit()
+      if round % 2 == 0 { consumer.cancel() } else { ticks.invalidate() }
+      try await exited
+      #expect(await consumer.value == 0)
+    }
   }
 
   /// Two executors made on one thread: both end when it exits.
@@ -97,24 +186,10 @@ import Testing
   @Test func aTimerSequenceEndsWhenTheExecutorsThreadExits() async throws {
     let thread = try await ExitingExecutorThread.start()
     let ticks = thread.executor.timer(every: .seconds(3600))
-    let consumer = Task { () -> Int in
-      var count = 0
-      for await _ in ticks { count += 1 }
-      return count
-    }
+    let consumer = Task { await tickCount(of: ticks) }
     try await thread.exit()
-    let ended = BridgeTestLog()
-    let result = Task {
-      let count = await consumer.value
-      ended.append("ended")
-      return count
-    }
-    #expect(await eventually { !ended.snapshot.isEmpty }, "the timer sequence did not end")
-    guard !ended.snapshot.isEmpty else {
-      consumer.cancel()
-      return
-    }
-    #expect(await result.value == 0)
+    let ticksBeforeTheEnd = await finishedValue(of: consumer)
+    #expect(ticksBeforeTheEnd == 0, "the timer sequence did not end (nil), or ticked")
   }
 
   /// Once the thread has exited, a later thread that gets the same `pthread_t` is not isolated to
@@ -206,5 +281,24 @@ struct ExitingExecutorThread: Sendable {
     var executors: [CFRunLoopExecutor] = []
     var pthreadID: PthreadID?
     var kernelID: String?
+  }
+}
+
+/// The ticks `ticks` delivered until it ended.
+private func tickCount(of ticks: CFRunLoopTimerSequence) async -> Int {
+  var count = 0
+  for await _ in ticks { count += 1 }
+  return count
+}
+
+/// A weak reference a test can hold across an `await`.
+final class WeakExecutorBox: @unchecked Sendable {  // Safety: proof below
+  // Safety: `executor` is only touched with `lock` held.
+  private let lock = NSLock()
+  private weak var storedExecutor: CFRunLoopExecutor?
+
+  var executor: CFRunLoopExecutor? {
+    get { lock.withLock { storedExecutor } }
+    set { lock.withLock { storedExecutor = newValue } }
   }
 }

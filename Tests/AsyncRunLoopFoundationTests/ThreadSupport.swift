@@ -29,6 +29,22 @@ func eventually(_ condition: () -> Bool) async -> Bool {
   return true
 }
 
+/// The value of `task` once it has returned, or nil (having cancelled it) when it did not within
+/// a generous deadline.
+func finishedValue<T: Sendable>(of task: Task<T, Never>) async -> T? {
+  let ended = BridgeTestLog()
+  let result = Task { () -> T in
+    let value = await task.value
+    ended.append("ended")
+    return value
+  }
+  guard await eventually({ !ended.snapshot.isEmpty }) else {
+    task.cancel()
+    return nil
+  }
+  return await result.value
+}
+
 /// Waits, off the cooperative pool, until `semaphore` is signalled (true) or a generous deadline
 /// passes (false).
 func waitOffThePool(_ semaphore: DispatchSemaphore) async -> Bool {
