@@ -4,9 +4,9 @@
   import Darwin
 #endif
 
-/// The executors made on one thread with `CFRunLoopExecutor.init()`, told when that thread exits:
-/// jobs queued on a thread that is gone would otherwise wait for ever (its run loop never runs
-/// their drain block again).
+/// The `CFRunLoopExecutor`s made on one thread (with `init()`, and `startThread`'s on its own),
+/// told when that thread exits: jobs queued on a thread that is gone would otherwise wait for ever
+/// (its run loop never runs their drain block again).
 ///
 /// Held in a pthread key whose destructor runs as the thread exits (the main thread's only if it
 /// exits through `pthread_exit` and no other destructor parks it first, as `dispatchMain()`'s
