@@ -1,4 +1,5 @@
 @_spi(ExperimentalCustomExecutors) import AsyncRunLoop
+import Dispatch
 import Glibc
 
 // Nested and modal runs of the main loop, the executor's own run()/stop(), sleeping, and the
@@ -119,14 +120,28 @@ func waitFromEarlyThreadScenario() async {
 }
 
 /// Shutting the main loop down ends the process with status 0 once it is drained, after a line
-/// on stderr (main never gets control back: its actor has no thread left).
+/// on stderr (main never gets control back: its actor has no thread left). What was accepted before
+/// the shutdown runs first, on the main thread: a performed block, a main-queue block, a main-actor
+/// job and a `runOnMain` body from another thread.
 @MainActor
 func shutdownScenario() async {
   await Task.yield()  // the main loop serves this main from here on
   check(RunLoopThread.isMainLoopRunning, "the main loop does not run after main's first await")
+  DispatchQueue.main.async {
+    check(isOnMainThread, "the main-queue block ran off the main thread")
+    say("a main-queue block ran in the drain")
+  }
+  Task { @MainActor in
+    check(isOnMainThread, "the main-actor job ran off the main thread")
+    say("a main-actor job ran in the drain")
+  }
   let drained = PlainThread {
     // Accepted before the shutdown: the drain runs it.
     check(RunLoopThread.main.perform { say("a performed block ran in the drain") }, "perform was refused")
+    runOnMain {
+      check(isOnMainThread, "the runOnMain body ran off the main thread")
+      say("a runOnMain body ran in the drain")
+    }
   }
   drained.join()
   say("shutdown requested")

@@ -24,6 +24,33 @@ func stopKeepsAcceptedWorkScenario() {
   say("stop-keeps-accepted-work: 20 rounds of \(bodies) bodies, all ran before runMainLoop() returned")
 }
 
+/// Nothing accepted before `RunLoopThread.main.shutdown()` is lost either, also when the main
+/// thread shuts its own loop down before `runMainLoop()`: the main-queue blocks, main-actor jobs and
+/// `runOnMain` bodies queued before it (100 of each, some from the main thread, some from
+/// another) have all run, on the main thread, when `runMainLoop()` returns after the drain.
+func shutdownKeepsAcceptedWorkScenario() {
+  let each = 100
+  let ran = Locked<[String: Int]>([:])
+  let record: @Sendable (String) -> Void = { kind in
+    check(isOnMainThread, "a \(kind) ran off the main thread")
+    ran.withLock { $0[kind, default: 0] += 1 }
+  }
+  for _ in 0..<each {
+    DispatchQueue.main.async { record("main-queue block") }
+    Task { @MainActor in record("main-actor job") }
+  }
+  PlainThread { for _ in 0..<each { runOnMain { record("runOnMain body") } } }.join()
+  check(RunLoopThread.main.perform { record("performed block") }, "the main loop refused a block")
+  RunLoopThread.main.shutdown()
+  runMainLoop()
+  let counts = ran.current
+  for kind in ["main-queue block", "main-actor job", "runOnMain body"] {
+    check(counts[kind] == each, "\(counts[kind] ?? 0) of \(each) of each \(kind) ran: \(counts)")
+  }
+  check(counts["performed block"] == 1, "the performed block did not run once: \(counts)")
+  say("shutdown-keeps-accepted-work: every block accepted before the shutdown ran")
+}
+
 /// Threads and tasks started before the main loop runs wait for it to start, with
 /// runOnMainAndWait, the blocking waitUntilMainLoopRuns() and the awaiting one, whenever they
 /// reach it; none gets wouldDeadlock.

@@ -34,6 +34,7 @@ case "main-queued-before-run": mainQueuedBeforeRunScenario()
 case "stop-keeps-accepted-work": stopKeepsAcceptedWorkScenario()
 case "early-waiters": earlyWaitersScenario()
 case "lost-main-queue": lostMainQueueScenario()
+case "shutdown-keeps-accepted-work": shutdownKeepsAcceptedWorkScenario()
 default: fail("unknown scenario '\(scenario)'")
 }
 say("\(scenario) ok")

@@ -84,7 +84,8 @@ extension RunLoopThread {
 /// runs on pool threads).
 ///
 /// When it returns after `stopMainLoop()`, every main-queue block accepted before the stop has
-/// run (see `stopMainLoop()`).
+/// run (see `stopMainLoop()`); after `RunLoopThread.main.shutdown()` (from any thread, the main
+/// one too, before this call), every one accepted before the shutdown, and then the loop drained.
 ///
 /// Traps with a clear message when called on another thread (including from an async main after
 /// its first `await`) or while `runMainLoop()` is already running (for a nested run use
@@ -128,6 +129,10 @@ public func runMainLoop() {
     if !MainLoopControl.continueServing() { break }
   }
   if loop.isShutDown {
+    // The main queue's blocks (`DispatchQueue.main`, `runOnMain` bodies, main-actor jobs) accepted
+    // before the shutdown run first, while the loop still takes their blocks and members; then
+    // the loop is drained.
+    MainQueueService.drainAcceptedBlocks()
     loop.core.drainForShutdown()
     MainLoopControl.endServing()
   } else {

@@ -110,6 +110,7 @@ public final class MainLoopExecutor: MainExecutor, @unchecked Sendable {  // Saf
       _ = loop.run(mode: .default)
       if loop.isShutDown { break }
     }
+    MainQueueService.drainAcceptedBlocks()  // as `runMainLoop()` does after a shutdown
     loop.core.drainForShutdown()
     let note = "AsyncRunLoop: RunLoopThread.main was shut down in an async main; the process exits (status 0)\n"
     _ = note.withCString { write(2, $0, strlen($0)) }

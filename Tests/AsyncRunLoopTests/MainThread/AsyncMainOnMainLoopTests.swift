@@ -39,7 +39,9 @@ struct AsyncMainOnMainLoopTests {
   @Test func shuttingTheMainLoopDownEndsTheProcessAfterTheDrainAndSaysSo() throws {
     let run = try ChildProcess.run(ChildProcess.sibling("AsyncMainFixture"), arguments: ["shutdown"])
     #expect(run.exitCode == 0, "\(run)")
-    #expect(run.standardOutput.contains("a performed block ran in the drain"), "\(run)")
+    for drained in ["a performed block", "a main-queue block", "a main-actor job", "a runOnMain body"] {
+      #expect(run.standardOutput.contains("\(drained) ran in the drain"), "\(run)")
+    }
     #expect(!run.standardOutput.contains("shutdown ok"), "main got control back: \(run)")
     #expect(run.standardError.contains("RunLoopThread.main was shut down in an async main"), "\(run)")
   }
@@ -59,6 +61,10 @@ struct AsyncMainOnMainLoopTests {
 struct MainLoopStartAndStopTests {
   @Test func everyRunOnMainBodyAcceptedBeforeStopMainLoopRunsBeforeRunMainLoopReturns() throws {
     try expectScenarioPasses("stop-keeps-accepted-work")
+  }
+
+  @Test func everyMainQueueBlockAcceptedBeforeAShutdownOnTheMainThreadRunsBeforeRunMainLoopReturns() throws {
+    try expectScenarioPasses("shutdown-keeps-accepted-work")
   }
 
   @Test func callersStartedBeforeTheMainLoopRunsWaitForItToStart() throws {
