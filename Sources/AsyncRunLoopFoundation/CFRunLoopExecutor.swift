@@ -90,12 +90,13 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
     let started = BridgeLock<CFRunLoopExecutor?>(nil)
     let ready = DispatchSemaphore(value: 0)
     let thread = Thread {
+      // swift-corelibs-foundation ignores a `Thread.name` set before `start()`: named from inside.
+      Thread.current.name = name
       let executor = CFRunLoopExecutor(ownsThread: true)
       started.withLock { $0 = executor }
       ready.signal()
       executor.runLoopUntilTerminated()
     }
-    thread.name = name
     thread.start()
     ready.wait()
     guard let executor = started.withLock({ $0 }) else { preconditionFailure("unreachable: the thread publishes it") }

@@ -10,6 +10,10 @@ import Testing
 /// The calling thread's identity.
 private func threadID() -> UInt { UInt(pthread_self()) }
 
+/// `Thread.current.name` (unavailable in async code, where a task may move between threads: here
+/// it runs in a job of the executor, on its thread).
+private func currentFoundationThreadName() -> String? { Thread.current.name }
+
 /// An actor pinned to a Foundation run-loop thread: records where and in which order its calls ran.
 actor PinnedRecorder {
   nonisolated let executor: CFRunLoopExecutor
@@ -30,6 +34,19 @@ actor PinnedRecorder {
 /// A Foundation `Thread` running its run loop serves as an actor's executor: jobs run on that
 /// thread, in order, isolated, next to Foundation timers; shutdown loses no job.
 @Suite struct CFRunLoopExecutorTests {
+  /// `startThread(name:)` starts a thread named `name`: Foundation's `Thread.current.name` and
+  /// the kernel's name (what debuggers and `top -H` show) say it.
+  @Test func startThreadNamesItsThread() async {
+    let executor = CFRunLoopExecutor.startThread(name: "cf-named")
+    defer { executor.shutdown() }
+    let names = await Task(executorPreference: executor) { () -> (String?, String) in
+      let comm = (try? String(contentsOfFile: "/proc/thread-self/comm", encoding: .utf8)) ?? ""
+      return (currentFoundationThreadName(), comm.trimmingCharacters(in: .newlines))
+    }.value
+    #expect(names.0 == "cf-named")
+    #expect(names.1 == "cf-named")
+  }
+
   @Test func actorCallsRunOnTheFoundationThreadInOrderAndIsolated() async {
     let executor = CFRunLoopExecutor.startThread(name: "cf-executor")
     defer { executor.shutdown() }
