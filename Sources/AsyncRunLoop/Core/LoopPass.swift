@@ -328,6 +328,7 @@ extension LoopCore {
       if letsGo { reacquireHandleAfterSleep() }
     case .epoll:
       let slept = sleeps
+      var markedAwake = !slept
       poller.wait(
         block: sleeps,
         afterWait: {
@@ -335,6 +336,13 @@ extension LoopCore {
           if letsGo { reacquireHandleAfterSleep() }
         }
       ) { token, events in  // 7
+        // The readiness handlers run before the look at the inbox below, which records that the
+        // loop is awake: record it first, or work they hand their own loop wakes it again (an
+        // eventfd write that ends its next sleep at once). Once per wait, only when one fires.
+        if !markedAwake {
+          markedAwake = true
+          shared.inboxLock.withLock { shared.inbox.didWake() }
+        }
         fired = handleReadiness(token: token, events: events, contents: run.terms.contents) || fired
       }
       noteUnknownTokensAfterWait()
