@@ -104,7 +104,10 @@ public func runMainLoop() {
     """
     AsyncRunLoop: runMainLoop() was called in an async main that runs on AsyncRunLoopExecutorFactory: \
     there the main loop already runs, and a blocking call would hold the main actor. Write \
-    `await runMainLoop()` to wait for stopMainLoop().
+    `await runMainLoop()` to wait for stopMainLoop(), in an async function: in top-level code of \
+    main.swift, Swift resolves `await runMainLoop()` to this blocking form (it warns "no 'async' \
+    operations occur within 'await' expression"), so call an `@MainActor func … async` that awaits \
+    it, or use @main.
     """)
   let loop = RunLoopThread.main
   switch MainLoopControl.beginServing() {

@@ -18,11 +18,13 @@ import Dispatch
 /// called on the main thread; otherwise queued for the main thread and this returns at once.
 /// Any thread; synchronous code only.
 ///
-/// The same as `runOnMainWithoutWaiting(_:)`. It is unavailable in async code, where
+/// The same as `runOnMainWithoutWaiting(_:)`. It is unavailable in async functions, where
 /// `runOnMain` is the awaiting form that returns the body's value: so
-/// `let size = await runOnMain { window.size }` always gets the size, and can never silently
-/// resolve to this form (it would in top-level async code) — to fire and forget from async code,
-/// say so with `runOnMainWithoutWaiting { … }`.
+/// `let size = await runOnMain { window.size }` always gets the size there — to fire and forget
+/// from async code, say so with `runOnMainWithoutWaiting { … }`. Top-level code of `main.swift` is
+/// the exception: Swift 6.3 resolves `await runOnMain { … }` there to this form (`noasync` does
+/// not apply to it) and only warns; the body runs and its value is dropped. Await it from an
+/// `async` function there.
 /// - Parameter body: Main-actor isolated; runs on the main thread, where
 ///   `MainActor.assumeIsolated` holds.
 @available(

@@ -18,7 +18,8 @@ import Glibc
 /// the loop it was last on, or, when the loop it was on before that has not applied its removal
 /// yet (a removal takes effect on the loop's thread, later; `add` to another loop does not wait
 /// for it), that earlier loop once it has. Only a source that has no loop to deliver on —
-/// invalidated before it was ever added, or after the loop it was last on terminated — drops what
+/// invalidated before it was ever added, or while the loop it was last on is finishing its
+/// shutdown drain or after it terminated — drops what
 /// it holds: `invalidate()` releases those commands on the calling thread (rather than keeping
 /// them until the `CommandSource` is freed) and counts them in `droppedCount`; `pendingCount` is
 /// 0 from then on.
@@ -103,6 +104,10 @@ public final class CommandSource<Command: Sendable>: Sendable {
   }
 
   /// The number of commands posted and not yet taken by the loop for delivery. Any thread.
+  ///
+  /// A batch the loop has taken and is delivering counts in neither this nor the deliveries
+  /// until each command's handler has run, so accepted = delivered + `pendingCount` +
+  /// `droppedCount` holds between batches (at rest), not while one is delivered.
   public var pendingCount: Int { buffer.pendingCount }
 
   /// The number of accepted commands that were never delivered because the source was

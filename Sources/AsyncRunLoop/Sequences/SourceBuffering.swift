@@ -44,15 +44,16 @@ public enum SourceBuffering: Sendable, Hashable, CustomStringConvertible {
 /// What became of an element handed to `SourceSequence.post(_:)` or `send(_:)`.
 public enum SourcePostResult: Sendable, Hashable, CustomStringConvertible {
   /// Buffered: it will be delivered exactly once, unless the consumer stops first (cancelled, or
-  /// dropped its iterator), which discards what is buffered.
+  /// dropped its iterator), which discards what is buffered, or (with `.dropOldest`) a later post
+  /// drops it as the oldest buffered element.
   case enqueued
   /// Buffered, and the oldest buffered element was dropped to make room (`.dropOldest`).
   case enqueuedDroppingOldest
   /// The buffer was full and this element was dropped (`.dropNewest`).
   case dropped
   /// The buffer was full and the element was not taken (`.bounded`): `post` never waits; `send`
-  /// answers this only when its task was cancelled while it waited for room, `post(_:timeout:)`
-  /// only when its timeout passed first.
+  /// answers this only when its task was cancelled (before or while it waited for room),
+  /// `post(_:timeout:)` only when its timeout passed first.
   case full
   /// The sequence has ended (invalidated, its consumer stopped, or its loop shut down): the
   /// element was not taken.
@@ -68,7 +69,8 @@ public enum SourcePostResult: Sendable, Hashable, CustomStringConvertible {
     }
   }
 
-  /// True when the element was taken (it will be delivered unless the consumer stops).
+  /// True when the element was taken (it will be delivered unless the consumer stops, or
+  /// `.dropOldest` drops it later: see `enqueued`).
   public var isEnqueued: Bool {
     switch self {
     case .enqueued, .enqueuedDroppingOldest: return true

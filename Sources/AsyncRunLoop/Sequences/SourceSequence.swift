@@ -20,16 +20,20 @@
 ///
 /// Every element that was accepted (`.enqueued`, `.enqueuedDroppingOldest`) is delivered exactly
 /// once and in order (per producer; posts from different threads interleave in the order they
-/// took the lock), unless the consumer stops first.
+/// took the lock), unless the consumer stops first or, with `.dropOldest`, a later post pushes it
+/// out of the buffer before the consumer takes it (counted in `droppedCount`: there, delivered =
+/// accepted − `droppedCount`).
 ///
 /// **One consumer.** A sequence has a single consumer: a second `makeAsyncIterator()` traps with
 /// a message saying so, as does a second concurrent `next()`. Fan out from that one task if
 /// several need the elements.
 ///
 /// **How it ends.**
-/// - The consuming task is cancelled, or it drops its iterator (`break`): the sequence ends at
-///   once (`next()` returns nil), buffered elements are discarded, later posts answer
-///   `.terminated`, and the source leaves its loop: `onCancel` runs once, on the loop thread.
+/// - The consuming task is cancelled, or it drops its iterator (`break`): the sequence ends
+///   (`next()` returns nil), buffered elements are discarded, later posts answer `.terminated`,
+///   and the source leaves its loop: `onCancel` runs once, on the loop thread. A consumer waiting
+///   in `next()` ends at the cancellation; one busy in its loop body ends at its next `next()`,
+///   and posts accepted until then are discarded with the buffer.
 /// - `invalidate()`: later posts answer `.terminated`; what was accepted is still delivered, then
 ///   `next()` returns nil. `onCancel` runs once on the loop thread.
 /// - The loop shuts down: as `invalidate()`.
