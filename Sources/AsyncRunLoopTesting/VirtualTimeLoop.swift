@@ -21,7 +21,10 @@ import AsyncRunLoop
 /// code under test runs on the loop (its members' callouts, tasks that prefer it, actors pinned to
 /// it). Work on other executors is not waited for by `advance`: when it resumes and sends work to
 /// the loop is up to those executors. Run the test body itself on the loop
-/// (`withTaskExecutorPreference(virtual.loop)`) to make its steps part of the same order.
+/// (`withTaskExecutorPreference(virtual.loop)`, or `Task(executorPreference: virtual.loop)`) to
+/// make its steps part of the same order — not from `@MainActor` code (or top-level code): there
+/// the closure of `withTaskExecutorPreference` keeps the caller's actor and runs on the main
+/// thread; start a `Task(executorPreference:)` instead.
 ///
 /// Why a thread of its own, not the test's thread (as NIO's `EmbeddedEventLoop`): an async test
 /// resumes on whatever thread its executor picks after each `await`, while a loop belongs to one
