@@ -280,7 +280,7 @@ extension LoopCore {
 
   /// Steps 5–8. Polls (no sleep, no beforeWaiting/afterWaiting) when the run must return after a
   /// source that fired, or work is waiting; otherwise tells observers, sleeps, and tells them it
-  /// woke. Delivers readiness events. Returns whether a readiness source fired.
+  /// woke, then delivers the readiness events. Returns whether a readiness source fired.
   ///
   /// A loop that watches no descriptor and no timer can only be woken by another thread: it
   /// sleeps on its futex word instead of in `epoll_wait`, and a poll asks the kernel nothing.
@@ -316,11 +316,11 @@ extension LoopCore {
       for waiter in idle { waiter.resume() }
       sleeps = virtualSleeps
     }
-    var fired = false
     // The owned thread's own run lets go of its handle while it sleeps (see `LoopCore+Thread`).
     let letsGo = sleeps && run.keepsAlive
     if letsGo { releaseHandleForSleep() }
     if sleeps { monitor.willSleep() }
+    var readinessWait: UInt64?
     switch mechanism {
     case .futex:
       if sleeps { poller.sleepOnFutex(ticket: ticket) }  // 7
@@ -328,27 +328,23 @@ extension LoopCore {
       if letsGo { reacquireHandleAfterSleep() }
     case .epoll:
       let slept = sleeps
-      var markedAwake = !slept
-      poller.wait(
+      readinessWait = poller.wait(  // 7
         block: sleeps,
         afterWait: {
           if slept { monitor.didWake() }
           if letsGo { reacquireHandleAfterSleep() }
-        }
-      ) { token, events in  // 7
-        // The readiness handlers run before the look at the inbox below, which records that the
-        // loop is awake: record it first, or work they hand their own loop wakes it again (an
-        // eventfd write that ends its next sleep at once). Once per wait, only when one fires.
-        if !markedAwake {
-          markedAwake = true
-          shared.inboxLock.withLock { shared.inbox.didWake() }
-        }
-        fired = handleReadiness(token: token, events: events, contents: run.terms.contents) || fired
-      }
-      noteUnknownTokensAfterWait()
+        })
     }
     applyControls(afterWake: true, bounded: true)  // awake again; this pass is the one a wake-up asked for
     if announcesSleep { notifyObservers(run.terms.contents, .afterWaiting) }  // 8
+    // Then what woke it (CF's order: afterWaiting first). After the look at the inbox above,
+    // which records that the loop is awake: work the handlers hand their own loop wakes nothing.
+    guard let readinessWait else { return false }
+    var fired = false
+    poller.deliverReadiness(ofWait: readinessWait) { token, events in
+      fired = handleReadiness(token: token, events: events, contents: run.terms.contents) || fired
+    }
+    noteUnknownTokensAfterWait()
     return fired
   }
 

@@ -125,6 +125,6 @@ extension LoopCore {
   /// readable. Readiness events are left alone (they are level-triggered: the next pass in a mode
   /// that holds them handles them).
   func consumeWakeEdge() {
-    poller.wait(block: false) { _, _ in }
+    poller.wait(block: false)
   }
 }

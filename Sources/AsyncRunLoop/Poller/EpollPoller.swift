@@ -13,7 +13,7 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
   // `epollDescriptor`, which only `rebuild` replaces, on the loop thread (no other thread reads it:
   // `wake(_:)` uses the eventfd or the futex word); `wake(_:)`
   // only writes to `wakeDescriptor` (a thread-safe syscall) or changes `futexWord`'s pointee with
-  // an atomic add and wakes it (a thread-safe syscall). `armedTimerDeadline`, `eventBuffer` and `waitCount` are
+  // an atomic add and wakes it (a thread-safe syscall). `armedTimerDeadline`, `eventBuffer`, `readyCount` and `waitCount` are
   // touched only by the loop thread, which every caller of the other methods is (see the loop's
   // assertions).
 
@@ -28,8 +28,11 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
   private let timerDescriptor: Int32
   private static let eventCapacity: Int32 = 64
   private let eventBuffer: UnsafeMutablePointer<epoll_event>
-  /// Counts `wait` calls, so that a wait can tell that a handler ran the loop nested.
+  /// Counts `wait` calls, so that delivering a wait's events can tell that the loop waited again
+  /// meanwhile (it ran nested).
   private var waitCount: UInt64 = 0
+  /// The events the last wait left in `eventBuffer`.
+  private var readyCount = 0
   /// The absolute CLOCK_MONOTONIC time the timerfd is armed for; `nil` when disarmed.
   private var armedTimerDeadline: Int64?
   /// The timerfd expired and was not read: it stays readable until the next `timerfd_settime`
@@ -178,15 +181,16 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
     }
   }
 
-  /// Waits for events (blocking when `block` is true, polling otherwise) and reports each
-  /// readiness event to `handleReadiness(token, events)`. Neither the wake-up eventfd nor the
-  /// timerfd is read (a system call each, before the loop gets to the timer or the work): the
-  /// eventfd is edge-triggered, and the expired timerfd is reset by the next `setTimer`, which the
-  /// loop calls before every wait. Loop thread.
-  /// `afterWait` runs right after the kernel returned, before any event is reported.
-  func wait(block: Bool, afterWait: () -> Void = {}, _ handleReadiness: (UInt64, UInt32) -> Void) {
+  /// Waits for events (blocking when `block` is true, polling otherwise) and notes the timerfd's
+  /// expiry; the readiness events stay in the buffer for `deliverReadiness`. Neither the wake-up
+  /// eventfd nor the timerfd is read (a system call each, before the loop gets to the timer or the
+  /// work): the eventfd is edge-triggered, and the expired timerfd is reset by the next
+  /// `setTimer`, which the loop calls before every wait. Loop thread.
+  /// `afterWait` runs right after the kernel returned.
+  /// - Returns: The wait's number, for `deliverReadiness`.
+  @discardableResult
+  func wait(block: Bool, afterWait: () -> Void = {}) -> UInt64 {
     waitCount &+= 1
-    let thisWait = waitCount
     let count: Int
     do {
       count = try SystemCall.epollWait(
@@ -195,25 +199,36 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
       preconditionFailure("AsyncRunLoop: \(error)")
     }
     afterWait()
-    for index in 0..<count {
-      let event = eventBuffer[index]
-      let token = withUnsafePointer(to: event) { carl_epoll_event_token($0) }
-      switch token {
-      case Self.wakeToken:
-        break  // the wake-up itself is the news; the inbox says what arrived
-      case Self.timerToken:
-        // The kernel disarms a one-shot timerfd once it expires.
-        armedTimerDeadline = nil
-        timerExpiredUnread = true
-      default:
-        handleReadiness(token, event.events)
-        // The handler ran the loop nested: that wait reused the buffer, and what it reported
-        // makes the rest of ours stale (a descriptor it drained would be reported to its handler
-        // again). Registrations are level-triggered, so what is still ready is reported by the
-        // next wait; the wake-up eventfd's edge only ends a sleep, and an expired timerfd stays
-        // readable until `setTimer`.
-        if waitCount != thisWait { return }
-      }
+    readyCount = count
+    for index in 0..<count where token(at: index) == Self.timerToken {
+      // The kernel disarms a one-shot timerfd once it expires.
+      armedTimerDeadline = nil
+      timerExpiredUnread = true
     }
+    return waitCount
+  }
+
+  /// Reports each readiness event of wait number `wait` to `handleReadiness(token, events)`, in
+  /// the kernel's order (the wake-up itself is no event: the inbox says what arrived). Loop
+  /// thread.
+  ///
+  /// Stops when the loop waited again meanwhile — a handler, or a callout between the wait and
+  /// this call, ran the loop nested: that wait reused the buffer, and what it reported makes the
+  /// rest of ours stale (a descriptor it drained would be reported to its handler again).
+  /// Registrations are level-triggered, so what is still ready is reported by the next wait; the
+  /// wake-up eventfd's edge only ends a sleep, and an expired timerfd stays readable until
+  /// `setTimer`.
+  func deliverReadiness(ofWait wait: UInt64, _ handleReadiness: (UInt64, UInt32) -> Void) {
+    for index in 0..<readyCount {
+      guard waitCount == wait else { return }
+      let token = token(at: index)
+      guard token != Self.wakeToken, token != Self.timerToken else { continue }
+      handleReadiness(token, eventBuffer[index].events)
+    }
+  }
+
+  @inline(__always)
+  private func token(at index: Int) -> UInt64 {
+    withUnsafePointer(to: eventBuffer[index]) { carl_epoll_event_token($0) }
   }
 }

@@ -165,6 +165,41 @@ struct PassOrderTests: PassTestModes {
     #expect(log == ["entry", "beforeTimers", "beforeSources", "source", "exit"])
   }
 
+  /// A descriptor that becomes ready while the loop sleeps: observers are told afterWaiting (step
+  /// 8), then its handler runs (step 9), as CF tells afterWaiting before it handles what woke it.
+  @Test func aReadinessThatWakesTheLoopIsHandledAfterAfterWaiting() async throws {
+    let (log, result) = await logged { loop, log in
+      var ends: [Int32] = [0, 0]
+      guard pipe(&ends) == 0 else { return RunLoopRunResult.finished }
+      defer {
+        close(ends[0])
+        close(ends[1])
+      }
+      let readEnd = ends[0]
+      let reader = DescriptorSource(descriptor: readEnd, interest: .readable) { _, _ in
+        var byte: UInt8 = 0
+        _ = read(readEnd, &byte, 1)
+        log.add("readiness")
+      }
+      try? loop.add(reader)
+      defer { reader.invalidate() }
+      let writeEnd = ends[1]
+      let writer = LoopObserver(activities: .beforeWaiting, repeats: false) { _, _ in
+        ExecThread {
+          var byte: UInt8 = 1
+          _ = write(writeEnd, &byte, 1)
+        }.detach()
+      }
+      loop.add(writer)
+      return loop.run(for: .seconds(20), returnAfterSourceHandled: true)
+    }
+    #expect(result == .handledSource)
+    #expect(
+      log
+        == Self.names([.entry, .beforeTimers, .beforeSources, .beforeWaiting, .afterWaiting]) + ["readiness"]
+        + Self.names([.exit]))
+  }
+
   /// A stop from another thread while the loop sleeps: beforeWaiting, afterWaiting, exit.
   @Test func aStopArrivingWhileAsleepEndsAfterAfterWaiting() async throws {
     let (log, result) = await logged { loop, log in

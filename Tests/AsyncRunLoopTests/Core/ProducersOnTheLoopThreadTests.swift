@@ -6,10 +6,10 @@ import Testing
 
 /// "A producer on the loop's own thread never wakes it" (One pass of the loop).
 @Suite struct ProducersOnTheLoopThreadTests {
-  /// Also a readiness handler, which runs right after the wake-up and before the pass looks at
-  /// the inbox: a command it posts to a source of its own loop, or a block it performs there, does
-  /// not wake the loop again. So each readiness costs the loop one wake-up and one pass; a wake
-  /// written to the loop's eventfd would end its next sleep at once, a second, spurious one.
+  /// Also a readiness handler, which runs right after the wake-up (once observers were told
+  /// afterWaiting): a command it posts to a source of its own loop, or a block it performs there,
+  /// does not wake the loop again. So each readiness costs the loop one wake-up and one pass; a
+  /// wake written to the loop's eventfd would end its next sleep at once, a second, spurious one.
   @Test func workHandedToItsOwnLoopByAReadinessHandlerDoesNotWakeTheLoop() throws {
     let loop = try RunLoopThread(name: "readiness-producer")
     defer { loop.shutdownAndWait() }
@@ -26,7 +26,7 @@ import Testing
     let reader = DescriptorSource(descriptor: readEnd, interest: .readable) { _, _ in
       var byte: UInt8 = 0
       _ = read(readEnd, &byte, 1)
-      // On the loop's thread, in step 7: a command, a block.
+      // On the loop's thread, after the wake-up: a command, a block.
       commands.post(1)
       loop.perform {}
     }
