@@ -51,6 +51,21 @@ func shutdownKeepsAcceptedWorkScenario() {
   say("shutdown-keeps-accepted-work: every block accepted before the shutdown ran")
 }
 
+/// A stop remembered from before `runMainLoop()` does not skip the drain of a shutdown that came
+/// after it: `runMainLoop()` returns at once, but only after the main-queue block and the main
+/// loop's performed block, both accepted before the shutdown, have run.
+func stopThenShutdownScenario() {
+  let ran = Locked<[String]>([])
+  stopMainLoop()  // not running: remembered for the next runMainLoop()
+  DispatchQueue.main.async { ran.withLock { $0.append("main-queue block") } }
+  check(RunLoopThread.main.perform { ran.withLock { $0.append("performed block") } }, "perform was refused")
+  RunLoopThread.main.shutdown()
+  runMainLoop()
+  check(ran.current == ["main-queue block", "performed block"], "ran: \(ran.current)")
+  check(!RunLoopThread.main.perform {}, "the shut-down main loop accepted a block")
+  say("stop-then-shutdown: the drain ran before runMainLoop() returned")
+}
+
 /// Threads and tasks started before the main loop runs wait for it to start, with
 /// runOnMainAndWait, the blocking waitUntilMainLoopRuns() and the awaiting one, whenever they
 /// reach it; none gets wouldDeadlock.

@@ -35,6 +35,7 @@ case "stop-keeps-accepted-work": stopKeepsAcceptedWorkScenario()
 case "early-waiters": earlyWaitersScenario()
 case "lost-main-queue": lostMainQueueScenario()
 case "shutdown-keeps-accepted-work": shutdownKeepsAcceptedWorkScenario()
+case "stop-then-shutdown": stopThenShutdownScenario()
 default: fail("unknown scenario '\(scenario)'")
 }
 say("\(scenario) ok")

@@ -115,7 +115,12 @@ public func runMainLoop() {
     break
   case .returnAtOnce:
     // stopMainLoop() was called before: the stop is consumed by this call, after the blocks
-    // queued before it ran; callers blocked on a hold between host runs are released.
+    // queued before it ran; callers blocked on a hold between host runs are released. A shut-down
+    // loop is drained as well, as below.
+    if loop.isShutDown {
+      endServingAfterShutdown(loop)
+      return
+    }
     MainLoopControl.endServing()
     MainQueueService.drainAcceptedBlocks()
     return
@@ -132,12 +137,7 @@ public func runMainLoop() {
     if !MainLoopControl.continueServing() { break }
   }
   if loop.isShutDown {
-    // The main queue's blocks (`DispatchQueue.main`, `runOnMain` bodies, main-actor jobs) accepted
-    // before the shutdown run first, while the loop still takes their blocks and members; then
-    // the loop is drained.
-    MainQueueService.drainAcceptedBlocks()
-    loop.core.drainForShutdown()
-    MainLoopControl.endServing()
+    endServingAfterShutdown(loop)
   } else {
     // Blocked callers whose blocks have not started are released first (their blocks are then
     // skipped). A stop ends the run between passes, possibly with main-queue blocks queued before
@@ -145,6 +145,16 @@ public func runMainLoop() {
     MainLoopControl.endServing()
     MainQueueService.drainAcceptedBlocks()
   }
+}
+
+/// `runMainLoop()` ends after `RunLoopThread.main.shutdown()`: the main queue's blocks
+/// (`DispatchQueue.main`, `runOnMain` bodies, main-actor jobs) accepted before it run first, while
+/// the loop can still take the registration changes they send (its drain applies them); then the
+/// loop is drained. Main thread.
+private func endServingAfterShutdown(_ loop: RunLoopThread) {
+  MainQueueService.drainAcceptedBlocks()
+  loop.core.drainForShutdown()
+  MainLoopControl.endServing()
 }
 
 /// Makes `runMainLoop()` return: stops the main loop's current run (if the main thread is in a

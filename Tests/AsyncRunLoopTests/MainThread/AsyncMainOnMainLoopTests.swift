@@ -67,6 +67,10 @@ struct MainLoopStartAndStopTests {
     try expectScenarioPasses("shutdown-keeps-accepted-work")
   }
 
+  @Test func aStopRememberedBeforeRunMainLoopDoesNotSkipTheDrainOfALaterShutdown() throws {
+    try expectScenarioPasses("stop-then-shutdown")
+  }
+
   @Test func callersStartedBeforeTheMainLoopRunsWaitForItToStart() throws {
     try expectScenarioPasses("early-waiters")
   }
