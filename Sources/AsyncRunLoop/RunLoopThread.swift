@@ -194,6 +194,13 @@ public final class RunLoopThread: @unchecked Sendable {  // Safety: proof below
   /// The longest prefix of `name` the kernel keeps as a thread name: at most 15 bytes, cut
   /// between Unicode scalars. Cutting inside one would decode to U+FFFD (3 bytes), which can push
   /// the name past 15 bytes, and the kernel then refuses it (the thread stays unnamed). Pure.
+  /// Names the calling thread for the kernel (what `top -H`, `ps -L` and debuggers show): `name`
+  /// cut to the kernel's 15 bytes. For this package's other targets too (the Foundation bridge's
+  /// threads). The calling thread only.
+  package static func nameCallingThread(_ name: String) {
+    _ = carl_set_thread_name(kernelThreadName(name))
+  }
+
   static func kernelThreadName(_ name: String) -> String {
     var bytes = 0
     var kept = String.UnicodeScalarView()

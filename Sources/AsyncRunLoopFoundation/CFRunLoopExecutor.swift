@@ -1,3 +1,4 @@
+import AsyncRunLoop
 import CoreFoundation
 import Dispatch
 import Foundation
@@ -90,13 +91,16 @@ public final class CFRunLoopExecutor: SerialExecutor, TaskExecutor, @unchecked S
     let started = BridgeLock<CFRunLoopExecutor?>(nil)
     let ready = DispatchSemaphore(value: 0)
     let thread = Thread {
-      // swift-corelibs-foundation ignores a `Thread.name` set before `start()`: named from inside.
-      Thread.current.name = name
+      // swift-corelibs-foundation hands a `Thread.name` to the kernel only once it has recorded
+      // the thread's pthread, which `start()` does after the thread may already run: the kernel's
+      // name is set here, by the thread itself.
+      RunLoopThread.nameCallingThread(name)
       let executor = CFRunLoopExecutor(ownsThread: true)
       started.withLock { $0 = executor }
       ready.signal()
       executor.runLoopUntilTerminated()
     }
+    thread.name = name  // Foundation's own record, read before it knows the thread's pthread
     thread.start()
     ready.wait()
     guard let executor = started.withLock({ $0 }) else { preconditionFailure("unreachable: the thread publishes it") }

@@ -253,18 +253,17 @@ struct ExitingExecutorThread: Sendable {
     let mayExit = DispatchSemaphore(value: 0)
     let box = PublishedThread()
     let thread = Thread {
-      box.executors = (0..<executorCount).map { _ in CFRunLoopExecutor() }
-      box.pthreadID = PthreadID(value: pthread_self())
-      box.kernelID = currentKernelThreadID()
+      box.publish(
+        (0..<executorCount).map { _ in CFRunLoopExecutor() }, PthreadID(value: pthread_self()), currentKernelThreadID())
       published.signal()
       mayExit.wait()
     }
     if stackSize > 0 { thread.stackSize = stackSize }
     thread.start()
     #expect(await waitOffThePool(published), "the thread did not start")
+    let value = try #require(box.value)
     return ExitingExecutorThread(
-      executors: box.executors, pthreadID: try #require(box.pthreadID), kernelID: try #require(box.kernelID),
-      mayExit: mayExit)
+      executors: value.executors, pthreadID: value.pthreadID, kernelID: try #require(value.kernelID), mayExit: mayExit)
   }
 
   /// Lets the thread return, then waits until it is gone from `/proc/self/task` (its pthread
@@ -276,11 +275,18 @@ struct ExitingExecutorThread: Sendable {
   }
 
   private final class PublishedThread: @unchecked Sendable {  // Safety: proof below
-    // Safety: written once on the thread before it signals `published`, read after the test
-    // waited on that semaphore.
-    var executors: [CFRunLoopExecutor] = []
-    var pthreadID: PthreadID?
-    var kernelID: String?
+    // Safety: `published` is only touched with `lock` held (the semaphore the test waits on is
+    // signalled in libdispatch, which ThreadSanitizer does not see synchronize).
+    private let lock = NSLock()
+    private var published: (executors: [CFRunLoopExecutor], pthreadID: PthreadID, kernelID: String?)?
+
+    func publish(_ executors: [CFRunLoopExecutor], _ pthreadID: PthreadID, _ kernelID: String?) {
+      lock.withLock { published = (executors, pthreadID, kernelID) }
+    }
+
+    var value: (executors: [CFRunLoopExecutor], pthreadID: PthreadID, kernelID: String?)? {
+      lock.withLock { published }
+    }
   }
 }
 

@@ -13,7 +13,7 @@ extension LoopCore {
   func threadMain(holding handle: Unmanaged<RunLoopThread>, started: BlockingGate) {
     heldHandle = handle
     shared.inboxLock.withLock { shared.threadHoldsHandle = true }
-    _ = carl_set_thread_name(RunLoopThread.kernelThreadName(shared.name))  // pinned already, if asked
+    RunLoopThread.nameCallingThread(shared.name)  // pinned already, if asked
     carl_set_current_loop(shared.identity)
     started.open()
     while true {
