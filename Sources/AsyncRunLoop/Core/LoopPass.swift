@@ -105,11 +105,13 @@ extension LoopCore {
       runWork(in: mode, applyingControls: false)  // work point A: blocks and jobs sent so far
       var handledSource = fireSignalledSources(&run)  // 4
       runWork(in: mode, applyingControls: true)  // work point B: what the sources released
-      handledSource = waitAndHandleReadiness(run, handledSource: handledSource) || handledSource  // 5–8
-      // 9; work point C: what the timers released lands now, not a pass later.
+      let firedReadiness = waitAndHandleReadiness(run, handledSource: handledSource)  // 5–9
+      handledSource = firedReadiness || handledSource
+      // 9; work point C: what the readiness handlers and the timers released lands now, not a
+      // pass later.
       let firedTimers = fireDueTimers(in: run.terms.contents)
       let firedScheduledJobs = fireEveryModeTimers(besides: run.terms.contents)
-      runWork(in: mode, applyingControls: firedTimers || firedScheduledJobs)
+      runWork(in: mode, applyingControls: firedReadiness || firedTimers || firedScheduledJobs)
       monitor.passEnded(pass)
       if let result = endOfPass(run, handledSource: handledSource) { return result }
       changes.beginPass()
@@ -278,9 +280,10 @@ extension LoopCore {
     return min(timerWake, max(next, first.deadline))
   }
 
-  /// Steps 5–8. Polls (no sleep, no beforeWaiting/afterWaiting) when the run must return after a
-  /// source that fired, or work is waiting; otherwise tells observers, sleeps, and tells them it
-  /// woke, then delivers the readiness events. Returns whether a readiness source fired.
+  /// Steps 5–8, and the readiness part of step 9. Polls (no sleep, no beforeWaiting/afterWaiting)
+  /// when the run must return after a source that fired, or work is waiting; otherwise tells
+  /// observers, sleeps, and tells them it woke, then delivers the readiness events. Returns
+  /// whether a readiness source fired.
   ///
   /// A loop that watches no descriptor and no timer can only be woken by another thread: it
   /// sleeps on its futex word instead of in `epoll_wait`, and a poll asks the kernel nothing.
@@ -339,7 +342,15 @@ extension LoopCore {
     if announcesSleep { notifyObservers(run.terms.contents, .afterWaiting) }  // 8
     // Then what woke it (CF's order: afterWaiting first). After the look at the inbox above,
     // which records that the loop is awake: work the handlers hand their own loop wakes nothing.
-    guard let readinessWait else { return false }
+    guard var readinessWait else { return false }
+    if !poller.isLatest(wait: readinessWait) {
+      // A callout since the wait (an afterWaiting observer, a change's) ran the loop nested: its
+      // wait reused the buffer, and a run of another mode silenced this mode's registrations.
+      // Poll again, so that this run handles what is ready now (else a callout that nests on
+      // every wake-up would keep this run from ever handling it).
+      armDescriptors(for: run.terms.contents)
+      readinessWait = poller.wait(block: false)
+    }
     var fired = false
     poller.deliverReadiness(ofWait: readinessWait) { token, events in
       fired = handleReadiness(token: token, events: events, contents: run.terms.contents) || fired

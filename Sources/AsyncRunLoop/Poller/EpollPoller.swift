@@ -227,6 +227,10 @@ final class EpollPoller: @unchecked Sendable {  // Safety: proof below
     }
   }
 
+  /// Whether wait number `wait` is the last one (no wait since: its events are in the buffer).
+  /// Loop thread.
+  func isLatest(wait: UInt64) -> Bool { waitCount == wait }
+
   @inline(__always)
   private func token(at index: Int) -> UInt64 {
     withUnsafePointer(to: eventBuffer[index]) { carl_epoll_event_token($0) }

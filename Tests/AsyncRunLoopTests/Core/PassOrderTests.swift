@@ -200,6 +200,35 @@ struct PassOrderTests: PassTestModes {
         + Self.names([.exit]))
   }
 
+  /// What a readiness handler hands its own loop (a performed block) runs in the same pass, at
+  /// work point C: a run that returns after the handled source has run it when it returns.
+  @Test func aBlockPerformedByAReadinessHandlerRunsBeforeTheRunReturnsAfterIt() async throws {
+    let (log, result) = await logged { loop, log in
+      runUntilAByteIsRead(on: loop, log: log) { loop.perform { log.add("block") } }
+    }
+    #expect(result == .handledSource)
+    let steps = log.filter { !$0.hasPrefix("before") && !$0.hasPrefix("after") }
+    #expect(steps == ["entry", "readiness", "block", "exit"])
+  }
+
+  /// An afterWaiting observer that runs the loop nested in another mode on every wake-up (that
+  /// run's wait reports, and silences, the outer mode's descriptor) does not keep the outer run
+  /// from handling it: the outer run polls again after the observer.
+  @Test func anAfterWaitingObserverThatNestsOnEveryWakeUpDoesNotStarveReadiness() async throws {
+    let other = RunLoopMode("nested-on-wake")
+    let (log, result) = await logged { loop, log in
+      let keep = LoopTimer(after: .seconds(3600)) { _ in }
+      loop.add(keep, to: other)
+      defer { keep.invalidate() }
+      let nester = LoopObserver(activities: .afterWaiting) { _, _ in _ = loop.run(mode: other, for: .zero) }
+      loop.add(nester)
+      defer { nester.invalidate() }
+      return runUntilAByteIsRead(on: loop, log: log)
+    }
+    #expect(result == .handledSource)
+    #expect(log.filter { $0 == "readiness" }.count == 1)
+  }
+
   /// A stop from another thread while the loop sleeps: beforeWaiting, afterWaiting, exit.
   @Test func aStopArrivingWhileAsleepEndsAfterAfterWaiting() async throws {
     let (log, result) = await logged { loop, log in
@@ -267,4 +296,31 @@ struct PassOrderTests: PassTestModes {
     // The timer may be due in the first pass or a later one; blockC follows it at once, then exit.
     #expect(Array(entries.suffix(3)) == ["timer", "blockC", "exit"])
   }
+}
+
+/// On `loop`'s thread: a pipe's read end as a readiness source in the default mode, whose handler
+/// reads a byte, logs "readiness" and calls `onRead`; one byte written; then a run of the default
+/// mode that returns after a handled source (`.finished` if no pipe could be made, which the
+/// callers' expectations report).
+private func runUntilAByteIsRead(
+  on loop: RunLoopThread, log: EventLog, onRead: @escaping @Sendable () -> Void = {}
+) -> RunLoopRunResult {
+  var ends: [Int32] = [0, 0]
+  guard pipe(&ends) == 0 else { return .finished }
+  let (readEnd, writeEnd) = (ends[0], ends[1])
+  defer {
+    close(readEnd)
+    close(writeEnd)
+  }
+  let reader = DescriptorSource(descriptor: readEnd, interest: .readable) { _, _ in
+    var byte: UInt8 = 0
+    _ = read(readEnd, &byte, 1)
+    log.add("readiness")
+    onRead()
+  }
+  try? loop.add(reader)
+  defer { reader.invalidate() }
+  var byte: UInt8 = 1
+  _ = write(writeEnd, &byte, 1)
+  return loop.run(for: .seconds(20), returnAfterSourceHandled: true)
 }
